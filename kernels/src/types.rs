@@ -87,7 +87,9 @@ impl GgmlType {
     pub fn block_elements(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => 32,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
+                32
+            }
             GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => 256,
         }
     }
@@ -111,7 +113,7 @@ impl GgmlType {
     /// Bytes needed for `elements` values, checking block alignment and overflow.
     pub fn bytes_for(self, elements: u64) -> Result<u64, TypeError> {
         let block = self.block_elements() as u64;
-        if elements % block != 0 {
+        if !elements.is_multiple_of(block) {
             return Err(TypeError::NotBlockMultiple {
                 ty: self,
                 block: block as usize,

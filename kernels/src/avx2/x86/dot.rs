@@ -131,18 +131,38 @@ pub(super) fn bf16_row(w: &[u8], x: &[f32]) -> f32 {
     sum
 }
 
+/// Σ over block pairs of `step(acc, block, act)`, alternating between two
+/// accumulators so consecutive blocks' FMAs do not wait on each other.
+macro_rules! two_accumulators {
+    ($w:expr, $x:expr, $bytes:expr, $step:ident) => {{
+        let (blocks, _) = $w.as_chunks::<{ $bytes }>();
+        let (pairs, rest) = blocks.as_chunks::<2>();
+        let (act_pairs, act_rest) = $x.as_chunks::<2>();
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        for (b, y) in pairs.iter().zip(act_pairs) {
+            acc0 = $step(acc0, &b[0], &y[0]);
+            acc1 = $step(acc1, &b[1], &y[1]);
+        }
+        for (b, y) in rest.iter().zip(act_rest) {
+            acc0 = $step(acc0, b, y);
+        }
+        hsum_ps(_mm256_add_ps(acc0, acc1))
+    }};
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_0_block(acc: __m256, b: &[u8; Q4_0_BYTES], y: &BlockQ8_0) -> __m256 {
+    let d = _mm256_set1_ps(f16_to_f32(b[0], b[1]) * y.d);
+    let q = _mm256_sub_epi8(nibbles(arr(&b[2..])), _mm256_set1_epi8(8));
+    let p = _mm256_cvtepi32_ps(dot_i8_i8(q, load_i8x32(&y.qs)));
+    _mm256_fmadd_ps(d, p, acc)
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn q4_0(w: &[u8], x: &[BlockQ8_0]) -> f32 {
-    let (blocks, _) = w.as_chunks::<Q4_0_BYTES>();
-    let eight = _mm256_set1_epi8(8);
-    let mut acc = _mm256_setzero_ps();
-    for (b, y) in blocks.iter().zip(x) {
-        let d = _mm256_set1_ps(f16_to_f32(b[0], b[1]) * y.d);
-        let q = _mm256_sub_epi8(nibbles(arr(&b[2..])), eight);
-        let p = _mm256_cvtepi32_ps(dot_i8_i8(q, load_i8x32(&y.qs)));
-        acc = _mm256_fmadd_ps(d, p, acc);
-    }
-    hsum_ps(acc)
+    two_accumulators!(w, x, Q4_0_BYTES, q4_0_block)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -160,21 +180,22 @@ pub(super) fn q4_1(w: &[u8], x: &[BlockQ8_1]) -> f32 {
     hsum_ps(acc) + mins
 }
 
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q5_0_block(acc: __m256, b: &[u8; Q5_0_BYTES], y: &BlockQ8_0) -> __m256 {
+    let d = _mm256_set1_ps(f16_to_f32(b[0], b[1]) * y.d);
+    let bits = bytes_from_bits(u32::from_le_bytes(*arr(&b[2..])));
+    // (nibble | bit << 4) - 16 as i8: where the bit is clear, setting the
+    // top four bits subtracts 16; where it is set, the value is the nibble.
+    let high_off = _mm256_set1_epi8(0xF0u8 as i8);
+    let q = _mm256_or_si256(nibbles(arr(&b[6..])), _mm256_andnot_si256(bits, high_off));
+    let p = _mm256_cvtepi32_ps(dot_i8_i8(q, load_i8x32(&y.qs)));
+    _mm256_fmadd_ps(d, p, acc)
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn q5_0(w: &[u8], x: &[BlockQ8_0]) -> f32 {
-    let (blocks, _) = w.as_chunks::<Q5_0_BYTES>();
-    let high_off = _mm256_set1_epi8(0xF0u8 as i8);
-    let mut acc = _mm256_setzero_ps();
-    for (b, y) in blocks.iter().zip(x) {
-        let d = _mm256_set1_ps(f16_to_f32(b[0], b[1]) * y.d);
-        let bits = bytes_from_bits(u32::from_le_bytes(*arr(&b[2..])));
-        // (nibble | bit << 4) - 16 as i8: where the bit is clear, setting the
-        // top four bits subtracts 16; where it is set, the value is the nibble.
-        let q = _mm256_or_si256(nibbles(arr(&b[6..])), _mm256_andnot_si256(bits, high_off));
-        let p = _mm256_cvtepi32_ps(dot_i8_i8(q, load_i8x32(&y.qs)));
-        acc = _mm256_fmadd_ps(d, p, acc);
-    }
-    hsum_ps(acc)
+    two_accumulators!(w, x, Q5_0_BYTES, q5_0_block)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -194,17 +215,18 @@ pub(super) fn q5_1(w: &[u8], x: &[BlockQ8_1]) -> f32 {
     hsum_ps(acc) + mins
 }
 
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_0_block(acc: __m256, b: &[u8; Q8_0_BYTES], y: &BlockQ8_0) -> __m256 {
+    let d = _mm256_set1_ps(f16_to_f32(b[0], b[1]) * y.d);
+    let q = load_u8x32(arr(&b[2..]));
+    let p = _mm256_cvtepi32_ps(dot_i8_i8(q, load_i8x32(&y.qs)));
+    _mm256_fmadd_ps(d, p, acc)
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn q8_0(w: &[u8], x: &[BlockQ8_0]) -> f32 {
-    let (blocks, _) = w.as_chunks::<Q8_0_BYTES>();
-    let mut acc = _mm256_setzero_ps();
-    for (b, y) in blocks.iter().zip(x) {
-        let d = _mm256_set1_ps(f16_to_f32(b[0], b[1]) * y.d);
-        let q = load_u8x32(arr(&b[2..]));
-        let p = _mm256_cvtepi32_ps(dot_i8_i8(q, load_i8x32(&y.qs)));
-        acc = _mm256_fmadd_ps(d, p, acc);
-    }
-    hsum_ps(acc)
+    two_accumulators!(w, x, Q8_0_BYTES, q8_0_block)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -1,6 +1,30 @@
 //! Compute kernels for Bulkhead's inference engine: every op the forward pass
 //! needs, once as a scalar reference and once fast (AVX2/FMA, chosen at run time).
+//!
+//! `scalar` is the oracle; `avx2` is the fast path, reachable only through an
+//! [`avx2::Avx2`] token that proves the CPU has the features. [`CpuKernels`]
+//! owns the thread pool and runs matmul and attention on it.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod blocks;
+mod cpu;
+mod dequant;
+mod error;
+mod isa;
+mod ops;
+mod quantize;
 mod types;
 
+pub mod avx2;
+pub mod scalar;
+
+pub use cpu::{AttentionShape, CpuKernels, QuantMatrix};
+pub use dequant::dequantize_row;
+pub use error::KernelError;
+pub use isa::Isa;
+pub use ops::{RopeStyle, add, rms_norm, rope, silu_mul, softmax};
+pub use quantize::{
+    BlockQ8_0, BlockQ8_1, BlockQ8K, quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k,
+};
 pub use types::{GgmlType, TypeError};

@@ -113,7 +113,7 @@ impl GgmlType {
     /// Bytes needed for `elements` values, checking block alignment and overflow.
     pub fn bytes_for(self, elements: u64) -> Result<u64, TypeError> {
         let block = self.block_elements() as u64;
-        if elements % block != 0 {
+        if !elements.is_multiple_of(block) {
             return Err(TypeError::NotBlockMultiple {
                 ty: self,
                 block: block as usize,

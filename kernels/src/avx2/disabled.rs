@@ -1,0 +1,49 @@
+//! The AVX2 token on targets without x86-64: uninhabited, so `detect` is
+//! always `None` and no method can ever run. Same API as the real one.
+#![forbid(unsafe_code)]
+
+use crate::quantize::{BlockQ8_0, BlockQ8_1, BlockQ8K};
+
+/// Proof of AVX2 support, which this target can never have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Avx2 {}
+
+impl Avx2 {
+    /// Always `None`: this target is not x86-64.
+    pub fn detect() -> Option<Avx2> {
+        None
+    }
+}
+
+macro_rules! unreachable_methods {
+    ($($name:ident(self $(, $arg:ident: $ty:ty)*) $(-> $ret:ty)?;)*) => {
+        impl Avx2 {
+            $(
+                #[allow(unused_variables)]
+                pub fn $name(self $(, $arg: $ty)*) $(-> $ret)? {
+                    match self {}
+                }
+            )*
+        }
+    };
+}
+
+unreachable_methods! {
+    dot_f32(self, w: &[u8], x: &[f32]) -> f32;
+    dot_f16(self, w: &[u8], x: &[f32]) -> f32;
+    dot_bf16(self, w: &[u8], x: &[f32]) -> f32;
+    dot_q4_0(self, w: &[u8], x: &[BlockQ8_0]) -> f32;
+    dot_q4_1(self, w: &[u8], x: &[BlockQ8_1]) -> f32;
+    dot_q5_0(self, w: &[u8], x: &[BlockQ8_0]) -> f32;
+    dot_q5_1(self, w: &[u8], x: &[BlockQ8_1]) -> f32;
+    dot_q8_0(self, w: &[u8], x: &[BlockQ8_0]) -> f32;
+    dot_q4k(self, w: &[u8], x: &[BlockQ8K]) -> f32;
+    dot_q5k(self, w: &[u8], x: &[BlockQ8K]) -> f32;
+    dot_q6k(self, w: &[u8], x: &[BlockQ8K]) -> f32;
+    dot(self, a: &[f32], b: &[f32]) -> f32;
+    axpy(self, a: f32, x: &[f32], y: &mut [f32]);
+    rms_norm(self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]);
+    softmax(self, x: &mut [f32]);
+    silu_mul(self, gate: &mut [f32], up: &[f32]);
+    add(self, a: &mut [f32], b: &[f32]);
+}

@@ -1,0 +1,16 @@
+//! The AVX2/FMA/F16C kernels. Every kernel is a method on [`Avx2`], a token
+//! that can only be obtained from [`Avx2::detect`], so holding one proves the
+//! CPU has the features and the methods can be safe to call.
+//!
+//! On other architectures the token is an empty enum with the same methods:
+//! `detect` returns `None` and callers fall back to `scalar`.
+
+#[cfg(target_arch = "x86_64")]
+mod x86;
+#[cfg(target_arch = "x86_64")]
+pub use x86::Avx2;
+
+#[cfg(not(target_arch = "x86_64"))]
+mod disabled;
+#[cfg(not(target_arch = "x86_64"))]
+pub use disabled::Avx2;

@@ -1,0 +1,117 @@
+//! The x86-64 AVX2 token and its safe kernel methods.
+
+mod dot;
+mod ops;
+mod simd;
+
+use crate::quantize::{BlockQ8_0, BlockQ8_1, BlockQ8K};
+
+/// Proof that this CPU supports AVX2, FMA and F16C; the AVX2 kernels are its
+/// methods. `Copy` and zero-sized: pass it around freely.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Avx2 {
+    _proof: (),
+}
+
+impl Avx2 {
+    /// The token, if this CPU has avx2, fma and f16c.
+    pub fn detect() -> Option<Avx2> {
+        let ok = std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c");
+        ok.then_some(Avx2 { _proof: () })
+    }
+}
+
+/// Safe wrappers: each checks the lengths its kernel relies on, then calls the
+/// `#[target_feature]` kernel. Kernels only read through fixed-size array
+/// references, so lengths matter for the answer, not for memory safety.
+macro_rules! row_dots {
+    ($($(#[$doc:meta])* $name:ident($act:ty, $bytes_per:expr) => $kernel:path;)*) => {
+        impl Avx2 {
+            $(
+                $(#[$doc])*
+                pub fn $name(self, w: &[u8], x: &[$act]) -> f32 {
+                    assert_eq!(
+                        w.len(),
+                        x.len() * $bytes_per,
+                        concat!(stringify!($name), ": row bytes and activations disagree")
+                    );
+                    // SAFETY: `self` exists only if avx2, fma and f16c were detected.
+                    unsafe { $kernel(w, x) }
+                }
+            )*
+        }
+    };
+}
+
+row_dots! {
+    /// F32 weights · f32 activations.
+    dot_f32(f32, 4) => dot::f32_row;
+    /// F16 weights · f32 activations (weights widened with F16C).
+    dot_f16(f32, 2) => dot::f16_row;
+    /// BF16 weights · f32 activations.
+    dot_bf16(f32, 2) => dot::bf16_row;
+    /// Q4_0 · Q8_0.
+    dot_q4_0(BlockQ8_0, crate::blocks::Q4_0_BYTES) => dot::q4_0;
+    /// Q4_1 · Q8_1.
+    dot_q4_1(BlockQ8_1, crate::blocks::Q4_1_BYTES) => dot::q4_1;
+    /// Q5_0 · Q8_0.
+    dot_q5_0(BlockQ8_0, crate::blocks::Q5_0_BYTES) => dot::q5_0;
+    /// Q5_1 · Q8_1.
+    dot_q5_1(BlockQ8_1, crate::blocks::Q5_1_BYTES) => dot::q5_1;
+    /// Q8_0 · Q8_0.
+    dot_q8_0(BlockQ8_0, crate::blocks::Q8_0_BYTES) => dot::q8_0;
+    /// Q4_K · Q8_K.
+    dot_q4k(BlockQ8K, crate::blocks::Q4K_BYTES) => dot::q4k;
+    /// Q5_K · Q8_K.
+    dot_q5k(BlockQ8K, crate::blocks::Q5K_BYTES) => dot::q5k;
+    /// Q6_K · Q8_K.
+    dot_q6k(BlockQ8K, crate::blocks::Q6K_BYTES) => dot::q6k;
+}
+
+impl Avx2 {
+    /// `Σ a[i] b[i]`.
+    pub fn dot(self, a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len(), "dot: length mismatch");
+        // SAFETY: `self` proves avx2, fma and f16c.
+        unsafe { ops::dot(a, b) }
+    }
+
+    /// `y += a * x`.
+    pub fn axpy(self, a: f32, x: &[f32], y: &mut [f32]) {
+        assert_eq!(x.len(), y.len(), "axpy: length mismatch");
+        // SAFETY: `self` proves avx2, fma and f16c.
+        unsafe { ops::axpy(a, x, y) }
+    }
+
+    /// `out = x / sqrt(mean(x²) + eps) * weight`.
+    pub fn rms_norm(self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+        assert!(
+            x.len() == weight.len() && x.len() == out.len(),
+            "rms_norm: x, weight and out lengths differ"
+        );
+        // SAFETY: `self` proves avx2, fma and f16c.
+        unsafe { ops::rms_norm(x, weight, eps, out) }
+    }
+
+    /// In-place softmax of one row.
+    pub fn softmax(self, x: &mut [f32]) {
+        // SAFETY: `self` proves avx2, fma and f16c.
+        unsafe { ops::softmax(x) }
+    }
+
+    /// `gate = silu(gate) * up`.
+    pub fn silu_mul(self, gate: &mut [f32], up: &[f32]) {
+        assert_eq!(gate.len(), up.len(), "silu_mul: length mismatch");
+        // SAFETY: `self` proves avx2, fma and f16c.
+        unsafe { ops::silu_mul(gate, up) }
+    }
+
+    /// `a += b`.
+    pub fn add(self, a: &mut [f32], b: &[f32]) {
+        assert_eq!(a.len(), b.len(), "add: length mismatch");
+        // SAFETY: `self` proves avx2, fma and f16c.
+        unsafe { ops::add(a, b) }
+    }
+}

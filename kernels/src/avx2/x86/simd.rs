@@ -1,0 +1,67 @@
+//! Loads, stores and small helpers shared by the AVX2 kernels. Loads take
+//! fixed-size array references, so the only unsafety left is the pointer read
+//! itself, which the array type bounds.
+
+use std::arch::x86_64::*;
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn load_u8x32(b: &[u8; 32]) -> __m256i {
+    // SAFETY: `b` is 32 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn load_i8x32(b: &[i8; 32]) -> __m256i {
+    // SAFETY: `b` is 32 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn load_u8x16(b: &[u8; 16]) -> __m128i {
+    // SAFETY: `b` is 16 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn load_f32x8(x: &[f32; 8]) -> __m256 {
+    // SAFETY: `x` is 8 readable f32; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_ps(x.as_ptr()) }
+}
+
+/// Eight little-endian f32 stored as raw bytes (F32 weights in a GGUF file).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn load_f32x8_le(b: &[u8; 32]) -> __m256 {
+    // SAFETY: `b` is 32 readable bytes; loadu has no alignment requirement,
+    // and x86 is little-endian so the bytes are the f32 values.
+    unsafe { _mm256_loadu_ps(b.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn store_f32x8(x: &mut [f32; 8], v: __m256) {
+    // SAFETY: `x` is 8 writable f32; storeu has no alignment requirement.
+    unsafe { _mm256_storeu_ps(x.as_mut_ptr(), v) }
+}
+
+/// One f16 (as its two little-endian bytes) widened to f32 with F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn f16_to_f32(lo: u8, hi: u8) -> f32 {
+    let bits = i32::from(u16::from_le_bytes([lo, hi]));
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
+}
+
+/// Sum of the eight lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}

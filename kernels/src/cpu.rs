@@ -1,0 +1,421 @@
+//! The CPU backend: a thread pool plus the chosen ISA, running matmul and
+//! attention in parallel on top of the row-level kernels.
+#![forbid(unsafe_code)]
+
+use rayon::prelude::*;
+
+use crate::avx2::Avx2;
+use crate::quantize::{quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
+use crate::{GgmlType, Isa, KernelError, scalar};
+
+/// A weight matrix as stored in GGUF: `rows` rows of `cols` elements each
+/// (GGUF `ne[0] = cols`), every row a contiguous run of blocks.
+#[derive(Clone, Copy, Debug)]
+pub struct QuantMatrix<'a> {
+    pub ty: GgmlType,
+    pub data: &'a [u8],
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl<'a> QuantMatrix<'a> {
+    /// Wraps `data`, checking that `cols` is a whole number of blocks and
+    /// that `data` holds exactly `rows` rows.
+    pub fn new(
+        ty: GgmlType,
+        data: &'a [u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, KernelError> {
+        let m = QuantMatrix {
+            ty,
+            data,
+            rows,
+            cols,
+        };
+        m.check()?;
+        Ok(m)
+    }
+
+    /// Bytes per row (assumes a shape that passed [`QuantMatrix::new`]).
+    pub fn row_bytes(&self) -> usize {
+        self.cols / self.ty.block_elements() * self.ty.block_bytes()
+    }
+
+    /// The raw bytes of row `r`.
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        let n = self.row_bytes();
+        &self.data[r * n..(r + 1) * n]
+    }
+
+    fn check(&self) -> Result<(), KernelError> {
+        let (ty, rows, cols) = (self.ty, self.rows, self.cols);
+        let row_bytes = ty
+            .bytes_for(cols as u64)
+            .map_err(|source| KernelError::RowLength { cols, source })?;
+        let expected = row_bytes
+            .checked_mul(rows as u64)
+            .ok_or(KernelError::TooLarge { ty, rows, cols })?;
+        if self.data.len() as u64 != expected {
+            return Err(KernelError::DataLength {
+                ty,
+                rows,
+                cols,
+                expected,
+                actual: self.data.len(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The shape of one attention call; see [`CpuKernels::attention`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionShape {
+    /// Query tokens in this call.
+    pub n_tokens: usize,
+    /// Cache position of the first query token.
+    pub start_pos: usize,
+    pub n_heads: usize,
+    /// Key/value heads; `n_heads` must be a multiple (GQA).
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Score scale, normally `1 / sqrt(head_dim)`.
+    pub scale: f32,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Scalar,
+    Avx2(Avx2),
+}
+
+/// The CPU compute backend: an ISA and a thread pool of a chosen size.
+#[derive(Debug)]
+pub struct CpuKernels {
+    backend: Backend,
+    pool: rayon::ThreadPool,
+}
+
+/// Rows handed to one pool task: enough to amortise scheduling, few enough
+/// that every thread gets several tasks (work stealing evens out stragglers).
+fn rows_per_task(rows: usize, threads: usize) -> usize {
+    rows.div_ceil(threads * 4).clamp(8, 64)
+}
+
+/// Picks the scalar or AVX2 version of a row kernel, as a closure over the
+/// backend so the per-row dispatch is one predictable branch.
+macro_rules! row_kernel {
+    ($backend:expr, $name:ident) => {{
+        let backend = $backend;
+        move |w: &[u8], x: &[_]| match backend {
+            Backend::Scalar => scalar::$name(w, x),
+            Backend::Avx2(k) => k.$name(w, x),
+        }
+    }};
+}
+
+impl CpuKernels {
+    /// A backend running on `threads` threads with `isa` kernels; fails if
+    /// `threads` is 0 or the CPU lacks the ISA.
+    pub fn new(threads: usize, isa: Isa) -> Result<Self, KernelError> {
+        if threads == 0 {
+            return Err(KernelError::ZeroThreads);
+        }
+        let backend = match isa {
+            Isa::Scalar => Backend::Scalar,
+            Isa::Avx2 => Backend::Avx2(Avx2::detect().ok_or(KernelError::IsaUnavailable { isa })?),
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("bulkhead-kernels-{i}"))
+            .build()
+            .map_err(|e| KernelError::ThreadPool(e.to_string()))?;
+        Ok(CpuKernels { backend, pool })
+    }
+
+    /// Threads in the pool.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// The instruction set the kernels use.
+    pub fn isa(&self) -> Isa {
+        match self.backend {
+            Backend::Scalar => Isa::Scalar,
+            Backend::Avx2(_) => Isa::Avx2,
+        }
+    }
+
+    /// `out[t * w.rows + r] = dot(row r of w, x[t * w.cols .. (t + 1) * w.cols])`
+    /// for `t` in `0..n_tokens`.
+    ///
+    /// Quantized weights take activations quantized the way ggml pairs them
+    /// (Q8_0, Q8_1 or Q8_K), once per call. Results do not depend on the
+    /// thread count.
+    ///
+    /// # Panics
+    /// If `w` is malformed or `x`/`out` have the wrong length (caller bugs).
+    pub fn matmul(&self, w: &QuantMatrix, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+        if let Err(e) = w.check() {
+            panic!("matmul: {e}");
+        }
+        assert_eq!(
+            x.len(),
+            n_tokens * w.cols,
+            "matmul: x is not n_tokens × cols"
+        );
+        assert_eq!(
+            out.len(),
+            n_tokens * w.rows,
+            "matmul: out is not n_tokens × rows"
+        );
+        if out.is_empty() {
+            return;
+        }
+        let b = self.backend;
+        match w.ty {
+            GgmlType::F32 => self.rows_dot(w, x, n_tokens, row_kernel!(b, dot_f32), out),
+            GgmlType::F16 => self.rows_dot(w, x, n_tokens, row_kernel!(b, dot_f16), out),
+            GgmlType::BF16 => self.rows_dot(w, x, n_tokens, row_kernel!(b, dot_bf16), out),
+            GgmlType::Q4_0 => {
+                let q = self.quantize(x, n_tokens, w.cols, 32, quantize_row_q8_0);
+                self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q4_0), out);
+            }
+            GgmlType::Q5_0 => {
+                let q = self.quantize(x, n_tokens, w.cols, 32, quantize_row_q8_0);
+                self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q5_0), out);
+            }
+            GgmlType::Q8_0 => {
+                let q = self.quantize(x, n_tokens, w.cols, 32, quantize_row_q8_0);
+                self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q8_0), out);
+            }
+            GgmlType::Q4_1 => {
+                let q = self.quantize(x, n_tokens, w.cols, 32, quantize_row_q8_1);
+                self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q4_1), out);
+            }
+            GgmlType::Q5_1 => {
+                let q = self.quantize(x, n_tokens, w.cols, 32, quantize_row_q8_1);
+                self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q5_1), out);
+            }
+            GgmlType::Q4K => {
+                let q = self.quantize(x, n_tokens, w.cols, 256, quantize_row_q8_k);
+                self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q4k), out);
+            }
+            GgmlType::Q5K => {
+                let q = self.quantize(x, n_tokens, w.cols, 256, quantize_row_q8_k);
+                self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q5k), out);
+            }
+            GgmlType::Q6K => {
+                let q = self.quantize(x, n_tokens, w.cols, 256, quantize_row_q8_k);
+                self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q6k), out);
+            }
+        }
+    }
+
+    /// Quantizes each token's row of `x` into `cols / block` activation blocks.
+    fn quantize<B: Clone + Default + Send>(
+        &self,
+        x: &[f32],
+        n_tokens: usize,
+        cols: usize,
+        block: usize,
+        quantize_row: fn(&[f32], &mut [B]),
+    ) -> Vec<B> {
+        let per_token = cols / block;
+        let mut q = vec![B::default(); n_tokens * per_token];
+        if n_tokens == 1 || self.threads() == 1 {
+            for (q, x) in q.chunks_exact_mut(per_token).zip(x.chunks_exact(cols)) {
+                quantize_row(x, q);
+            }
+        } else {
+            self.pool.install(|| {
+                q.par_chunks_exact_mut(per_token)
+                    .zip(x.par_chunks_exact(cols))
+                    .for_each(|(q, x)| quantize_row(x, q));
+            });
+        }
+        q
+    }
+
+    /// Runs `dot(row, token activations)` for every row and token: row chunks
+    /// in parallel, and within a chunk tokens outer, rows inner, so a chunk of
+    /// weights stays in cache while each token's activations stream past it.
+    fn rows_dot<B, D>(&self, w: &QuantMatrix, acts: &[B], n_tokens: usize, dot: D, out: &mut [f32])
+    where
+        B: Sync,
+        D: Fn(&[u8], &[B]) -> f32 + Sync,
+    {
+        let per_token = acts.len() / n_tokens;
+        let row_bytes = w.row_bytes();
+        let chunk = rows_per_task(w.rows, self.threads());
+        // `dst` holds rows first_row.. of the result as [row][token].
+        let work = |first_row: usize, dst: &mut [f32]| {
+            let rows_here = dst.len() / n_tokens;
+            let weights = &w.data[first_row * row_bytes..(first_row + rows_here) * row_bytes];
+            for (t, xt) in acts.chunks_exact(per_token).enumerate() {
+                for (i, row) in weights.chunks_exact(row_bytes).enumerate() {
+                    dst[i * n_tokens + t] = dot(row, xt);
+                }
+            }
+        };
+        let run = |dst: &mut [f32]| {
+            if self.threads() == 1 {
+                for (c, dst) in dst.chunks_mut(chunk * n_tokens).enumerate() {
+                    work(c * chunk, dst);
+                }
+            } else {
+                self.pool.install(|| {
+                    dst.par_chunks_mut(chunk * n_tokens)
+                        .enumerate()
+                        .for_each(|(c, dst)| work(c * chunk, dst));
+                });
+            }
+        };
+        if n_tokens == 1 {
+            run(out);
+        } else {
+            let mut by_row = vec![0.0f32; out.len()];
+            run(&mut by_row);
+            for (r, vals) in by_row.chunks_exact(n_tokens).enumerate() {
+                for (t, &v) in vals.iter().enumerate() {
+                    out[t * w.rows + r] = v;
+                }
+            }
+        }
+    }
+
+    /// Causal multi-head attention over an f32 KV cache.
+    ///
+    /// `q` and `out` are `n_tokens × (n_heads · head_dim)`; `k_cache` and
+    /// `v_cache` hold at least `start_pos + n_tokens` rows of
+    /// `n_kv_heads · head_dim`. Query token `i` attends to cache positions
+    /// `0..=start_pos + i`; head `h` reads KV head `h / (n_heads / n_kv_heads)`.
+    /// Parallel over (token, head).
+    ///
+    /// # Panics
+    /// If the shape is inconsistent or a buffer is too short (caller bugs).
+    pub fn attention(
+        &self,
+        q: &[f32],
+        k_cache: &[f32],
+        v_cache: &[f32],
+        shape: AttentionShape,
+        out: &mut [f32],
+    ) {
+        let AttentionShape {
+            n_tokens,
+            start_pos,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            scale,
+        } = shape;
+        assert!(head_dim > 0, "attention: head_dim is 0");
+        assert!(
+            n_kv_heads > 0 && n_heads.is_multiple_of(n_kv_heads),
+            "attention: n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}"
+        );
+        let q_width = n_heads * head_dim;
+        let kv_width = n_kv_heads * head_dim;
+        let n_ctx = start_pos + n_tokens;
+        assert_eq!(
+            q.len(),
+            n_tokens * q_width,
+            "attention: q is not n_tokens × n_heads·head_dim"
+        );
+        assert_eq!(out.len(), q.len(), "attention: out and q lengths differ");
+        assert!(
+            k_cache.len() >= n_ctx * kv_width && v_cache.len() >= n_ctx * kv_width,
+            "attention: KV cache shorter than {n_ctx} positions"
+        );
+        let group = n_heads / n_kv_heads;
+        let backend = self.backend;
+        let head = |idx: usize, o: &mut [f32], scores: &mut Vec<f32>| {
+            let (t, h) = (idx / n_heads, idx % n_heads);
+            let view = HeadView {
+                q: &q[idx * head_dim..(idx + 1) * head_dim],
+                k: k_cache,
+                v: v_cache,
+                kv_width,
+                kv_offset: (h / group) * head_dim,
+                n_pos: start_pos + t + 1,
+                scale,
+            };
+            match backend {
+                Backend::Scalar => attend_head(ScalarOps, view, scores, o),
+                Backend::Avx2(k) => attend_head(k, view, scores, o),
+            }
+        };
+        if self.threads() == 1 {
+            let mut scores = Vec::new();
+            for (idx, o) in out.chunks_exact_mut(head_dim).enumerate() {
+                head(idx, o, &mut scores);
+            }
+        } else {
+            self.pool.install(|| {
+                out.par_chunks_exact_mut(head_dim)
+                    .enumerate()
+                    .for_each_init(Vec::new, |scores, (idx, o)| head(idx, o, scores));
+            });
+        }
+    }
+}
+
+/// The vector ops attention is built from, per ISA.
+trait VecOps: Copy {
+    fn dot(self, a: &[f32], b: &[f32]) -> f32;
+    fn softmax(self, x: &mut [f32]);
+    fn axpy(self, a: f32, x: &[f32], y: &mut [f32]);
+}
+
+#[derive(Clone, Copy)]
+struct ScalarOps;
+
+impl VecOps for ScalarOps {
+    fn dot(self, a: &[f32], b: &[f32]) -> f32 {
+        scalar::dot(a, b)
+    }
+    fn softmax(self, x: &mut [f32]) {
+        scalar::softmax(x)
+    }
+    fn axpy(self, a: f32, x: &[f32], y: &mut [f32]) {
+        scalar::axpy(a, x, y)
+    }
+}
+
+impl VecOps for Avx2 {
+    fn dot(self, a: &[f32], b: &[f32]) -> f32 {
+        Avx2::dot(self, a, b)
+    }
+    fn softmax(self, x: &mut [f32]) {
+        Avx2::softmax(self, x)
+    }
+    fn axpy(self, a: f32, x: &[f32], y: &mut [f32]) {
+        Avx2::axpy(self, a, x, y)
+    }
+}
+
+/// One query head's view of the cache.
+struct HeadView<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    kv_width: usize,
+    kv_offset: usize,
+    n_pos: usize,
+    scale: f32,
+}
+
+/// `out = Σ_p softmax_p(scale · q·k_p) v_p` over positions `0..n_pos`.
+fn attend_head<O: VecOps>(ops: O, h: HeadView, scores: &mut Vec<f32>, out: &mut [f32]) {
+    let d = out.len();
+    let at = |p: usize| p * h.kv_width + h.kv_offset..p * h.kv_width + h.kv_offset + d;
+    scores.clear();
+    scores.extend((0..h.n_pos).map(|p| ops.dot(h.q, &h.k[at(p)]) * h.scale));
+    ops.softmax(scores);
+    out.fill(0.0);
+    for (p, &s) in scores.iter().enumerate() {
+        ops.axpy(s, &h.v[at(p)], out);
+    }
+}

@@ -1,0 +1,252 @@
+//! Matmul: AVX2 against the scalar oracle, quantized results against f32 math
+//! on the dequantized weights, thread-count independence and bad input.
+
+mod common;
+
+use std::sync::LazyLock;
+
+use bulkhead_kernels::{CpuKernels, GgmlType, Isa, KernelError, QuantMatrix};
+use common::{Rng, dequantized, random_matrix};
+use proptest::prelude::*;
+
+static SCALAR_1: LazyLock<CpuKernels> = LazyLock::new(|| CpuKernels::new(1, Isa::Scalar).unwrap());
+static SCALAR_3: LazyLock<CpuKernels> = LazyLock::new(|| CpuKernels::new(3, Isa::Scalar).unwrap());
+static AVX2_1: LazyLock<Option<CpuKernels>> = LazyLock::new(|| CpuKernels::new(1, Isa::Avx2).ok());
+static AVX2_3: LazyLock<Option<CpuKernels>> = LazyLock::new(|| CpuKernels::new(3, Isa::Avx2).ok());
+
+struct Case {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    n_tokens: usize,
+    data: Vec<u8>,
+    x: Vec<f32>,
+    /// Dequantized weights, row-major.
+    w: Vec<f32>,
+}
+
+impl Case {
+    fn new(ty: GgmlType, rows: usize, cols: usize, n_tokens: usize, seed: u64) -> Case {
+        let mut rng = Rng::new(seed);
+        let data = random_matrix(&mut rng, ty, rows, cols);
+        let mut x = rng.vec(n_tokens * cols, 2.0);
+        // An outlier per token, as real activations have.
+        for t in 0..n_tokens {
+            x[t * cols + (seed as usize + 7 * t) % cols] = 9.0;
+        }
+        let w = dequantized(ty, &data, rows, cols);
+        Case {
+            ty,
+            rows,
+            cols,
+            n_tokens,
+            data,
+            x,
+            w,
+        }
+    }
+
+    fn matrix(&self) -> QuantMatrix<'_> {
+        QuantMatrix::new(self.ty, &self.data, self.rows, self.cols).unwrap()
+    }
+
+    fn run(&self, k: &CpuKernels) -> Vec<f32> {
+        let mut out = vec![f32::NAN; self.n_tokens * self.rows];
+        k.matmul(&self.matrix(), &self.x, self.n_tokens, &mut out);
+        out
+    }
+
+    fn row(&self, r: usize) -> &[f32] {
+        &self.w[r * self.cols..(r + 1) * self.cols]
+    }
+
+    fn token(&self, t: usize) -> &[f32] {
+        &self.x[t * self.cols..(t + 1) * self.cols]
+    }
+
+    /// Σ |w||x| for (token, row): the scale float rounding is relative to.
+    fn magnitude(&self, t: usize, r: usize) -> f64 {
+        let w = self.row(r);
+        let x = self.token(t);
+        w.iter().zip(x).map(|(w, x)| f64::from((w * x).abs())).sum()
+    }
+
+    /// Elements per activation block for this weight type (0: f32 activations).
+    fn act_block(&self) -> usize {
+        match self.ty {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 0,
+            GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => 256,
+            _ => 32,
+        }
+    }
+
+    /// How far the true dot of the dequantized weights may be from ours:
+    /// each activation moves by at most half a quantization step (amax/127
+    /// of its block) plus the f16 rounding of the block scale.
+    fn quantization_bound(&self, t: usize, r: usize) -> f64 {
+        let block = self.act_block();
+        let mag = self.magnitude(t, r);
+        if block == 0 {
+            return 1e-5 * mag + 1e-6;
+        }
+        let w = self.row(r);
+        let x = self.token(t);
+        let mut bound = 0.0f64;
+        for (wb, xb) in w.chunks(block).zip(x.chunks(block)) {
+            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let step = f64::from(amax) / 127.0;
+            let wsum: f64 = wb.iter().map(|v| f64::from(v.abs())).sum();
+            bound += wsum * step * 0.5 * 1.01;
+        }
+        bound + 1e-3 * mag + 1e-5
+    }
+}
+
+fn reference_dot(w: &[f32], x: &[f32]) -> f64 {
+    w.iter()
+        .zip(x)
+        .map(|(&w, &x)| f64::from(w) * f64::from(x))
+        .sum()
+}
+
+fn check_case(case: &Case) {
+    let scalar = case.run(&SCALAR_1);
+    for t in 0..case.n_tokens {
+        for r in 0..case.rows {
+            let got = f64::from(scalar[t * case.rows + r]);
+            let want = reference_dot(case.row(r), case.token(t));
+            let bound = case.quantization_bound(t, r);
+            assert!(
+                (got - want).abs() <= bound,
+                "{} scalar token {t} row {r}: {got} vs f64 dot of dequantized {want} (bound {bound})",
+                case.ty
+            );
+        }
+    }
+    assert_bit_identical(&scalar, &case.run(&SCALAR_3), case, "scalar 1 vs 3 threads");
+    let (Some(avx1), Some(avx3)) = (AVX2_1.as_ref(), AVX2_3.as_ref()) else {
+        eprintln!("AVX2 comparison skipped: this CPU lacks avx2/fma/f16c");
+        return;
+    };
+    let fast = case.run(avx1);
+    for t in 0..case.n_tokens {
+        for r in 0..case.rows {
+            let (s, f) = (scalar[t * case.rows + r], fast[t * case.rows + r]);
+            let tol = 2e-6 * case.magnitude(t, r) + 1e-6;
+            assert!(
+                f64::from((s - f).abs()) <= tol,
+                "{} token {t} row {r}: scalar {s} vs avx2 {f} (tol {tol})",
+                case.ty
+            );
+        }
+    }
+    assert_bit_identical(&fast, &case.run(avx3), case, "avx2 1 vs 3 threads");
+}
+
+fn assert_bit_identical(a: &[f32], b: &[f32], case: &Case, what: &str) {
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert_eq!(
+            x.to_bits(),
+            y.to_bits(),
+            "{} {what}: output {i} {x} vs {y}",
+            case.ty
+        );
+    }
+}
+
+#[test]
+fn every_type_matches_reference_on_a_fixed_shape() {
+    for (i, ty) in GgmlType::ALL.into_iter().enumerate() {
+        check_case(&Case::new(ty, 67, 512, 3, 1000 + i as u64));
+    }
+}
+
+#[test]
+fn row_chunks_cover_large_matrices() {
+    // More rows than one pool task takes, and a single token (the decode path).
+    for ty in [GgmlType::Q4_0, GgmlType::Q6K, GgmlType::F16] {
+        check_case(&Case::new(ty, 300, 256, 1, 77));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn matmul_agrees_across_isas_and_threads(
+        ty_index in 0..GgmlType::ALL.len(),
+        rows in 1usize..70,
+        blocks in 1usize..4,
+        n_tokens in 1usize..5,
+        seed in any::<u64>(),
+    ) {
+        check_case(&Case::new(GgmlType::ALL[ty_index], rows, blocks * 256, n_tokens, seed));
+    }
+}
+
+#[test]
+fn zero_tokens_is_a_no_op() {
+    let case = Case::new(GgmlType::Q8_0, 4, 32, 1, 5);
+    let mut out: [f32; 0] = [];
+    SCALAR_1.matmul(&case.matrix(), &[], 0, &mut out);
+}
+
+#[test]
+fn bad_shapes_are_errors_naming_the_problem() {
+    let data = vec![0u8; 18 * 4];
+    let e = QuantMatrix::new(GgmlType::Q4_0, &data, 3, 32).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            KernelError::DataLength {
+                expected: 54,
+                actual: 72,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("Q4_0") && msg.contains("54") && msg.contains("72"),
+        "{msg}"
+    );
+
+    let e = QuantMatrix::new(GgmlType::Q4K, &data, 1, 100).unwrap_err();
+    assert!(
+        matches!(e, KernelError::RowLength { cols: 100, .. }),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(msg.contains("100") && msg.contains("Q4_K"), "{msg}");
+
+    let e = QuantMatrix::new(GgmlType::F32, &data, usize::MAX, usize::MAX / 2).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            KernelError::TooLarge { .. } | KernelError::RowLength { .. }
+        ),
+        "{e:?}"
+    );
+
+    assert_eq!(
+        CpuKernels::new(0, Isa::Scalar).unwrap_err(),
+        KernelError::ZeroThreads
+    );
+    assert!(QuantMatrix::new(GgmlType::Q4_0, &data, 4, 32).is_ok());
+}
+
+#[test]
+fn kernels_report_their_configuration() {
+    assert_eq!(SCALAR_3.threads(), 3);
+    assert_eq!(SCALAR_3.isa(), Isa::Scalar);
+    if Isa::Avx2.is_available() {
+        assert_eq!(Isa::detect(), Isa::Avx2);
+        assert_eq!(AVX2_1.as_ref().unwrap().isa(), Isa::Avx2);
+    } else {
+        assert_eq!(
+            CpuKernels::new(1, Isa::Avx2).unwrap_err(),
+            KernelError::IsaUnavailable { isa: Isa::Avx2 }
+        );
+    }
+}

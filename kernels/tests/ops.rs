@@ -1,0 +1,284 @@
+//! Row ops and attention: scalar and AVX2 against straightforward f64 formulas.
+
+mod common;
+
+use bulkhead_kernels::avx2::Avx2;
+use bulkhead_kernels::{AttentionShape, CpuKernels, Isa, RopeStyle, scalar};
+use common::Rng;
+
+/// Lengths that exercise full vectors, tails and the empty case.
+const LENGTHS: [usize; 6] = [0, 1, 7, 8, 33, 4096];
+
+fn close(got: &[f32], want: &[f64], rel: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-30);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let tol = rel * w.abs().max(scale * 1e-3) + 1e-30;
+        assert!(
+            (f64::from(g) - w).abs() <= tol,
+            "{what}[{i}]: got {g}, want {w}"
+        );
+    }
+}
+
+fn avx2() -> Option<Avx2> {
+    let k = Avx2::detect();
+    if k.is_none() {
+        eprintln!("AVX2 half of this test skipped: CPU lacks avx2/fma/f16c");
+    }
+    k
+}
+
+#[test]
+fn rms_norm_matches_f64() {
+    let mut rng = Rng::new(1);
+    for n in LENGTHS {
+        let x = rng.vec(n, 3.0);
+        let w = rng.vec(n, 1.5);
+        let eps = 1e-5f64;
+        let mean = x.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / n.max(1) as f64;
+        let want: Vec<f64> = x
+            .iter()
+            .zip(&w)
+            .map(|(&x, &w)| f64::from(x) / (mean + eps).sqrt() * f64::from(w))
+            .collect();
+        let mut out = vec![f32::NAN; n];
+        scalar::rms_norm(&x, &w, eps as f32, &mut out);
+        close(&out, &want, 1e-5, "scalar rms_norm");
+        if let Some(k) = avx2() {
+            k.rms_norm(&x, &w, eps as f32, &mut out);
+            close(&out, &want, 1e-5, "avx2 rms_norm");
+        }
+        bulkhead_kernels::rms_norm(&x, &w, eps as f32, &mut out);
+        close(&out, &want, 1e-5, "dispatched rms_norm");
+    }
+}
+
+fn softmax_f64(x: &[f32]) -> Vec<f64> {
+    let max = x
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &v| m.max(f64::from(v)));
+    let e: Vec<f64> = x.iter().map(|&v| (f64::from(v) - max).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.iter().map(|v| v / s).collect()
+}
+
+#[test]
+fn softmax_matches_f64() {
+    let mut rng = Rng::new(2);
+    for n in LENGTHS {
+        // Wide range: scores far below the max underflow to ~0 in both.
+        let x = rng.vec(n, 40.0);
+        let want = softmax_f64(&x);
+        let mut got = x.clone();
+        scalar::softmax(&mut got);
+        close(&got, &want, 1e-5, "scalar softmax");
+        if let Some(k) = avx2() {
+            let mut got = x.clone();
+            k.softmax(&mut got);
+            close(&got, &want, 1e-5, "avx2 softmax");
+        }
+        let mut got = x.clone();
+        bulkhead_kernels::softmax(&mut got);
+        close(&got, &want, 1e-5, "dispatched softmax");
+    }
+}
+
+#[test]
+fn silu_mul_and_add_match_f64() {
+    let mut rng = Rng::new(3);
+    for n in LENGTHS {
+        let mut gate = rng.vec(n, 12.0);
+        if n > 2 {
+            gate[0] = -100.0;
+            gate[1] = 100.0;
+        }
+        let up = rng.vec(n, 2.0);
+        let want: Vec<f64> = gate
+            .iter()
+            .zip(&up)
+            .map(|(&g, &u)| {
+                let g = f64::from(g);
+                g / (1.0 + (-g).exp()) * f64::from(u)
+            })
+            .collect();
+        let mut got = gate.clone();
+        scalar::silu_mul(&mut got, &up);
+        close(&got, &want, 1e-5, "scalar silu_mul");
+        if let Some(k) = avx2() {
+            let mut got = gate.clone();
+            k.silu_mul(&mut got, &up);
+            close(&got, &want, 1e-5, "avx2 silu_mul");
+        }
+        let mut got = gate.clone();
+        bulkhead_kernels::silu_mul(&mut got, &up);
+        close(&got, &want, 1e-5, "dispatched silu_mul");
+
+        let want: Vec<f64> = gate
+            .iter()
+            .zip(&up)
+            .map(|(&a, &b)| f64::from(a + b))
+            .collect();
+        let mut got = gate.clone();
+        scalar::add(&mut got, &up);
+        close(&got, &want, 0.0, "scalar add");
+        if let Some(k) = avx2() {
+            let mut got = gate.clone();
+            k.add(&mut got, &up);
+            close(&got, &want, 0.0, "avx2 add");
+        }
+    }
+}
+
+/// RoPE straight from the formula, in f64.
+fn rope_f64(
+    x: &[f32],
+    head_dim: usize,
+    rot_dim: usize,
+    pos: usize,
+    base: f64,
+    fscale: f64,
+    style: RopeStyle,
+) -> Vec<f64> {
+    let mut out: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+    for head in out.chunks_exact_mut(head_dim) {
+        for i in 0..rot_dim / 2 {
+            let theta = pos as f64 * fscale * base.powf(-2.0 * i as f64 / rot_dim as f64);
+            let (a, b) = match style {
+                RopeStyle::Normal => (2 * i, 2 * i + 1),
+                RopeStyle::Neox => (i, i + rot_dim / 2),
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * theta.cos() - x1 * theta.sin();
+            head[b] = x0 * theta.sin() + x1 * theta.cos();
+        }
+    }
+    out
+}
+
+#[test]
+fn rope_matches_f64_for_both_styles() {
+    let mut rng = Rng::new(4);
+    for style in [RopeStyle::Normal, RopeStyle::Neox] {
+        for (n_heads, head_dim, rot_dim) in [(4, 64, 64), (2, 128, 128), (3, 64, 32)] {
+            for (pos, base, fscale) in [(0, 10000.0, 1.0), (17, 10000.0, 1.0), (4095, 1e6, 0.25)] {
+                let x = rng.vec(n_heads * head_dim, 1.0);
+                let want = rope_f64(&x, head_dim, rot_dim, pos, base, fscale, style);
+                let mut got = x.clone();
+                bulkhead_kernels::rope(
+                    &mut got,
+                    n_heads,
+                    head_dim,
+                    rot_dim,
+                    pos,
+                    base as f32,
+                    fscale as f32,
+                    style,
+                );
+                let what = format!("{style:?} rope {n_heads}×{head_dim} rot {rot_dim} pos {pos}");
+                for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (f64::from(g) - w).abs() <= 1e-6,
+                        "{what}[{i}]: got {g}, want {w}"
+                    );
+                }
+                if rot_dim < head_dim {
+                    for (h, head) in got.chunks(head_dim).enumerate() {
+                        let orig = &x[h * head_dim + rot_dim..(h + 1) * head_dim];
+                        assert_eq!(&head[rot_dim..], orig, "{what}: unrotated tail changed");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Causal GQA attention, naively in f64.
+fn attention_f64(q: &[f32], k: &[f32], v: &[f32], s: AttentionShape) -> Vec<f64> {
+    let (hd, nh, nkv) = (s.head_dim, s.n_heads, s.n_kv_heads);
+    let mut out = vec![0.0; q.len()];
+    for t in 0..s.n_tokens {
+        for h in 0..nh {
+            let kvh = h / (nh / nkv);
+            let qv = &q[(t * nh + h) * hd..][..hd];
+            let n_pos = s.start_pos + t + 1;
+            let scores: Vec<f32> = (0..n_pos)
+                .map(|p| {
+                    let kv = &k[(p * nkv + kvh) * hd..][..hd];
+                    let d: f64 = qv
+                        .iter()
+                        .zip(kv)
+                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                        .sum();
+                    (d * f64::from(s.scale)) as f32
+                })
+                .collect();
+            let p = softmax_f64(&scores);
+            let o = &mut out[(t * nh + h) * hd..][..hd];
+            for (pos, w) in p.iter().enumerate() {
+                let vv = &v[(pos * nkv + kvh) * hd..][..hd];
+                for (o, &x) in o.iter_mut().zip(vv) {
+                    *o += w * f64::from(x);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn attention_matches_naive_f64() {
+    let mut rng = Rng::new(5);
+    let mut backends = vec![
+        CpuKernels::new(1, Isa::Scalar).unwrap(),
+        CpuKernels::new(3, Isa::Scalar).unwrap(),
+    ];
+    if Isa::Avx2.is_available() {
+        backends.push(CpuKernels::new(1, Isa::Avx2).unwrap());
+        backends.push(CpuKernels::new(3, Isa::Avx2).unwrap());
+    }
+    // (n_tokens, start_pos, n_heads, n_kv_heads, head_dim): decode, prefill,
+    // prefill after a cached prefix, GQA groups of 4 and 7, odd head_dim.
+    for (n_tokens, start_pos, n_heads, n_kv_heads, head_dim) in [
+        (1, 0, 4, 4, 64),
+        (1, 37, 8, 2, 64),
+        (5, 0, 4, 1, 32),
+        (4, 9, 14, 2, 64),
+        (3, 2, 2, 2, 13),
+    ] {
+        let shape = AttentionShape {
+            n_tokens,
+            start_pos,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+        };
+        let n_ctx = start_pos + n_tokens;
+        let q = rng.vec(n_tokens * n_heads * head_dim, 2.0);
+        // One spare cache row past n_ctx: attention must not read it.
+        let k = rng.vec((n_ctx + 1) * n_kv_heads * head_dim, 2.0);
+        let mut v = rng.vec((n_ctx + 1) * n_kv_heads * head_dim, 1.0);
+        let tail = n_ctx * n_kv_heads * head_dim;
+        v[tail..].fill(1e6);
+        let want = attention_f64(&q, &k, &v, shape);
+        let mut first: Option<Vec<f32>> = None;
+        for kern in &backends {
+            let mut out = vec![f32::NAN; q.len()];
+            kern.attention(&q, &k, &v, shape, &mut out);
+            let what = format!("{:?}×{} attention {shape:?}", kern.isa(), kern.threads());
+            // Outputs are convex combinations of V rows in [-1, 1], so an
+            // absolute bound is the meaningful one (f32 sums of ~n_ctx terms).
+            for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
+                assert!(
+                    (f64::from(g) - w).abs() <= 1e-5,
+                    "{what}[{i}]: got {g}, want {w}"
+                );
+            }
+            match (&first, kern.threads()) {
+                (Some(f), 3) => assert_eq!(f, &out, "{what}: thread count changed the result"),
+                _ => first = Some(out),
+            }
+        }
+    }
+}

@@ -8,6 +8,9 @@ use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 
+use crate::gguf::{GgufError, Metadata};
+use crate::tokenizer::Tokenizer;
+
 /// Largest template source accepted. Real templates are under 20 KiB.
 pub const MAX_TEMPLATE_BYTES: usize = 256 * 1024;
 /// Most bytes one render may produce, so a hostile template cannot make us
@@ -42,6 +45,9 @@ pub enum ChatTemplateError {
     /// The model's template is larger than [`MAX_TEMPLATE_BYTES`] (model file's fault).
     #[error("chat template is {len} bytes, more than the limit of {max}")]
     TooLarge { len: usize, max: usize },
+    /// `tokenizer.chat_template` is not a string (model file's fault).
+    #[error("chat template metadata: {0}")]
+    Metadata(#[from] GgufError),
     /// The model's template does not parse (model file's fault).
     #[error("chat template does not compile: {0}")]
     Syntax(String),
@@ -101,6 +107,14 @@ impl ChatTemplate {
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
         })
+    }
+
+    /// The model's own template (`tokenizer.chat_template`; ChatML when
+    /// absent) with the BOS/EOS texts of its tokenizer.
+    pub fn from_metadata(md: &Metadata, tokenizer: &Tokenizer) -> Result<Self, ChatTemplateError> {
+        let source = md.get_str("tokenizer.chat_template")?;
+        let text = |id: Option<u32>| id.and_then(|id| tokenizer.token_text(id)).unwrap_or("");
+        Self::new(source, text(tokenizer.bos_id()), text(tokenizer.eos_id()))
     }
 
     /// Renders the conversation; `add_generation_prompt` appends the

@@ -1,8 +1,11 @@
 //! Bulkhead's GPU host: loads GGUF models and runs them (CPU backend today).
 
-#![forbid(unsafe_code)]
+// Unsafe is denied everywhere; the one exception is mapping model files
+// (`gguf::map_file`), which carries its SAFETY argument.
+#![deny(unsafe_code)]
 
 mod chat;
+pub mod gguf;
 mod tokenizer;
 
 pub use chat::{

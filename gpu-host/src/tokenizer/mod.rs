@@ -3,6 +3,7 @@
 //! `tokenizers` on the vocabularies Bulkhead serves.
 
 mod bpe;
+mod gguf;
 mod pretokenize;
 mod special;
 mod spm;
@@ -121,8 +122,8 @@ pub enum TokenizerError {
         reason: &'static str,
     },
     /// A GGUF metadata key is missing or has the wrong type.
-    #[error("GGUF metadata key {key}: {problem}")]
-    Metadata { key: &'static str, problem: String },
+    #[error("tokenizer metadata: {0}")]
+    Metadata(#[from] crate::gguf::GgufError),
 }
 
 /// GGUF token types (`tokenizer.ggml.token_type`).

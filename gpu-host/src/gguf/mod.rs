@@ -1,0 +1,104 @@
+//! GGUF v2/v3 files: a bounds-checked parser over bytes and a memory-mapped model file.
+//!
+//! The parser trusts nothing: every count, length, dimension and offset is
+//! checked against hard limits and the file size before anything is allocated
+//! or sliced, so a hostile file yields a [`GgufError`] naming the problem.
+
+mod error;
+mod metadata;
+mod parse;
+pub mod writer;
+
+use std::path::{Path, PathBuf};
+
+use bulkhead_kernels::GgmlType;
+use memmap2::Mmap;
+
+pub use error::GgufError;
+pub use metadata::{Array, Metadata, Value, ValueType};
+pub use parse::{GgufLayout, Limits, TensorInfo};
+
+/// A GGUF file mapped into memory (weights are never copied).
+#[derive(Debug)]
+pub struct Gguf {
+    path: PathBuf,
+    map: Mmap,
+    layout: GgufLayout,
+}
+
+impl Gguf {
+    /// Maps `path` and parses its header, metadata and tensor table.
+    pub fn open(path: impl AsRef<Path>) -> Result<Gguf, GgufError> {
+        let path = path.as_ref().to_path_buf();
+        let file = std::fs::File::open(&path).map_err(|source| GgufError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let map = map_file(&file).map_err(|source| GgufError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let layout = GgufLayout::parse(&map, &Limits::default())?;
+        Ok(Gguf { path, map, layout })
+    }
+
+    /// The file this was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// GGUF format version (2 or 3).
+    pub fn version(&self) -> u32 {
+        self.layout.version
+    }
+
+    /// The key/value metadata.
+    pub fn metadata(&self) -> &Metadata {
+        &self.layout.metadata
+    }
+
+    /// The tensor table, in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.layout.tensors
+    }
+
+    /// The parsed layout (offsets, alignment).
+    pub fn layout(&self) -> &GgufLayout {
+        &self.layout
+    }
+
+    /// Looks a tensor up by name.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.layout.tensor(name)
+    }
+
+    /// The bytes of a tensor of this file (ranges were checked at parse time).
+    pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
+        &self.map[info.file_range()]
+    }
+
+    /// Total file size in bytes.
+    pub fn file_len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+#[allow(unsafe_code)]
+fn map_file(file: &std::fs::File) -> std::io::Result<Mmap> {
+    // SAFETY: memmap2's `map` is unsafe because another process could truncate
+    // or rewrite the file while it is mapped. The mapping is read-only, model
+    // files are immutable inputs once registered (the weight verifier re-hashes
+    // them), and the parser checks every range against the length it saw.
+    unsafe { Mmap::map(file) }
+}
+
+/// A tensor element type with its GGUF id, for messages about unsupported types.
+pub fn type_name(id: u32) -> String {
+    match GgmlType::from_id(id) {
+        Some(ty) => ty.name().to_string(),
+        None => format!("type id {id}"),
+    }
+}
+
+#[cfg(test)]
+mod tests;

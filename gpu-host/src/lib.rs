@@ -4,4 +4,15 @@
 // (`gguf::map_file`), which carries its SAFETY argument.
 #![deny(unsafe_code)]
 
+mod chat;
 pub mod gguf;
+mod tokenizer;
+
+pub use chat::{
+    ChatMessage, ChatTemplate, ChatTemplateError, MAX_RENDERED_BYTES, MAX_TEMPLATE_BYTES,
+    MAX_TEMPLATE_RECURSION, RENDER_FUEL,
+};
+pub use tokenizer::{
+    MAX_MERGES, MAX_TOKEN_BYTES, MAX_VOCAB_TOKENS, StreamDecoder, TokenType, Tokenizer,
+    TokenizerConfig, TokenizerError,
+};

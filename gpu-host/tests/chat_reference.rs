@@ -1,0 +1,65 @@
+//! Chat templates must render exactly as transformers renders them.
+//!
+//! Fixtures: `tests/fixtures/chat/<name>.json`.
+
+use std::path::PathBuf;
+
+use bulkhead_gpu_host::{ChatMessage, ChatTemplate};
+use serde::Deserialize;
+
+const NAMES: &[&str] = &["llama3", "qwen2"];
+
+#[derive(Deserialize)]
+struct Fixture {
+    name: String,
+    template: String,
+    bos_token: String,
+    eos_token: String,
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    messages: Vec<ChatMessage>,
+    add_generation_prompt: bool,
+    rendered: String,
+}
+
+#[test]
+fn matches_transformers_on_fixtures() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/chat");
+    let mut failures = Vec::new();
+    for name in NAMES {
+        let path = dir.join(format!("{name}.json"));
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            eprintln!("skipping {name}: {} not present", path.display());
+            continue;
+        };
+        let fixture: Fixture = serde_json::from_str(&text).expect("fixture JSON parses");
+        assert_eq!(fixture.name, *name);
+        let template = ChatTemplate::new(
+            Some(&fixture.template),
+            &fixture.bos_token,
+            &fixture.eos_token,
+        )
+        .expect("template compiles");
+        let mut passed = 0;
+        for (i, case) in fixture.cases.iter().enumerate() {
+            match template.render(&case.messages, case.add_generation_prompt) {
+                Ok(out) if out == case.rendered => passed += 1,
+                Ok(out) => failures.push(format!(
+                    "{name} case {i}: got {out:?}, want {:?}",
+                    case.rendered
+                )),
+                Err(e) => failures.push(format!("{name} case {i}: {e}")),
+            }
+        }
+        eprintln!("{name}: {passed} of {} cases pass", fixture.cases.len());
+    }
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}

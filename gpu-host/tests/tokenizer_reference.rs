@@ -1,0 +1,98 @@
+//! Tokenizers built from GGUF fixtures must reproduce Hugging Face
+//! `tokenizers` ids and decoded text for every recorded case.
+//!
+//! Fixtures: `tests/fixtures/tokenizers/<kind>.gguf` + `<kind>.json`.
+
+use std::path::PathBuf;
+
+use bulkhead_gpu_host::Tokenizer;
+use bulkhead_gpu_host::gguf::Gguf;
+use serde::Deserialize;
+
+const KINDS: &[&str] = &["spm", "gpt2", "llama3", "qwen2"];
+
+#[derive(Deserialize)]
+struct Fixture {
+    kind: String,
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    text: String,
+    ids_with_special: Vec<u32>,
+    ids_no_special: Vec<u32>,
+    decoded: String,
+}
+
+fn fixture_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizers")
+}
+
+/// Checks every case of one kind; returns the case count and the failures.
+fn check_kind(kind: &str) -> Option<(usize, Vec<String>)> {
+    let dir = fixture_dir();
+    let json = dir.join(format!("{kind}.json"));
+    let Ok(text) = std::fs::read_to_string(&json) else {
+        eprintln!("skipping {kind}: {} not present", json.display());
+        return None;
+    };
+    let fixture: Fixture = serde_json::from_str(&text).expect("fixture JSON parses");
+    assert_eq!(fixture.kind, kind);
+    let gguf = Gguf::open(dir.join(format!("{kind}.gguf"))).expect("fixture GGUF opens");
+    let tok = Tokenizer::from_metadata(gguf.metadata()).expect("tokenizer builds");
+    let mut failures = Vec::new();
+    for (i, case) in fixture.cases.iter().enumerate() {
+        let with = tok.encode(&case.text, true);
+        if with != case.ids_with_special {
+            failures.push(format!(
+                "{kind} case {i} {:?}: with special: got {with:?}, want {:?}",
+                case.text, case.ids_with_special
+            ));
+        }
+        let without = tok.encode(&case.text, false);
+        if without != case.ids_no_special {
+            failures.push(format!(
+                "{kind} case {i} {:?}: no special: got {without:?}, want {:?}",
+                case.text, case.ids_no_special
+            ));
+        }
+        let decoded = tok.decode(&case.ids_with_special);
+        if decoded != case.decoded {
+            failures.push(format!(
+                "{kind} case {i} {:?}: decode: got {decoded:?}, want {:?}",
+                case.text, case.decoded
+            ));
+        }
+        let mut stream = tok.stream_decoder();
+        let mut streamed: String = case
+            .ids_with_special
+            .iter()
+            .map(|&id| stream.push(id))
+            .collect();
+        streamed.push_str(&stream.finish());
+        if streamed != decoded {
+            failures.push(format!(
+                "{kind} case {i}: stream decode differs from decode"
+            ));
+        }
+    }
+    Some((fixture.cases.len(), failures))
+}
+
+#[test]
+fn matches_hugging_face_on_fixtures() {
+    let mut all_failures = Vec::new();
+    for kind in KINDS {
+        if let Some((cases, failures)) = check_kind(kind) {
+            eprintln!("{kind}: {cases} cases, {} mismatches", failures.len());
+            all_failures.extend(failures);
+        }
+    }
+    assert!(
+        all_failures.is_empty(),
+        "{} mismatches:\n{}",
+        all_failures.len(),
+        all_failures.join("\n")
+    );
+}

@@ -5,6 +5,7 @@
 #![deny(unsafe_code)]
 
 mod chat;
+pub mod engine;
 pub mod gguf;
 mod tokenizer;
 

@@ -1,1 +1,16 @@
-fn main() {}
+//! `bulkhead-gpu-host`: runs GGUF models (today: the engine's command-line tools).
+
+mod cli;
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let args = cli::Args::parse();
+    match cli::run(args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -77,6 +77,11 @@ impl Gguf {
         &self.map[info.file_range()]
     }
 
+    /// The whole mapped file.
+    pub fn mapped_bytes(&self) -> &[u8] {
+        &self.map
+    }
+
     /// Total file size in bytes.
     pub fn file_len(&self) -> usize {
         self.map.len()

@@ -1,0 +1,63 @@
+//! Command-line interface of `bulkhead-gpu-host`.
+
+mod eval;
+mod generate;
+mod inspect;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use bulkhead_gpu_host::Tokenizer;
+use bulkhead_gpu_host::engine::{CpuBackend, Model};
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "bulkhead-gpu-host",
+    version,
+    about = "Bulkhead's GPU host: runs GGUF models"
+)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Generate text from a prompt or a chat, streaming it to stdout.
+    Generate(generate::GenerateArgs),
+    /// Print the logits of every prompt position as JSON.
+    Eval(eval::EvalArgs),
+    /// Print a model's architecture, metadata and tensor table.
+    Inspect(inspect::InspectArgs),
+    /// Print the token ids of a text as JSON.
+    Tokenize(inspect::TokenizeArgs),
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    match args.command {
+        Command::Generate(a) => generate::run(a),
+        Command::Eval(a) => eval::run(a),
+        Command::Inspect(a) => inspect::run(a),
+        Command::Tokenize(a) => inspect::tokenize(a),
+    }
+}
+
+/// Loads a model and its tokenizer, with errors that name the file.
+fn load(path: &PathBuf) -> anyhow::Result<(Model, Tokenizer)> {
+    let model = Model::open(path).with_context(|| format!("loading model {}", path.display()))?;
+    let tokenizer = Tokenizer::from_metadata(model.gguf().metadata())
+        .with_context(|| format!("reading the tokenizer of {}", path.display()))?;
+    Ok((model, tokenizer))
+}
+
+/// A CPU backend with `threads` workers (default: all available cores).
+fn backend(threads: Option<usize>) -> anyhow::Result<CpuBackend> {
+    let threads = match threads {
+        Some(n) => n,
+        None => std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+    };
+    CpuBackend::new(threads).context("starting the CPU backend")
+}

@@ -1,0 +1,18 @@
+//! The inference engine: model config and weights, the forward pass over a
+//! backend, sampling and the generation loop.
+
+mod backend;
+mod config;
+mod generate;
+mod model;
+mod sampling;
+mod weights;
+
+pub use backend::{Backend, CpuBackend, RopeParams};
+pub use config::{Arch, ConfigError, ModelConfig};
+pub use generate::{
+    FinishReason, GenerateError, GenerateRequest, Generation, MAX_STOP_BYTES, MAX_STOP_STRINGS,
+    generate,
+};
+pub use model::{ForwardError, KvCache, Logits, Model, PREFILL_CHUNK};
+pub use sampling::{Sampler, SamplingError, SamplingParams, argmax};

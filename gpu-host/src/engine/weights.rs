@@ -1,0 +1,151 @@
+//! The model's weights as views into the mapped GGUF file, checked against the config.
+
+use std::ops::Range;
+
+use bulkhead_kernels::{GgmlType, QuantMatrix, dequantize_row};
+
+use super::config::{Arch, ConfigError, ModelConfig};
+use crate::gguf::{Gguf, TensorInfo};
+
+/// A matrix stored in the file: `rows` rows of `cols` elements of type `ty`.
+#[derive(Clone, Debug)]
+pub struct MatrixRef {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    range: Range<usize>,
+}
+
+impl MatrixRef {
+    /// A kernel view of this matrix inside `gguf`'s mapping.
+    pub fn view<'g>(&self, gguf: &'g Gguf) -> QuantMatrix<'g> {
+        let bytes = &gguf_bytes(gguf)[self.range.clone()];
+        QuantMatrix::new(self.ty, bytes, self.rows, self.cols)
+            .expect("shape and length were checked when the model was loaded")
+    }
+}
+
+fn gguf_bytes(gguf: &Gguf) -> &[u8] {
+    gguf.mapped_bytes()
+}
+
+/// One transformer block's weights.
+#[derive(Debug)]
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub wq: MatrixRef,
+    pub wk: MatrixRef,
+    pub wv: MatrixRef,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    pub wo: MatrixRef,
+    pub ffn_norm: Vec<f32>,
+    pub w_gate: MatrixRef,
+    pub w_up: MatrixRef,
+    pub w_down: MatrixRef,
+}
+
+/// All weights of a model.
+#[derive(Debug)]
+pub struct Weights {
+    pub token_embd: MatrixRef,
+    pub layers: Vec<LayerWeights>,
+    pub output_norm: Vec<f32>,
+    /// The output projection; `token_embd` itself when the embeddings are tied.
+    pub output: MatrixRef,
+}
+
+impl Weights {
+    /// Finds and shape-checks every tensor the forward pass needs.
+    pub fn load(gguf: &Gguf, cfg: &ModelConfig) -> Result<Weights, ConfigError> {
+        if gguf.tensor("rope_freqs.weight").is_some() {
+            return Err(ConfigError::Invalid {
+                key: "rope_freqs.weight".into(),
+                reason: "per-frequency RoPE factors (Llama 3.1 scaling) are not supported yet"
+                    .into(),
+            });
+        }
+        let d = cfg.embedding_dim;
+        let q_dim = cfg.heads * cfg.head_dim;
+        let kv = cfg.kv_dim();
+        let token_embd = matrix(gguf, "token_embd.weight", cfg.vocab_size, d)?;
+        let output = match gguf.tensor("output.weight") {
+            Some(_) => matrix(gguf, "output.weight", cfg.vocab_size, d)?,
+            None => token_embd.clone(),
+        };
+        let with_bias = cfg.arch == Arch::Qwen2;
+        let mut layers = Vec::with_capacity(cfg.layers);
+        for i in 0..cfg.layers {
+            let name = |t: &str| format!("blk.{i}.{t}");
+            let bias = |t: &str, len| -> Result<Option<Vec<f32>>, ConfigError> {
+                match gguf.tensor(&name(t)) {
+                    Some(_) => vector(gguf, &name(t), len).map(Some),
+                    None if with_bias => Err(missing(&name(t))),
+                    None => Ok(None),
+                }
+            };
+            layers.push(LayerWeights {
+                attn_norm: vector(gguf, &name("attn_norm.weight"), d)?,
+                wq: matrix(gguf, &name("attn_q.weight"), q_dim, d)?,
+                wk: matrix(gguf, &name("attn_k.weight"), kv, d)?,
+                wv: matrix(gguf, &name("attn_v.weight"), kv, d)?,
+                bq: bias("attn_q.bias", q_dim)?,
+                bk: bias("attn_k.bias", kv)?,
+                bv: bias("attn_v.bias", kv)?,
+                wo: matrix(gguf, &name("attn_output.weight"), d, q_dim)?,
+                ffn_norm: vector(gguf, &name("ffn_norm.weight"), d)?,
+                w_gate: matrix(gguf, &name("ffn_gate.weight"), cfg.ffn_dim, d)?,
+                w_up: matrix(gguf, &name("ffn_up.weight"), cfg.ffn_dim, d)?,
+                w_down: matrix(gguf, &name("ffn_down.weight"), d, cfg.ffn_dim)?,
+            });
+        }
+        Ok(Weights {
+            token_embd,
+            layers,
+            output_norm: vector(gguf, "output_norm.weight", d)?,
+            output,
+        })
+    }
+}
+
+fn missing(name: &str) -> ConfigError {
+    ConfigError::Invalid {
+        key: name.to_string(),
+        reason: "tensor is missing".into(),
+    }
+}
+
+fn find<'g>(gguf: &'g Gguf, name: &str) -> Result<&'g TensorInfo, ConfigError> {
+    gguf.tensor(name).ok_or_else(|| missing(name))
+}
+
+fn matrix(gguf: &Gguf, name: &str, rows: usize, cols: usize) -> Result<MatrixRef, ConfigError> {
+    let t = find(gguf, name)?;
+    if t.dims != [cols as u64, rows as u64] {
+        return Err(ConfigError::Invalid {
+            key: name.to_string(),
+            reason: format!("shape {:?}, expected [{cols}, {rows}]", t.dims),
+        });
+    }
+    Ok(MatrixRef {
+        ty: t.ty,
+        rows,
+        cols,
+        range: t.file_range(),
+    })
+}
+
+/// A 1-D tensor (norm weights, biases) dequantized to f32; these are small.
+fn vector(gguf: &Gguf, name: &str, len: usize) -> Result<Vec<f32>, ConfigError> {
+    let t = find(gguf, name)?;
+    if t.dims != [len as u64] {
+        return Err(ConfigError::Invalid {
+            key: name.to_string(),
+            reason: format!("shape {:?}, expected [{len}]", t.dims),
+        });
+    }
+    let mut out = vec![0.0; len];
+    dequantize_row(t.ty, gguf.tensor_data(t), &mut out);
+    Ok(out)
+}

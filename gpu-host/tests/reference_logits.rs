@@ -1,0 +1,162 @@
+//! The engine against independent references: logits and greedy tokens from
+//! Hugging Face transformers (F32) and llama.cpp (every quantized file), as
+//! recorded by `tests/reference/make_fixtures.py`.
+
+use std::path::PathBuf;
+
+use bulkhead_gpu_host::engine::{Backend, CpuBackend, Logits, Model, argmax};
+use bulkhead_kernels::Isa;
+use serde::Deserialize;
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
+
+#[derive(Deserialize)]
+struct Reference {
+    prompt_tokens: Vec<u32>,
+    transformers_f32_logits: Vec<Vec<f32>>,
+    greedy: Greedy,
+    llamacpp: std::collections::BTreeMap<String, Vec<Vec<f32>>>,
+}
+
+#[derive(Deserialize)]
+struct Greedy {
+    prompt_tokens: Vec<u32>,
+    tokens: Vec<u32>,
+}
+
+fn reference(family: &str) -> Reference {
+    let path = fixtures().join(format!("reference/{family}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+fn model(family: &str, ty: &str) -> Model {
+    Model::open(fixtures().join(format!("models/{family}-{ty}.gguf"))).unwrap()
+}
+
+fn eval(model: &Model, backend: &dyn Backend, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let mut cache = model.new_cache(tokens.len());
+    let logits = model
+        .forward(backend, &mut cache, tokens, Logits::All)
+        .unwrap();
+    logits
+        .chunks_exact(model.config().vocab_size)
+        .map(|r| r.to_vec())
+        .collect()
+}
+
+/// Errors of `ours` against `reference`: (max |diff| / max |reference|, rms diff / rms reference).
+fn error(ours: &[Vec<f32>], reference: &[Vec<f32>]) -> (f64, f64) {
+    assert_eq!(ours.len(), reference.len());
+    let (mut max_diff, mut max_ref, mut sq_diff, mut sq_ref) = (0f64, 0f64, 0f64, 0f64);
+    for (a, b) in ours.iter().zip(reference) {
+        assert_eq!(a.len(), b.len());
+        for (&x, &y) in a.iter().zip(b) {
+            let d = (x as f64 - y as f64).abs();
+            max_diff = max_diff.max(d);
+            max_ref = max_ref.max((y as f64).abs());
+            sq_diff += d * d;
+            sq_ref += (y as f64) * (y as f64);
+        }
+    }
+    (max_diff / max_ref, (sq_diff / sq_ref).sqrt())
+}
+
+fn backend() -> CpuBackend {
+    CpuBackend::new(2).unwrap()
+}
+
+fn f32_logits_match_transformers(family: &str) {
+    let r = reference(family);
+    let m = model(family, "f32");
+    for b in [CpuBackend::with_isa(2, Isa::Scalar).unwrap(), backend()] {
+        let ours = eval(&m, &b, &r.prompt_tokens);
+        let (max_rel, rms_rel) = error(&ours, &r.transformers_f32_logits);
+        eprintln!(
+            "{family} f32 {}: max rel {max_rel:.2e}, rms rel {rms_rel:.2e}",
+            b.name()
+        );
+        assert!(
+            max_rel < 1e-4,
+            "{family} f32 on {}: max rel error {max_rel:.3e}",
+            b.name()
+        );
+    }
+}
+
+fn greedy_matches_transformers(family: &str) {
+    let r = reference(family);
+    let m = model(family, "f32");
+    let b = backend();
+    let g = &r.greedy;
+    let mut cache = m.new_cache(g.prompt_tokens.len() + g.tokens.len());
+    let mut logits = m
+        .forward(&b, &mut cache, &g.prompt_tokens, Logits::Last)
+        .unwrap();
+    let mut ours = Vec::new();
+    for _ in 0..g.tokens.len() {
+        let next = argmax(&logits);
+        ours.push(next);
+        logits = m.forward(&b, &mut cache, &[next], Logits::Last).unwrap();
+    }
+    assert_eq!(
+        ours, g.tokens,
+        "{family}: greedy tokens differ from transformers"
+    );
+}
+
+fn quantized_no_worse_than_llamacpp(family: &str) {
+    let r = reference(family);
+    let b = backend();
+    for (ty, llama_logits) in &r.llamacpp {
+        if ty == "f32" {
+            continue;
+        }
+        let m = model(family, ty);
+        let ours = eval(&m, &b, &r.prompt_tokens);
+        let (ours_max, ours_rms) = error(&ours, &r.transformers_f32_logits);
+        let (llama_max, llama_rms) = error(llama_logits, &r.transformers_f32_logits);
+        eprintln!(
+            "{family} {ty}: error vs transformers F32 — ours rms {ours_rms:.3e} max {ours_max:.3e}; \
+             llama.cpp rms {llama_rms:.3e} max {llama_max:.3e}"
+        );
+        // Same weights, same activation quantization as llama.cpp; only the
+        // order of float sums differs, which moves the error by well under 5%.
+        assert!(
+            ours_rms <= llama_rms * 1.05,
+            "{family} {ty}: our rms error {ours_rms:.3e} is worse than llama.cpp's {llama_rms:.3e}"
+        );
+    }
+}
+
+#[test]
+fn llama_f32_logits_match_transformers() {
+    f32_logits_match_transformers("llama");
+}
+
+#[test]
+fn qwen2_f32_logits_match_transformers() {
+    f32_logits_match_transformers("qwen2");
+}
+
+#[test]
+fn llama_greedy_matches_transformers() {
+    greedy_matches_transformers("llama");
+}
+
+#[test]
+fn qwen2_greedy_matches_transformers() {
+    greedy_matches_transformers("qwen2");
+}
+
+#[test]
+fn llama_quantized_no_worse_than_llamacpp() {
+    quantized_no_worse_than_llamacpp("llama");
+}
+
+#[test]
+fn qwen2_quantized_no_worse_than_llamacpp() {
+    quantized_no_worse_than_llamacpp("qwen2");
+}

@@ -1,0 +1,268 @@
+//! The `bulkhead-gpu-host` command-line tools, run as a user runs them.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_bulkhead-gpu-host"))
+}
+
+fn model(name: &str) -> String {
+    fixtures().join("models").join(name).display().to_string()
+}
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("binary runs")
+}
+
+fn ok_json(args: &[&str]) -> Value {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stdout is one JSON value")
+}
+
+fn failure(args: &[&str]) -> String {
+    let out = run(args);
+    assert!(!out.status.success(), "{args:?} unexpectedly succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("bulkhead-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn generate_json_reports_tokens_text_and_timings() {
+    let m = model("llama-q8_0.gguf");
+    let v = ok_json(&[
+        "generate",
+        "--model",
+        &m,
+        "--prompt",
+        "Hello world",
+        "--max-tokens",
+        "12",
+        "--threads",
+        "2",
+        "--json",
+    ]);
+    let tokens = v["tokens"].as_array().unwrap();
+    assert!(!tokens.is_empty() && tokens.len() <= 12);
+    let prompt = ok_json(&["tokenize", "--model", &m, "--text", "Hello world"]);
+    assert_eq!(v["prompt_tokens"], prompt);
+    assert!(v["text"].is_string());
+    for key in ["prompt_ms", "decode_ms", "prompt_tok_s", "decode_tok_s"] {
+        assert!(v["timings"][key].as_f64().unwrap() >= 0.0, "{key}");
+    }
+    if tokens.len() == 12 {
+        assert_eq!(v["finish_reason"], "length");
+    }
+}
+
+#[test]
+fn streaming_text_equals_json_text() {
+    let m = model("qwen2-q4_0.gguf");
+    let args = [
+        "generate",
+        "--model",
+        &m,
+        "--prompt",
+        "The sea",
+        "--max-tokens",
+        "16",
+    ];
+    let streamed = run(&args);
+    assert!(streamed.status.success());
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let v = ok_json(&json_args);
+    let text = String::from_utf8(streamed.stdout).unwrap();
+    assert_eq!(
+        text.strip_suffix('\n').unwrap(),
+        v["text"].as_str().unwrap()
+    );
+}
+
+#[test]
+fn same_seed_same_output_different_seed_differs() {
+    let m = model("llama-q4_k_m.gguf");
+    let sample = |seed: &str| {
+        ok_json(&[
+            "generate",
+            "--model",
+            &m,
+            "--prompt",
+            "A",
+            "--max-tokens",
+            "24",
+            "--temperature",
+            "1.5",
+            "--seed",
+            seed,
+            "--json",
+        ])["tokens"]
+            .clone()
+    };
+    assert_eq!(sample("7"), sample("7"));
+    assert_ne!(sample("7"), sample("8"));
+}
+
+#[test]
+fn stop_string_cuts_the_output() {
+    let m = model("llama-f16.gguf");
+    let full = ok_json(&[
+        "generate",
+        "--model",
+        &m,
+        "--prompt",
+        "x",
+        "--max-tokens",
+        "24",
+        "--json",
+    ]);
+    let text = full["text"].as_str().unwrap();
+    // Stop at a piece of the greedy output itself.
+    let chars: Vec<char> = text.chars().collect();
+    assert!(chars.len() > 6, "output too short to test stop: {text:?}");
+    let stop: String = chars[4..6].iter().collect();
+    let cut = ok_json(&[
+        "generate",
+        "--model",
+        &m,
+        "--prompt",
+        "x",
+        "--max-tokens",
+        "24",
+        "--stop",
+        &stop,
+        "--json",
+    ]);
+    let expected = &text[..text.find(&stop).unwrap()];
+    assert_eq!(cut["text"].as_str().unwrap(), expected);
+    assert_eq!(cut["finish_reason"], "stop");
+}
+
+#[test]
+fn chat_file_is_rendered_with_the_model_template() {
+    let dir = temp_dir("chat");
+    let chat = dir.join("chat.json");
+    std::fs::write(
+        &chat,
+        r#"{"messages": [{"role": "user", "content": "Hi there"}]}"#,
+    )
+    .unwrap();
+    let m = model("qwen2-q8_0.gguf");
+    let v = ok_json(&[
+        "generate",
+        "--model",
+        &m,
+        "--chat",
+        chat.to_str().unwrap(),
+        "--max-tokens",
+        "4",
+        "--json",
+    ]);
+    let prompt: Vec<u64> = v["prompt_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    // The rendered prompt starts with <|im_start|> as one special token.
+    let im_start = ok_json(&["tokenize", "--model", &m, "--text", "<|im_start|>"]);
+    assert_eq!(prompt[0], im_start[0].as_u64().unwrap());
+
+    std::fs::write(&chat, "{not json").unwrap();
+    let err = failure(&["generate", "--model", &m, "--chat", chat.to_str().unwrap()]);
+    assert!(err.contains("chat.json"), "{err}");
+    std::fs::write(&chat, "[]").unwrap();
+    let err = failure(&["generate", "--model", &m, "--chat", chat.to_str().unwrap()]);
+    assert!(err.contains("no messages"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn eval_prints_one_logit_row_per_token() {
+    let m = model("qwen2-f16.gguf");
+    let v = ok_json(&["eval", "--model", &m, "--prompt", "one two three", "--json"]);
+    let tokens = v["tokens"].as_array().unwrap();
+    let rows = v["logits"].as_array().unwrap();
+    assert_eq!(rows.len(), tokens.len());
+    let vocab = rows[0].as_array().unwrap().len();
+    assert!(vocab > 256);
+    assert!(rows.iter().all(|r| r.as_array().unwrap().len() == vocab));
+}
+
+#[test]
+fn inspect_shows_architecture_metadata_and_tensors() {
+    let out = run(&["inspect", "--model", &model("qwen2-q4_k_m.gguf")]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("architecture: qwen2"), "{text}");
+    assert!(text.contains("tokenizer.ggml.model"), "{text}");
+    assert!(text.contains("blk.0.attn_q.bias"), "{text}");
+    assert!(text.contains("Q4_K"), "{text}");
+}
+
+#[test]
+fn bad_inputs_fail_with_clear_errors() {
+    let err = failure(&[
+        "generate",
+        "--model",
+        "/nonexistent/m.gguf",
+        "--prompt",
+        "x",
+    ]);
+    assert!(err.contains("/nonexistent/m.gguf"), "{err}");
+
+    let dir = temp_dir("bad");
+    let truncated = dir.join("truncated.gguf");
+    let bytes = std::fs::read(fixtures().join("models/llama-q4_0.gguf")).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let err = failure(&[
+        "generate",
+        "--model",
+        truncated.to_str().unwrap(),
+        "--prompt",
+        "x",
+    ]);
+    assert!(err.contains("outside the file"), "{err}");
+
+    let not_gguf = dir.join("text.gguf");
+    std::fs::write(&not_gguf, "hello, I am not a model").unwrap();
+    let err = failure(&["inspect", "--model", not_gguf.to_str().unwrap()]);
+    assert!(err.contains("not a GGUF file"), "{err}");
+
+    let m = model("llama-q8_0.gguf");
+    let err = failure(&["generate", "--model", &m, "--prompt", "x", "--top-p", "0"]);
+    assert!(err.contains("top_p"), "{err}");
+    let err = failure(&[
+        "generate",
+        "--model",
+        &m,
+        "--prompt",
+        "x",
+        "--max-tokens",
+        "100000000",
+    ]);
+    assert!(err.contains("context length"), "{err}");
+    let err = failure(&[
+        "generate", "--model", &m, "--prompt", "x", "--chat", "c.json",
+    ]);
+    assert!(err.contains("cannot be used with"), "{err}");
+    let err = failure(&["generate", "--model", &m, "--prompt", "x", "--threads", "0"]);
+    assert!(err.contains("thread"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

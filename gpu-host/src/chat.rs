@@ -4,7 +4,9 @@
 use std::io;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use minijinja::value::{Kwargs, Value};
+use std::sync::Arc;
+
+use minijinja::value::{Enumerator, Kwargs, Object, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 
@@ -69,6 +71,24 @@ pub struct ChatTemplate {
     eos_token: String,
 }
 
+/// A message as the template sees it: a dict with keys `role`, `content`.
+#[derive(Debug)]
+struct MessageObject(ChatMessage);
+
+impl Object for MessageObject {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        match key.as_str()? {
+            "role" => Some(Value::from(self.0.role.as_str())),
+            "content" => Some(Value::from(self.0.content.as_str())),
+            _ => None,
+        }
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Str(&["role", "content"])
+    }
+}
+
 /// The error `raise_exception` attaches so we can tell it from template bugs.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -128,6 +148,12 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| ChatTemplateError::Syntax(describe(&e)))?;
+        // Messages go in as objects so that iteration and `tojson` see the
+        // keys in Python's order (role, content), not sorted.
+        let messages: Vec<Value> = messages
+            .iter()
+            .map(|m| Value::from_object(MessageObject(m.clone())))
+            .collect();
         let ctx = minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
@@ -196,72 +222,105 @@ fn raise_exception(message: String) -> Result<Value, Error> {
 }
 
 /// Python's `json.dumps(value, ensure_ascii=False, indent=indent)` as
-/// transformers registers it (`tojson` without HTML escaping).
+/// transformers registers it: no HTML escaping, `", "` / `": "` separators,
+/// keys in insertion order.
 fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     kwargs.assert_all_used()?;
-    let json = serde_json::to_value(&value)
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     let mut out = String::new();
-    write_python_json(&json, indent, sort_keys.unwrap_or(false), 0, &mut out);
+    let style = JsonStyle {
+        indent,
+        sort_keys: sort_keys.unwrap_or(false),
+    };
+    write_python_json(&value, style, 0, &mut out)?;
     Ok(Value::from_safe_string(out))
 }
 
-fn write_python_json(
-    v: &serde_json::Value,
+/// Deepest nesting `tojson` follows; guards the recursion.
+const MAX_JSON_DEPTH: usize = 128;
+
+#[derive(Clone, Copy)]
+struct JsonStyle {
     indent: Option<usize>,
     sort_keys: bool,
+}
+
+fn write_python_json(
+    v: &Value,
+    style: JsonStyle,
     depth: usize,
     out: &mut String,
-) {
-    use serde_json::Value as J;
+) -> Result<(), Error> {
+    if depth > MAX_JSON_DEPTH {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "tojson: value nested too deeply",
+        ));
+    }
     let newline = |out: &mut String, depth: usize| {
-        if let Some(width) = indent {
+        if let Some(width) = style.indent {
             out.push('\n');
             out.extend(std::iter::repeat_n(' ', width * depth));
         }
     };
-    // json.dumps uses ", " between items unless indenting (then ",").
-    let item_sep = if indent.is_some() { "," } else { ", " };
-    match v {
-        J::Array(items) if !items.is_empty() => {
+    // json.dumps separates items with ", " unless indenting (then ",").
+    let item_sep = if style.indent.is_some() { "," } else { ", " };
+    match v.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+        ValueKind::Number => out.push_str(&v.to_string()),
+        ValueKind::String => {
+            out.push_str(&serde_json::Value::from(v.as_str().unwrap_or_default()).to_string())
+        }
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<Value> = v.try_iter()?.collect();
+            if items.is_empty() {
+                out.push_str("[]");
+                return Ok(());
+            }
             out.push('[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
                     out.push_str(item_sep);
                 }
                 newline(out, depth + 1);
-                write_python_json(item, indent, sort_keys, depth + 1, out);
+                write_python_json(item, style, depth + 1, out)?;
             }
             newline(out, depth);
             out.push(']');
         }
-        J::Object(map) if !map.is_empty() => {
-            let mut entries: Vec<_> = map.iter().collect();
-            if sort_keys {
-                entries.sort_by(|a, b| a.0.cmp(b.0));
+        ValueKind::Map => {
+            let mut keys: Vec<Value> = v.try_iter()?.collect();
+            if keys.is_empty() {
+                out.push_str("{}");
+                return Ok(());
+            }
+            if style.sort_keys {
+                keys.sort();
             }
             out.push('{');
-            for (i, (key, item)) in entries.into_iter().enumerate() {
+            for (i, key) in keys.iter().enumerate() {
                 if i > 0 {
                     out.push_str(item_sep);
                 }
                 newline(out, depth + 1);
-                out.push_str(&J::String(key.clone()).to_string());
+                let key_text = key.as_str().map_or_else(|| key.to_string(), str::to_owned);
+                out.push_str(&serde_json::Value::from(key_text).to_string());
                 out.push_str(": ");
-                write_python_json(item, indent, sort_keys, depth + 1, out);
+                write_python_json(&v.get_item(key)?, style, depth + 1, out)?;
             }
             newline(out, depth);
             out.push('}');
         }
-        J::Array(_) => out.push_str("[]"),
-        J::Object(_) => out.push_str("{}"),
-        J::Bool(true) => out.push_str("true"),
-        J::Bool(false) => out.push_str("false"),
-        J::Null => out.push_str("null"),
-        other => out.push_str(&other.to_string()),
+        other => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson: cannot serialize a value of kind {other}"),
+            ));
+        }
     }
+    Ok(())
 }
 
 /// `strftime_now(format)` as transformers provides it, in UTC. Supports the
@@ -450,7 +509,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             t.render(&[msg("user", "a\"b")], false).unwrap(),
-            "{\"content\": \"a\\\"b\", \"role\": \"user\"}|[\n  1,\n  \"é<\",\n  null\n]"
+            "{\"role\": \"user\", \"content\": \"a\\\"b\"}|[\n  1,\n  \"é<\",\n  null\n]"
         );
     }
 

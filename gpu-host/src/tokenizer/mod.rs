@@ -386,10 +386,14 @@ impl Tokenizer {
     fn encode_text(&self, text: &str, after_special: bool, out: &mut Vec<u32>) {
         match &self.model {
             Model::SentencePiece { .. } => {
-                // llama.cpp prefixes a space to every text fragment that
-                // starts the input or follows a special token.
+                // Every text fragment that starts the input or follows a
+                // special token gets a `▁` prefix unless it already starts
+                // with one: HF's Metaspace (prepend_scheme "always", as
+                // transformers sets up Llama with legacy=True). llama.cpp
+                // prefixes unconditionally, so " x" differs there.
                 let mut escaped = String::with_capacity(text.len() + 3);
-                if self.add_space_prefix && after_special {
+                let starts_with_space = text.starts_with([' ', '▁']);
+                if self.add_space_prefix && after_special && !starts_with_space {
                     escaped.push('▁');
                 }
                 for c in text.chars() {

@@ -32,10 +32,9 @@ fn matches_transformers_on_fixtures() {
     let mut failures = Vec::new();
     for name in NAMES {
         let path = dir.join(format!("{name}.json"));
-        let Ok(text) = std::fs::read_to_string(&path) else {
-            eprintln!("skipping {name}: {} not present", path.display());
-            continue;
-        };
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!("{}: {e} (regenerate with tests/reference)", path.display())
+        });
         let fixture: Fixture = serde_json::from_str(&text).expect("fixture JSON parses");
         assert_eq!(fixture.name, *name);
         let template = ChatTemplate::new(

@@ -13,11 +13,7 @@ const KINDS: &[&str] = &["spm", "gpt2", "llama3", "qwen2"];
 
 /// Cases known to disagree with HF, with the reason. They must still fail
 /// (so this list cannot go stale); everything else must match exactly.
-const KNOWN_GAPS: &[(&str, usize, &str)] = &[
-    // HF's Qwen2 tokenizer NFC-normalizes input; we (like llama.cpp) do not.
-    ("qwen2", 18, "NFC normalization (decomposed accents)"),
-    ("qwen2", 19, "NFC normalization (decomposed accents)"),
-];
+const KNOWN_GAPS: &[(&str, usize, &str)] = &[];
 
 #[derive(Deserialize)]
 struct Fixture {
@@ -38,13 +34,11 @@ fn fixture_dir() -> PathBuf {
 }
 
 /// Checks every case of one kind; returns the case count and the failures.
-fn check_kind(kind: &str) -> Option<(usize, Vec<String>)> {
+fn check_kind(kind: &str) -> (usize, Vec<String>) {
     let dir = fixture_dir();
     let json = dir.join(format!("{kind}.json"));
-    let Ok(text) = std::fs::read_to_string(&json) else {
-        eprintln!("skipping {kind}: {} not present", json.display());
-        return None;
-    };
+    let text = std::fs::read_to_string(&json)
+        .unwrap_or_else(|e| panic!("{}: {e} (regenerate with tests/reference)", json.display()));
     let fixture: Fixture = serde_json::from_str(&text).expect("fixture JSON parses");
     assert_eq!(fixture.kind, kind);
     let gguf = Gguf::open(dir.join(format!("{kind}.gguf"))).expect("fixture GGUF opens");
@@ -97,17 +91,17 @@ fn check_kind(kind: &str) -> Option<(usize, Vec<String>)> {
             ));
         }
     }
-    Some((fixture.cases.len(), failures))
+    (fixture.cases.len(), failures)
 }
 
 #[test]
 fn matches_hugging_face_on_fixtures() {
     let mut all_failures = Vec::new();
     for kind in KINDS {
-        if let Some((cases, failures)) = check_kind(kind) {
-            eprintln!("{kind}: {cases} cases, {} mismatches", failures.len());
-            all_failures.extend(failures);
-        }
+        let (cases, failures) = check_kind(kind);
+        assert!(cases >= 40, "{kind}: only {cases} cases in the fixture");
+        eprintln!("{kind}: {cases} cases, {} mismatches", failures.len());
+        all_failures.extend(failures);
     }
     assert!(
         all_failures.is_empty(),

@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use pretokenize::PreTokenizer;
 use special::{Fragment, SpecialMatcher};
 pub use stream::StreamDecoder;
+use unicode_normalization::{IsNormalized, UnicodeNormalization, is_nfc_quick};
 
 /// Largest vocabulary accepted. Real ones are ≤ 262k; 4M bounds the memory a
 /// hostile file can make us allocate for per-token tables.
@@ -179,6 +180,8 @@ enum Model {
         byte_tokens: [Option<u32>; 256],
         /// Take a whole pre-token when it is in the vocabulary (Llama 3).
         ignore_merges: bool,
+        /// Compose text to Unicode NFC before splitting (Qwen2's HF normalizer).
+        nfc: bool,
     },
 }
 
@@ -303,6 +306,8 @@ impl Tokenizer {
                     merges,
                     byte_tokens,
                     ignore_merges: is_llama3,
+                    // Qwen2's HF tokenizer has an NFC normalizer; llama.cpp skips it.
+                    nfc: matches!(pre_name, "qwen2" | "deepseek-r1-qwen"),
                 };
                 (model, is_llama3)
             }
@@ -406,7 +411,15 @@ impl Tokenizer {
                 merges,
                 byte_tokens,
                 ignore_merges,
+                nfc,
             } => {
+                let composed;
+                let text = if *nfc && is_nfc_quick(text.chars()) != IsNormalized::Yes {
+                    composed = text.nfc().collect::<String>();
+                    composed.as_str()
+                } else {
+                    text
+                };
                 let table = bpe::byte_to_char_table();
                 let mut symbols = Vec::new();
                 let mut mapped = String::new();

@@ -160,3 +160,23 @@ fn llama_quantized_no_worse_than_llamacpp() {
 fn qwen2_quantized_no_worse_than_llamacpp() {
     quantized_no_worse_than_llamacpp("qwen2");
 }
+
+#[test]
+fn llama288_f32_logits_match_transformers() {
+    f32_logits_match_transformers("llama288");
+}
+
+/// A 288-wide model cannot use K-quants for most rows (288 is not a multiple
+/// of 256), so llama.cpp's Q4_K_M falls back to Q5_0/Q5_1/Q8_0 and friends.
+#[test]
+fn llama288_q4_k_m_fallback_types_run_and_match_llamacpp() {
+    let m = model("llama288", "q4_k_m");
+    let types: std::collections::BTreeSet<&str> =
+        m.gguf().tensors().iter().map(|t| t.ty.name()).collect();
+    eprintln!("llama288 q4_k_m tensor types: {types:?}");
+    assert!(
+        types.contains("Q5_0"),
+        "expected the Q5_0 fallback, found {types:?}"
+    );
+    quantized_no_worse_than_llamacpp("llama288");
+}

@@ -19,14 +19,10 @@ pub struct MatrixRef {
 impl MatrixRef {
     /// A kernel view of this matrix inside `gguf`'s mapping.
     pub fn view<'g>(&self, gguf: &'g Gguf) -> QuantMatrix<'g> {
-        let bytes = &gguf_bytes(gguf)[self.range.clone()];
+        let bytes = &gguf.mapped_bytes()[self.range.clone()];
         QuantMatrix::new(self.ty, bytes, self.rows, self.cols)
             .expect("shape and length were checked when the model was loaded")
     }
-}
-
-fn gguf_bytes(gguf: &Gguf) -> &[u8] {
-    gguf.mapped_bytes()
 }
 
 /// One transformer block's weights.

@@ -3,9 +3,10 @@
 //! activations, one accumulator per token; `N` separate row dots would unpack
 //! it `N` times.
 //!
-//! The quantized kernels keep the single-row kernels' accumulation order per
-//! token, so their results equal `dot::*` bit for bit; F16 uses a different
-//! (two-accumulator) order, equal up to float re-association.
+//! Q4_0, Q8_0 and Q4_K keep the single-row kernels' accumulation order per
+//! token, so their results equal `dot::*` bit for bit; Q6_K (its offset
+//! spread over other i32 lanes) and F16 (two accumulators) differ by float
+//! re-association only.
 
 use std::arch::x86_64::*;
 
@@ -121,6 +122,10 @@ pub(super) fn q4k_rows<const N: usize>(w: &[u8], x: [&[BlockQ8K]; N]) -> [f32; N
     for (i, b) in blocks.iter().enumerate() {
         let ys = x.map(|x| &x[i]);
         let (sc, m) = scales_mins_k4(&b[4..16]);
+        // mins[g / 2] for the 16 bsums groups g, so one `madd` per token
+        // gives the (exact) integer min term `min_sum(bsums, m)`.
+        let m8 = _mm_cvtepu8_epi16(_mm_set_epi64x(0, u64::from_le_bytes(m) as i64));
+        let mins16 = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
         let (qs, _) = b[16..].as_chunks::<32>();
         let mut isum = [_mm256_setzero_si256(); N];
         for j in 0..4 {
@@ -142,7 +147,8 @@ pub(super) fn q4k_rows<const N: usize>(w: &[u8], x: [&[BlockQ8K]; N]) -> [f32; N
         for t in 0..N {
             let y = ys[t];
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
-            mins[t] += dmin * y.d * min_sum(&y.bsums, &m) as f32;
+            let msum = hsum_epi32(_mm256_madd_epi16(load_i16x16(&y.bsums), mins16));
+            mins[t] += dmin * y.d * msum as f32;
         }
     }
     let mut out = [0.0f32; N];
@@ -156,14 +162,21 @@ pub(super) fn q4k_rows<const N: usize>(w: &[u8], x: [&[BlockQ8K]; N]) -> [f32; N
 pub(super) fn q6k_rows<const N: usize>(w: &[u8], x: [&[BlockQ8K]; N]) -> [f32; N] {
     let (blocks, _) = w.as_chunks::<Q6K_BYTES>();
     let low = _mm256_set1_epi8(0x0F);
-    let m32 = _mm256_set1_epi8(32);
     let mut acc = [_mm256_setzero_ps(); N];
     for (i, b) in blocks.iter().enumerate() {
         let ys = x.map(|x| &x[i]);
         let (ql, _) = b[..128].as_chunks::<32>();
         let (qh, _) = b[128..192].as_chunks::<32>();
         let sc = &b[192..208];
-        let mut isum = [_mm256_setzero_si256(); N];
+        // The quants are stored +32: Σ sc (q - 32) y = Σ sc q y - 32 Σ_g sc_g
+        // bsums_g, the second sum one `madd` per token on the activations'
+        // 16-element sums (all exact in i32).
+        let sc16 = _mm256_cvtepi8_epi16(load_u8x16(arr(sc)));
+        let mut isum =
+            ys.map(|y| _mm256_slli_epi32::<5>(_mm256_madd_epi16(load_i16x16(&y.bsums), sc16)));
+        for v in &mut isum {
+            *v = _mm256_sub_epi32(_mm256_setzero_si256(), *v);
+        }
         for n in 0..2 {
             let ql0 = load_u8x32(&ql[2 * n]);
             let ql1 = load_u8x32(&ql[2 * n + 1]);
@@ -189,11 +202,7 @@ pub(super) fn q6k_rows<const N: usize>(w: &[u8], x: [&[BlockQ8K]; N]) -> [f32; N
                 for t in 0..N {
                     let (yq, _) = ys[t].qs.as_chunks::<32>();
                     let yv = load_i8x32(&yq[4 * n + g]);
-                    // (q - 32) · y = q · y - 32 · y, both exact in i16.
-                    let p = _mm256_sub_epi16(
-                        _mm256_maddubs_epi16(qg, yv),
-                        _mm256_maddubs_epi16(m32, yv),
-                    );
+                    let p = _mm256_maddubs_epi16(qg, yv);
                     isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, scales));
                 }
             }

@@ -94,6 +94,14 @@ enum TokenGrouping {
     UpToFour,
 }
 
+/// Weight rows one grouped kernel call takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RowsPerCall {
+    One,
+    /// Two rows share activation loads (F16, where those dominate).
+    Two,
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Backend {
     Scalar,
@@ -109,8 +117,10 @@ pub struct CpuKernels {
 
 /// Rows handed to one pool task: enough to amortise scheduling, few enough
 /// that every thread gets several tasks (work stealing evens out stragglers).
+/// Even, so row pairs (see [`CpuKernels::rows_dot_grouped`]) never straddle
+/// two tasks and the pairing does not depend on the thread count.
 fn rows_per_task(rows: usize, threads: usize) -> usize {
-    rows.div_ceil(threads * 4).clamp(8, 64)
+    rows.div_ceil(threads * 4).clamp(8, 64).next_multiple_of(2)
 }
 
 /// Picks the scalar or AVX2 version of a row kernel, as a closure over the
@@ -215,9 +225,14 @@ impl CpuKernels {
         match w.ty {
             GgmlType::F32 => self.rows_dot(w, x, n_tokens, row_kernel!(b, dot_f32), out),
             GgmlType::F16 => match grouped {
-                Some(k) => {
-                    self.rows_dot_grouped(w, x, n_tokens, |w, x, o| k.dot_f16_tokens(w, x, o), out)
-                }
+                Some(k) => self.rows_dot_grouped(
+                    w,
+                    x,
+                    n_tokens,
+                    RowsPerCall::Two,
+                    |w, x, o| k.dot_f16_rows_tokens(w, x, o),
+                    out,
+                ),
                 None => self.rows_dot(w, x, n_tokens, row_kernel!(b, dot_f16), out),
             },
             GgmlType::BF16 => self.rows_dot(w, x, n_tokens, row_kernel!(b, dot_bf16), out),
@@ -228,7 +243,8 @@ impl CpuKernels {
                         w,
                         &q,
                         n_tokens,
-                        |w, x, o| k.dot_q4_0_tokens(w, x, o),
+                        RowsPerCall::One,
+                        |w, x, o| k.dot_q4_0_tokens(w[0], x, o),
                         out,
                     ),
                     None => self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q4_0), out),
@@ -245,7 +261,8 @@ impl CpuKernels {
                         w,
                         &q,
                         n_tokens,
-                        |w, x, o| k.dot_q8_0_tokens(w, x, o),
+                        RowsPerCall::One,
+                        |w, x, o| k.dot_q8_0_tokens(w[0], x, o),
                         out,
                     ),
                     None => self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q8_0), out),
@@ -266,7 +283,8 @@ impl CpuKernels {
                         w,
                         &q,
                         n_tokens,
-                        |w, x, o| k.dot_q4k_tokens(w, x, o),
+                        RowsPerCall::One,
+                        |w, x, o| k.dot_q4k_tokens(w[0], x, o),
                         out,
                     ),
                     None => self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q4k), out),
@@ -283,7 +301,8 @@ impl CpuKernels {
                         w,
                         &q,
                         n_tokens,
-                        |w, x, o| k.dot_q6k_tokens(w, x, o),
+                        RowsPerCall::One,
+                        |w, x, o| k.dot_q6k_tokens(w[0], x, o),
                         out,
                     ),
                     None => self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q6k), out),
@@ -338,22 +357,30 @@ impl CpuKernels {
         });
     }
 
-    /// As [`Self::rows_dot`], but `dot` takes up to [`Avx2::MAX_TOKENS`]
-    /// tokens at once: within a chunk, token groups outer, rows inner. Groups
-    /// are fixed by token index (0..4, 4..8, …), never by the thread split,
-    /// so results do not depend on the thread count.
+    /// As [`Self::rows_dot`], but `dot(rows, tokens, out)` takes up to
+    /// [`Avx2::MAX_TOKENS`] tokens and up to `rows_per_call` rows at once,
+    /// writing `out[r * tokens.len() + t]`. Within a chunk, token groups
+    /// outer, rows inner. Groups are fixed by token index (0..4, 4..8, …) and
+    /// row pairs by row index (chunks start on even rows), never by the thread
+    /// split, so results do not depend on the thread count.
     fn rows_dot_grouped<B, D>(
         &self,
         w: &QuantMatrix,
         acts: &[B],
         n_tokens: usize,
+        rows_per_call: RowsPerCall,
         dot: D,
         out: &mut [f32],
     ) where
         B: Sync,
-        D: Fn(&[u8], &[&[B]], &mut [f32]) + Sync,
+        D: Fn(&[&[u8]], &[&[B]], &mut [f32]) + Sync,
     {
         const GROUP: usize = Avx2::MAX_TOKENS;
+        const MAX_ROWS: usize = 2;
+        let rows_per_call = match rows_per_call {
+            RowsPerCall::One => 1,
+            RowsPerCall::Two => 2,
+        };
         let per_token = acts.len() / n_tokens;
         let row_bytes = w.row_bytes();
         self.row_chunks(w, n_tokens, out, |first_row, dst| {
@@ -366,9 +393,18 @@ impl CpuKernels {
                 }
                 let n = group.len() / per_token;
                 let xs = &xs[..n];
-                for (i, row) in weights.chunks_exact(row_bytes).enumerate() {
-                    let first = i * n_tokens + g * GROUP;
-                    dot(row, xs, &mut dst[first..first + n]);
+                let mut res = [0.0f32; MAX_ROWS * GROUP];
+                for (p, rows) in weights.chunks(rows_per_call * row_bytes).enumerate() {
+                    let mut ws: [&[u8]; MAX_ROWS] = [&[]; MAX_ROWS];
+                    for (w, row) in ws.iter_mut().zip(rows.chunks_exact(row_bytes)) {
+                        *w = row;
+                    }
+                    let nr = rows.len() / row_bytes;
+                    dot(&ws[..nr], xs, &mut res[..nr * n]);
+                    for (r, vals) in res[..nr * n].chunks_exact(n).enumerate() {
+                        let first = (p * rows_per_call + r) * n_tokens + g * GROUP;
+                        dst[first..first + n].copy_from_slice(vals);
+                    }
                 }
             }
         });

@@ -76,6 +76,38 @@ fn f16_tokens_match_single_row() {
 }
 
 #[test]
+fn f16_two_row_tiles_match_single_row() {
+    let Some(k) = avx2() else { return };
+    // 1000 columns: not a multiple of 8, so the scalar tail runs too.
+    for cols in [256, 1000] {
+        for n in 1..=Avx2::MAX_TOKENS {
+            let mut rng = Rng::new((cols + n) as u64);
+            let data = random_matrix(&mut rng, GgmlType::F16, 2, cols);
+            let w = dequantized(GgmlType::F16, &data, 2, cols);
+            let rows: Vec<&[u8]> = data.chunks_exact(2 * cols).collect();
+            let xs: Vec<Vec<f32>> = (0..n).map(|_| rng.vec(cols, 3.0)).collect();
+            let refs: Vec<&[f32]> = xs.iter().map(Vec::as_slice).collect();
+            let mut got = vec![f32::NAN; 2 * n];
+            k.dot_f16_rows_tokens(&rows, &refs, &mut got);
+            let mut one_row = vec![f32::NAN; n];
+            for (r, row) in rows.iter().enumerate() {
+                k.dot_f16_tokens(row, &refs, &mut one_row);
+                for (t, x) in xs.iter().enumerate() {
+                    let (g, want) = (got[r * n + t], k.dot_f16(row, x));
+                    let tol = tolerance(&w[r * cols..(r + 1) * cols], x);
+                    assert!(
+                        (g - want).abs() <= tol,
+                        "cols {cols} N {n} row {r} token {t}: tile {g} vs single {want} (tol {tol})"
+                    );
+                    // One or two rows per call: same summation order, same bits.
+                    assert_eq!(g.to_bits(), one_row[t].to_bits(), "row {r} token {t}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn q4_0_tokens_match_single_row() {
     let Some(k) = avx2() else { return };
     check(

@@ -5,8 +5,8 @@
 //!
 //! Q4_0, Q8_0 and Q4_K keep the single-row kernels' accumulation order per
 //! token, so their results equal `dot::*` bit for bit; Q6_K (its offset
-//! spread over other i32 lanes) and F16 (two accumulators) differ by float
-//! re-association only.
+//! spread over other i32 lanes) and F16 (one accumulator, not four) differ
+//! by float re-association only.
 
 use std::arch::x86_64::*;
 
@@ -14,35 +14,6 @@ use super::dot::{arr, dot_u8_i8, high, nibbles};
 use super::simd::*;
 use crate::blocks::*;
 use crate::quantize::{BlockQ8_0, BlockQ8K};
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn f16_rows<const N: usize>(w: &[u8], x: [&[f32]; N]) -> [f32; N] {
-    // 16 elements a step: two 8-wide weight chunks, each widened once and
-    // FMA'd into its own accumulator per token (two chains per token hide
-    // the FMA latency when N is small).
-    let (wc, wt) = w.as_chunks::<32>();
-    let xc = x.map(|x| x.as_chunks::<16>().0);
-    let mut acc = [[_mm256_setzero_ps(); 2]; N];
-    for (i, wb) in wc.iter().enumerate() {
-        let (ws, _) = wb.as_chunks::<16>();
-        let w0 = _mm256_cvtph_ps(load_u8x16(&ws[0]));
-        let w1 = _mm256_cvtph_ps(load_u8x16(&ws[1]));
-        for t in 0..N {
-            let (xs, _) = xc[t][i].as_chunks::<8>();
-            acc[t][0] = _mm256_fmadd_ps(w0, load_f32x8(&xs[0]), acc[t][0]);
-            acc[t][1] = _mm256_fmadd_ps(w1, load_f32x8(&xs[1]), acc[t][1]);
-        }
-    }
-    let mut out = [0.0f32; N];
-    let tail = wc.len() * 16;
-    for t in 0..N {
-        out[t] = hsum_ps(_mm256_add_ps(acc[t][0], acc[t][1]));
-        for (b, &x) in wt.chunks_exact(2).zip(&x[t][tail..]) {
-            out[t] += f16_to_f32(b[0], b[1]) * x;
-        }
-    }
-    out
-}
 
 /// Adds one 32-element block's `Σ q y` (q: signed weight quants, shared by
 /// all tokens) times `d_w d_y` into each token's accumulator. `|q|` is taken
@@ -218,4 +189,53 @@ pub(super) fn q6k_rows<const N: usize>(w: &[u8], x: [&[BlockQ8K]; N]) -> [f32; N
         out[t] = hsum_ps(acc[t]);
     }
     out
+}
+
+/// `R` F16 weight rows against `N` tokens: `out[r][t] = dot(w[r], x[t])`.
+/// Each 8-wide weight chunk is widened once per row and each activation
+/// chunk loaded once for all rows, with one accumulator per (row, token).
+/// F16 is bound by activation loads (f32 activations are twice the weight
+/// bytes), so sharing them across two rows matters as much as sharing the
+/// widened weights across tokens. The order of summation per (row, token)
+/// does not depend on `R` or `N`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn f16_tile<const R: usize, const N: usize>(
+    w: [&[u8]; R],
+    x: [&[f32]; N],
+) -> [[f32; N]; R] {
+    let wc = w.map(|w| w.as_chunks::<16>().0);
+    let xc = x.map(|x| x.as_chunks::<8>().0);
+    let steps = wc.first().map_or(0, |w| w.len());
+    let mut acc = [[_mm256_setzero_ps(); N]; R];
+    for i in 0..steps {
+        let wv = wc.map(|w| _mm256_cvtph_ps(load_u8x16(&w[i])));
+        for t in 0..N {
+            let xv = load_f32x8(&xc[t][i]);
+            for r in 0..R {
+                acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+            }
+        }
+    }
+    let mut out = [[0.0f32; N]; R];
+    let tail = steps * 8;
+    for r in 0..R {
+        for t in 0..N {
+            out[r][t] = hsum_ps(acc[r][t]);
+            for (b, &x) in w[r][2 * tail..].chunks_exact(2).zip(&x[t][tail..]) {
+                out[r][t] += f16_to_f32(b[0], b[1]) * x;
+            }
+        }
+    }
+    out
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn f16_rows<const N: usize>(w: &[u8], x: [&[f32]; N]) -> [f32; N] {
+    let [out] = f16_tile([w], x);
+    out
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn f16_rows2<const N: usize>(w: [&[u8]; 2], x: [&[f32]; N]) -> [[f32; N]; 2] {
+    f16_tile(w, x)
 }

@@ -128,6 +128,58 @@ token_dots! {
 }
 
 impl Avx2 {
+    /// `out[r * x.len() + t] = dot(w[r], x[t])` for one or two F16 rows and up
+    /// to [`Avx2::MAX_TOKENS`] tokens. Two rows share every activation load,
+    /// which is what bounds F16 (its f32 activations outweigh the weights).
+    pub fn dot_f16_rows_tokens(self, w: &[&[u8]], x: &[&[f32]], out: &mut [f32]) {
+        assert_eq!(
+            w.len() * x.len(),
+            out.len(),
+            "dot_f16_rows_tokens: out is not rows × tokens"
+        );
+        match *w {
+            [a] => self.dot_f16_tokens(a, x, out),
+            [a, b] => {
+                for xt in x {
+                    assert!(
+                        a.len() == xt.len() * 2 && b.len() == xt.len() * 2,
+                        "dot_f16_rows_tokens: row bytes and activations disagree"
+                    );
+                }
+                let (out_a, out_b) = out.split_at_mut(x.len());
+                // SAFETY: `self` exists only if avx2, fma and f16c were detected.
+                let res = unsafe {
+                    match *x {
+                        [] => return,
+                        [p] => two_rows(dot_tokens::f16_rows2([a, b], [p])),
+                        [p, q] => two_rows(dot_tokens::f16_rows2([a, b], [p, q])),
+                        [p, q, r] => two_rows(dot_tokens::f16_rows2([a, b], [p, q, r])),
+                        [p, q, r, s] => two_rows(dot_tokens::f16_rows2([a, b], [p, q, r, s])),
+                        _ => panic!(
+                            "dot_f16_rows_tokens: {} tokens, at most {} per call",
+                            x.len(),
+                            Avx2::MAX_TOKENS
+                        ),
+                    }
+                };
+                out_a.copy_from_slice(&res[0][..x.len()]);
+                out_b.copy_from_slice(&res[1][..x.len()]);
+            }
+            _ => panic!("dot_f16_rows_tokens: {} rows, at most 2 per call", w.len()),
+        }
+    }
+}
+
+/// Pads a 2 × N result to 2 × MAX_TOKENS so every N has one return type.
+fn two_rows<const N: usize>(r: [[f32; N]; 2]) -> [[f32; Avx2::MAX_TOKENS]; 2] {
+    let mut out = [[0.0; Avx2::MAX_TOKENS]; 2];
+    for (o, r) in out.iter_mut().zip(r) {
+        o[..N].copy_from_slice(&r);
+    }
+    out
+}
+
+impl Avx2 {
     /// Most tokens one `dot_*_tokens` call takes: four accumulators per
     /// kernel still leave registers for the unpacked weights.
     pub const MAX_TOKENS: usize = 4;

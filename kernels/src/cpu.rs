@@ -84,6 +84,24 @@ pub struct AttentionShape {
     pub scale: f32,
 }
 
+/// Whether matmul may hand several tokens to one kernel call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TokenGrouping {
+    /// One single-row dot per (row, token): decode, and the old prefill path.
+    One,
+    /// Up to [`Avx2::MAX_TOKENS`] tokens per weight row, where a multi-token
+    /// kernel exists.
+    UpToFour,
+}
+
+/// Weight rows one grouped kernel call takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RowsPerCall {
+    One,
+    /// Two rows share activation loads (F16, where those dominate).
+    Two,
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Backend {
     Scalar,
@@ -99,8 +117,10 @@ pub struct CpuKernels {
 
 /// Rows handed to one pool task: enough to amortise scheduling, few enough
 /// that every thread gets several tasks (work stealing evens out stragglers).
+/// Even, so row pairs (see [`CpuKernels::rows_dot_grouped`]) never straddle
+/// two tasks and the pairing does not depend on the thread count.
 fn rows_per_task(rows: usize, threads: usize) -> usize {
-    rows.div_ceil(threads * 4).clamp(8, 64)
+    rows.div_ceil(threads * 4).clamp(8, 64).next_multiple_of(2)
 }
 
 /// Picks the scalar or AVX2 version of a row kernel, as a closure over the
@@ -151,12 +171,35 @@ impl CpuKernels {
     /// for `t` in `0..n_tokens`.
     ///
     /// Quantized weights take activations quantized the way ggml pairs them
-    /// (Q8_0, Q8_1 or Q8_K), once per call. Results do not depend on the
-    /// thread count.
+    /// (Q8_0, Q8_1 or Q8_K), once per call. With AVX2 and more than one
+    /// token, F16, Q4_0, Q8_0, Q4_K and Q6_K weights go through multi-token
+    /// kernels that unpack each weight block once for up to four tokens.
+    /// Results do not depend on the thread count.
     ///
     /// # Panics
     /// If `w` is malformed or `x`/`out` have the wrong length (caller bugs).
     pub fn matmul(&self, w: &QuantMatrix, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+        self.matmul_by(w, x, n_tokens, out, TokenGrouping::UpToFour);
+    }
+
+    /// [`CpuKernels::matmul`] with every (row, token) pair computed by its own
+    /// single-row dot: the path before the multi-token kernels, kept for
+    /// benchmarks and as a test oracle.
+    ///
+    /// # Panics
+    /// As [`CpuKernels::matmul`].
+    pub fn matmul_per_token(&self, w: &QuantMatrix, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+        self.matmul_by(w, x, n_tokens, out, TokenGrouping::One);
+    }
+
+    fn matmul_by(
+        &self,
+        w: &QuantMatrix,
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+        grouping: TokenGrouping,
+    ) {
         if let Err(e) = w.check() {
             panic!("matmul: {e}");
         }
@@ -174,13 +217,38 @@ impl CpuKernels {
             return;
         }
         let b = self.backend;
+        // Decode (one token) stays on the single-row kernels: nothing to share.
+        let grouped = match (b, grouping) {
+            (Backend::Avx2(k), TokenGrouping::UpToFour) if n_tokens > 1 => Some(k),
+            _ => None,
+        };
         match w.ty {
             GgmlType::F32 => self.rows_dot(w, x, n_tokens, row_kernel!(b, dot_f32), out),
-            GgmlType::F16 => self.rows_dot(w, x, n_tokens, row_kernel!(b, dot_f16), out),
+            GgmlType::F16 => match grouped {
+                Some(k) => self.rows_dot_grouped(
+                    w,
+                    x,
+                    n_tokens,
+                    RowsPerCall::Two,
+                    |w, x, o| k.dot_f16_rows_tokens(w, x, o),
+                    out,
+                ),
+                None => self.rows_dot(w, x, n_tokens, row_kernel!(b, dot_f16), out),
+            },
             GgmlType::BF16 => self.rows_dot(w, x, n_tokens, row_kernel!(b, dot_bf16), out),
             GgmlType::Q4_0 => {
                 let q = self.quantize(x, n_tokens, w.cols, 32, quantize_row_q8_0);
-                self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q4_0), out);
+                match grouped {
+                    Some(k) => self.rows_dot_grouped(
+                        w,
+                        &q,
+                        n_tokens,
+                        RowsPerCall::One,
+                        |w, x, o| k.dot_q4_0_tokens(w[0], x, o),
+                        out,
+                    ),
+                    None => self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q4_0), out),
+                }
             }
             GgmlType::Q5_0 => {
                 let q = self.quantize(x, n_tokens, w.cols, 32, quantize_row_q8_0);
@@ -188,7 +256,17 @@ impl CpuKernels {
             }
             GgmlType::Q8_0 => {
                 let q = self.quantize(x, n_tokens, w.cols, 32, quantize_row_q8_0);
-                self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q8_0), out);
+                match grouped {
+                    Some(k) => self.rows_dot_grouped(
+                        w,
+                        &q,
+                        n_tokens,
+                        RowsPerCall::One,
+                        |w, x, o| k.dot_q8_0_tokens(w[0], x, o),
+                        out,
+                    ),
+                    None => self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q8_0), out),
+                }
             }
             GgmlType::Q4_1 => {
                 let q = self.quantize(x, n_tokens, w.cols, 32, quantize_row_q8_1);
@@ -200,7 +278,17 @@ impl CpuKernels {
             }
             GgmlType::Q4K => {
                 let q = self.quantize(x, n_tokens, w.cols, 256, quantize_row_q8_k);
-                self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q4k), out);
+                match grouped {
+                    Some(k) => self.rows_dot_grouped(
+                        w,
+                        &q,
+                        n_tokens,
+                        RowsPerCall::One,
+                        |w, x, o| k.dot_q4k_tokens(w[0], x, o),
+                        out,
+                    ),
+                    None => self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q4k), out),
+                }
             }
             GgmlType::Q5K => {
                 let q = self.quantize(x, n_tokens, w.cols, 256, quantize_row_q8_k);
@@ -208,7 +296,17 @@ impl CpuKernels {
             }
             GgmlType::Q6K => {
                 let q = self.quantize(x, n_tokens, w.cols, 256, quantize_row_q8_k);
-                self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q6k), out);
+                match grouped {
+                    Some(k) => self.rows_dot_grouped(
+                        w,
+                        &q,
+                        n_tokens,
+                        RowsPerCall::One,
+                        |w, x, o| k.dot_q6k_tokens(w[0], x, o),
+                        out,
+                    ),
+                    None => self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q6k), out),
+                }
             }
         }
     }
@@ -248,9 +346,7 @@ impl CpuKernels {
     {
         let per_token = acts.len() / n_tokens;
         let row_bytes = w.row_bytes();
-        let chunk = rows_per_task(w.rows, self.threads());
-        // `dst` holds rows first_row.. of the result as [row][token].
-        let work = |first_row: usize, dst: &mut [f32]| {
+        self.row_chunks(w, n_tokens, out, |first_row, dst| {
             let rows_here = dst.len() / n_tokens;
             let weights = &w.data[first_row * row_bytes..(first_row + rows_here) * row_bytes];
             for (t, xt) in acts.chunks_exact(per_token).enumerate() {
@@ -258,7 +354,70 @@ impl CpuKernels {
                     dst[i * n_tokens + t] = dot(row, xt);
                 }
             }
+        });
+    }
+
+    /// As [`Self::rows_dot`], but `dot(rows, tokens, out)` takes up to
+    /// [`Avx2::MAX_TOKENS`] tokens and up to `rows_per_call` rows at once,
+    /// writing `out[r * tokens.len() + t]`. Within a chunk, token groups
+    /// outer, rows inner. Groups are fixed by token index (0..4, 4..8, …) and
+    /// row pairs by row index (chunks start on even rows), never by the thread
+    /// split, so results do not depend on the thread count.
+    fn rows_dot_grouped<B, D>(
+        &self,
+        w: &QuantMatrix,
+        acts: &[B],
+        n_tokens: usize,
+        rows_per_call: RowsPerCall,
+        dot: D,
+        out: &mut [f32],
+    ) where
+        B: Sync,
+        D: Fn(&[&[u8]], &[&[B]], &mut [f32]) + Sync,
+    {
+        const GROUP: usize = Avx2::MAX_TOKENS;
+        const MAX_ROWS: usize = 2;
+        let rows_per_call = match rows_per_call {
+            RowsPerCall::One => 1,
+            RowsPerCall::Two => 2,
         };
+        let per_token = acts.len() / n_tokens;
+        let row_bytes = w.row_bytes();
+        self.row_chunks(w, n_tokens, out, |first_row, dst| {
+            let rows_here = dst.len() / n_tokens;
+            let weights = &w.data[first_row * row_bytes..(first_row + rows_here) * row_bytes];
+            for (g, group) in acts.chunks(GROUP * per_token).enumerate() {
+                let mut xs: [&[B]; GROUP] = [&[]; GROUP];
+                for (x, token) in xs.iter_mut().zip(group.chunks_exact(per_token)) {
+                    *x = token;
+                }
+                let n = group.len() / per_token;
+                let xs = &xs[..n];
+                let mut res = [0.0f32; MAX_ROWS * GROUP];
+                for (p, rows) in weights.chunks(rows_per_call * row_bytes).enumerate() {
+                    let mut ws: [&[u8]; MAX_ROWS] = [&[]; MAX_ROWS];
+                    for (w, row) in ws.iter_mut().zip(rows.chunks_exact(row_bytes)) {
+                        *w = row;
+                    }
+                    let nr = rows.len() / row_bytes;
+                    dot(&ws[..nr], xs, &mut res[..nr * n]);
+                    for (r, vals) in res[..nr * n].chunks_exact(n).enumerate() {
+                        let first = (p * rows_per_call + r) * n_tokens + g * GROUP;
+                        dst[first..first + n].copy_from_slice(vals);
+                    }
+                }
+            }
+        });
+    }
+
+    /// Splits the result into chunks of rows (as `[row][token]`), runs
+    /// `work(first_row, chunk)` on each, in parallel when the pool has more
+    /// than one thread, and writes `out` back as `[token][row]`.
+    fn row_chunks<F>(&self, w: &QuantMatrix, n_tokens: usize, out: &mut [f32], work: F)
+    where
+        F: Fn(usize, &mut [f32]) + Sync,
+    {
+        let chunk = rows_per_task(w.rows, self.threads());
         let run = |dst: &mut [f32]| {
             if self.threads() == 1 {
                 for (c, dst) in dst.chunks_mut(chunk * n_tokens).enumerate() {

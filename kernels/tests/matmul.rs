@@ -169,6 +169,52 @@ fn row_chunks_cover_large_matrices() {
     }
 }
 
+#[test]
+fn prefill_token_counts_match_scalar() {
+    // 1..=9 tokens: whole groups of four, remainders of 1..3, and decode.
+    for (i, ty) in GgmlType::ALL.into_iter().enumerate() {
+        for n_tokens in 1..=9 {
+            check_case(&Case::new(
+                ty,
+                37,
+                512,
+                n_tokens,
+                5000 + 16 * i as u64 + n_tokens as u64,
+            ));
+        }
+    }
+}
+
+#[test]
+fn grouped_matmul_matches_per_token_matmul() {
+    let Some(avx) = AVX2_3.as_ref() else {
+        eprintln!("skipped: this CPU lacks avx2/fma/f16c");
+        return;
+    };
+    for ty in [
+        GgmlType::F16,
+        GgmlType::Q4_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+    ] {
+        let case = Case::new(ty, 70, 768, 7, 31);
+        let grouped = case.run(avx);
+        let mut per_token = vec![f32::NAN; grouped.len()];
+        avx.matmul_per_token(&case.matrix(), &case.x, case.n_tokens, &mut per_token);
+        for t in 0..case.n_tokens {
+            for r in 0..case.rows {
+                let (g, p) = (grouped[t * case.rows + r], per_token[t * case.rows + r]);
+                let tol = 1e-6 * case.magnitude(t, r) + 1e-9;
+                assert!(
+                    f64::from((g - p).abs()) <= tol,
+                    "{ty} token {t} row {r}: grouped {g} vs per-token {p} (tol {tol})"
+                );
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 

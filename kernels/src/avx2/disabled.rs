@@ -9,6 +9,9 @@ use crate::quantize::{BlockQ8_0, BlockQ8_1, BlockQ8K};
 pub enum Avx2 {}
 
 impl Avx2 {
+    /// Most tokens one `dot_*_tokens` call takes.
+    pub const MAX_TOKENS: usize = 4;
+
     /// Always `None`: this target is not x86-64.
     pub fn detect() -> Option<Avx2> {
         None
@@ -40,6 +43,12 @@ unreachable_methods! {
     dot_q4k(self, w: &[u8], x: &[BlockQ8K]) -> f32;
     dot_q5k(self, w: &[u8], x: &[BlockQ8K]) -> f32;
     dot_q6k(self, w: &[u8], x: &[BlockQ8K]) -> f32;
+    dot_f16_tokens(self, w: &[u8], x: &[&[f32]], out: &mut [f32]);
+    dot_f16_rows_tokens(self, w: &[&[u8]], x: &[&[f32]], out: &mut [f32]);
+    dot_q4_0_tokens(self, w: &[u8], x: &[&[BlockQ8_0]], out: &mut [f32]);
+    dot_q8_0_tokens(self, w: &[u8], x: &[&[BlockQ8_0]], out: &mut [f32]);
+    dot_q4k_tokens(self, w: &[u8], x: &[&[BlockQ8K]], out: &mut [f32]);
+    dot_q6k_tokens(self, w: &[u8], x: &[&[BlockQ8K]], out: &mut [f32]);
     dot(self, a: &[f32], b: &[f32]) -> f32;
     axpy(self, a: f32, x: &[f32], y: &mut [f32]);
     rms_norm(self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]);

@@ -11,7 +11,7 @@ use crate::quantize::{BlockQ8_0, BlockQ8_1, BlockQ8K};
 /// Σ u[i] s[i] over 32 u8 × i8 pairs, as eight i32 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_u8_i8(u: __m256i, s: __m256i) -> __m256i {
+pub(super) fn dot_u8_i8(u: __m256i, s: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
 }
 
@@ -27,7 +27,7 @@ fn dot_i8_i8(a: __m256i, b: __m256i) -> __m256i {
 /// then high nibbles (16..32), as u8 0..=15.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn nibbles(raw: &[u8; 16]) -> __m256i {
+pub(super) fn nibbles(raw: &[u8; 16]) -> __m256i {
     let lo = load_u8x16(raw);
     let hi = _mm_srli_epi16::<4>(lo);
     _mm256_and_si256(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(0x0F))
@@ -54,11 +54,11 @@ fn bytes_from_bits(bits: u32) -> __m256i {
 /// bits 4..6 so they OR onto a nibble.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn high(h: __m256i) -> __m256i {
+pub(super) fn high(h: __m256i) -> __m256i {
     _mm256_slli_epi16::<4>(_mm256_and_si256(h, _mm256_set1_epi8(3)))
 }
 
-fn arr<const N: usize>(s: &[u8]) -> &[u8; N] {
+pub(super) fn arr<const N: usize>(s: &[u8]) -> &[u8; N] {
     s.first_chunk::<N>().expect("block field length")
 }
 

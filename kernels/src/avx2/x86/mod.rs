@@ -1,6 +1,7 @@
 //! The x86-64 AVX2 token and its safe kernel methods.
 
 mod dot;
+mod dot_tokens;
 mod ops;
 mod simd;
 
@@ -68,6 +69,120 @@ row_dots! {
     dot_q5k(BlockQ8K, crate::blocks::Q5K_BYTES) => dot::q5k;
     /// Q6_K · Q8_K.
     dot_q6k(BlockQ8K, crate::blocks::Q6K_BYTES) => dot::q6k;
+}
+
+/// Safe wrappers for the multi-token kernels: `out[t] = dot(w, x[t])` for up
+/// to [`Avx2::MAX_TOKENS`] tokens, each weight block unpacked once. Lengths
+/// are checked as for the single-row wrappers, then the token count picks the
+/// const-generic kernel.
+macro_rules! token_dots {
+    ($($(#[$doc:meta])* $name:ident($act:ty, $bytes_per:expr) => $kernel:path;)*) => {
+        impl Avx2 {
+            $(
+                $(#[$doc])*
+                pub fn $name(self, w: &[u8], x: &[&[$act]], out: &mut [f32]) {
+                    assert_eq!(
+                        x.len(),
+                        out.len(),
+                        concat!(stringify!($name), ": token and output counts differ")
+                    );
+                    for xt in x {
+                        assert_eq!(
+                            w.len(),
+                            xt.len() * $bytes_per,
+                            concat!(stringify!($name), ": row bytes and activations disagree")
+                        );
+                    }
+                    // SAFETY: `self` exists only if avx2, fma and f16c were detected.
+                    unsafe {
+                        match *x {
+                            [] => {}
+                            [a] => out.copy_from_slice(&$kernel(w, [a])),
+                            [a, b] => out.copy_from_slice(&$kernel(w, [a, b])),
+                            [a, b, c] => out.copy_from_slice(&$kernel(w, [a, b, c])),
+                            [a, b, c, d] => out.copy_from_slice(&$kernel(w, [a, b, c, d])),
+                            _ => panic!(
+                                concat!(stringify!($name), ": {} tokens, at most {} per call"),
+                                x.len(),
+                                Avx2::MAX_TOKENS
+                            ),
+                        }
+                    }
+                }
+            )*
+        }
+    };
+}
+
+token_dots! {
+    /// F16 weights · up to four f32 activation rows.
+    dot_f16_tokens(f32, 2) => dot_tokens::f16_rows;
+    /// Q4_0 · up to four Q8_0 rows.
+    dot_q4_0_tokens(BlockQ8_0, crate::blocks::Q4_0_BYTES) => dot_tokens::q4_0_rows;
+    /// Q8_0 · up to four Q8_0 rows.
+    dot_q8_0_tokens(BlockQ8_0, crate::blocks::Q8_0_BYTES) => dot_tokens::q8_0_rows;
+    /// Q4_K · up to four Q8_K rows.
+    dot_q4k_tokens(BlockQ8K, crate::blocks::Q4K_BYTES) => dot_tokens::q4k_rows;
+    /// Q6_K · up to four Q8_K rows.
+    dot_q6k_tokens(BlockQ8K, crate::blocks::Q6K_BYTES) => dot_tokens::q6k_rows;
+}
+
+impl Avx2 {
+    /// `out[r * x.len() + t] = dot(w[r], x[t])` for one or two F16 rows and up
+    /// to [`Avx2::MAX_TOKENS`] tokens. Two rows share every activation load,
+    /// which is what bounds F16 (its f32 activations outweigh the weights).
+    pub fn dot_f16_rows_tokens(self, w: &[&[u8]], x: &[&[f32]], out: &mut [f32]) {
+        assert_eq!(
+            w.len() * x.len(),
+            out.len(),
+            "dot_f16_rows_tokens: out is not rows × tokens"
+        );
+        match *w {
+            [a] => self.dot_f16_tokens(a, x, out),
+            [a, b] => {
+                for xt in x {
+                    assert!(
+                        a.len() == xt.len() * 2 && b.len() == xt.len() * 2,
+                        "dot_f16_rows_tokens: row bytes and activations disagree"
+                    );
+                }
+                let (out_a, out_b) = out.split_at_mut(x.len());
+                // SAFETY: `self` exists only if avx2, fma and f16c were detected.
+                let res = unsafe {
+                    match *x {
+                        [] => return,
+                        [p] => two_rows(dot_tokens::f16_rows2([a, b], [p])),
+                        [p, q] => two_rows(dot_tokens::f16_rows2([a, b], [p, q])),
+                        [p, q, r] => two_rows(dot_tokens::f16_rows2([a, b], [p, q, r])),
+                        [p, q, r, s] => two_rows(dot_tokens::f16_rows2([a, b], [p, q, r, s])),
+                        _ => panic!(
+                            "dot_f16_rows_tokens: {} tokens, at most {} per call",
+                            x.len(),
+                            Avx2::MAX_TOKENS
+                        ),
+                    }
+                };
+                out_a.copy_from_slice(&res[0][..x.len()]);
+                out_b.copy_from_slice(&res[1][..x.len()]);
+            }
+            _ => panic!("dot_f16_rows_tokens: {} rows, at most 2 per call", w.len()),
+        }
+    }
+}
+
+/// Pads a 2 × N result to 2 × MAX_TOKENS so every N has one return type.
+fn two_rows<const N: usize>(r: [[f32; N]; 2]) -> [[f32; Avx2::MAX_TOKENS]; 2] {
+    let mut out = [[0.0; Avx2::MAX_TOKENS]; 2];
+    for (o, r) in out.iter_mut().zip(r) {
+        o[..N].copy_from_slice(&r);
+    }
+    out
+}
+
+impl Avx2 {
+    /// Most tokens one `dot_*_tokens` call takes: four accumulators per
+    /// kernel still leave registers for the unpacked weights.
+    pub const MAX_TOKENS: usize = 4;
 }
 
 impl Avx2 {

@@ -20,6 +20,13 @@ pub(super) fn load_i8x32(b: &[i8; 32]) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn load_i16x16(b: &[i16; 16]) -> __m256i {
+    // SAFETY: `b` is 32 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn load_u8x16(b: &[u8; 16]) -> __m128i {
     // SAFETY: `b` is 16 readable bytes; loadu has no alignment requirement.
     unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
@@ -64,4 +71,14 @@ pub(super) fn hsum_ps(v: __m256) -> f32 {
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
     _mm_cvtss_f32(s)
+}
+
+/// Sum of the eight i32 lanes (wrapping, as integer adds in any order are).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
 }

@@ -1,0 +1,164 @@
+//! The multi-token (prefill) AVX2 kernels against the single-row kernels they
+//! replace: same weight row, N = 1..=4 token rows, equal up to float
+//! re-association (1e-6 of Σ|w||x|).
+
+mod common;
+
+use bulkhead_kernels::avx2::Avx2;
+use bulkhead_kernels::{BlockQ8_0, BlockQ8K, GgmlType, quantize_row_q8_0, quantize_row_q8_k};
+use common::{Rng, dequantized, random_matrix};
+
+/// 1e-6 · Σ|w||x|, with a floor for rows that happen to be all zero.
+fn tolerance(w: &[f32], x: &[f32]) -> f32 {
+    let mag: f64 = w.iter().zip(x).map(|(w, x)| f64::from((w * x).abs())).sum();
+    (1e-6 * mag + 1e-12) as f32
+}
+
+/// For each N in 1..=4: a random row of `ty` and N random token rows;
+/// `multi(row, tokens)` must match `single(row, token)` for every token.
+fn check<B>(
+    ty: GgmlType,
+    quantize: impl Fn(&[f32]) -> Vec<B>,
+    single: impl Fn(&[u8], &[B]) -> f32,
+    multi: impl Fn(&[u8], &[&[B]], &mut [f32]),
+) {
+    for cols in [256, 768, 4096] {
+        for n in 1..=Avx2::MAX_TOKENS {
+            let mut rng = Rng::new((cols * 10 + n) as u64);
+            let row = random_matrix(&mut rng, ty, 1, cols);
+            let w = dequantized(ty, &row, 1, cols);
+            let xs: Vec<Vec<f32>> = (0..n).map(|_| rng.vec(cols, 3.0)).collect();
+            let acts: Vec<Vec<B>> = xs.iter().map(|x| quantize(x)).collect();
+            let refs: Vec<&[B]> = acts.iter().map(Vec::as_slice).collect();
+            let mut got = vec![f32::NAN; n];
+            multi(&row, &refs, &mut got);
+            for (t, (&g, a)) in got.iter().zip(&acts).enumerate() {
+                let want = single(&row, a);
+                let tol = tolerance(&w, &xs[t]);
+                assert!(
+                    (g - want).abs() <= tol,
+                    "{ty} cols {cols} N {n} token {t}: multi {g} vs single {want} (tol {tol})"
+                );
+            }
+        }
+    }
+}
+
+fn q8_0(x: &[f32]) -> Vec<BlockQ8_0> {
+    let mut q = vec![BlockQ8_0::default(); x.len() / 32];
+    quantize_row_q8_0(x, &mut q);
+    q
+}
+
+fn q8_k(x: &[f32]) -> Vec<BlockQ8K> {
+    let mut q = vec![BlockQ8K::default(); x.len() / 256];
+    quantize_row_q8_k(x, &mut q);
+    q
+}
+
+fn avx2() -> Option<Avx2> {
+    let k = Avx2::detect();
+    if k.is_none() {
+        eprintln!("skipped: this CPU lacks avx2/fma/f16c");
+    }
+    k
+}
+
+#[test]
+fn f16_tokens_match_single_row() {
+    let Some(k) = avx2() else { return };
+    check(
+        GgmlType::F16,
+        <[f32]>::to_vec,
+        |w, x| k.dot_f16(w, x),
+        |w, x, o| k.dot_f16_tokens(w, x, o),
+    );
+}
+
+#[test]
+fn f16_two_row_tiles_match_single_row() {
+    let Some(k) = avx2() else { return };
+    // 1000 columns: not a multiple of 8, so the scalar tail runs too.
+    for cols in [256, 1000] {
+        for n in 1..=Avx2::MAX_TOKENS {
+            let mut rng = Rng::new((cols + n) as u64);
+            let data = random_matrix(&mut rng, GgmlType::F16, 2, cols);
+            let w = dequantized(GgmlType::F16, &data, 2, cols);
+            let rows: Vec<&[u8]> = data.chunks_exact(2 * cols).collect();
+            let xs: Vec<Vec<f32>> = (0..n).map(|_| rng.vec(cols, 3.0)).collect();
+            let refs: Vec<&[f32]> = xs.iter().map(Vec::as_slice).collect();
+            let mut got = vec![f32::NAN; 2 * n];
+            k.dot_f16_rows_tokens(&rows, &refs, &mut got);
+            let mut one_row = vec![f32::NAN; n];
+            for (r, row) in rows.iter().enumerate() {
+                k.dot_f16_tokens(row, &refs, &mut one_row);
+                for (t, x) in xs.iter().enumerate() {
+                    let (g, want) = (got[r * n + t], k.dot_f16(row, x));
+                    let tol = tolerance(&w[r * cols..(r + 1) * cols], x);
+                    assert!(
+                        (g - want).abs() <= tol,
+                        "cols {cols} N {n} row {r} token {t}: tile {g} vs single {want} (tol {tol})"
+                    );
+                    // One or two rows per call: same summation order, same bits.
+                    assert_eq!(g.to_bits(), one_row[t].to_bits(), "row {r} token {t}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn q4_0_tokens_match_single_row() {
+    let Some(k) = avx2() else { return };
+    check(
+        GgmlType::Q4_0,
+        q8_0,
+        |w, x| k.dot_q4_0(w, x),
+        |w, x, o| k.dot_q4_0_tokens(w, x, o),
+    );
+}
+
+#[test]
+fn q8_0_tokens_match_single_row() {
+    let Some(k) = avx2() else { return };
+    check(
+        GgmlType::Q8_0,
+        q8_0,
+        |w, x| k.dot_q8_0(w, x),
+        |w, x, o| k.dot_q8_0_tokens(w, x, o),
+    );
+}
+
+#[test]
+fn q4k_tokens_match_single_row() {
+    let Some(k) = avx2() else { return };
+    check(
+        GgmlType::Q4K,
+        q8_k,
+        |w, x| k.dot_q4k(w, x),
+        |w, x, o| k.dot_q4k_tokens(w, x, o),
+    );
+}
+
+#[test]
+fn q6k_tokens_match_single_row() {
+    let Some(k) = avx2() else { return };
+    check(
+        GgmlType::Q6K,
+        q8_k,
+        |w, x| k.dot_q6k(w, x),
+        |w, x, o| k.dot_q6k_tokens(w, x, o),
+    );
+}
+
+#[test]
+#[should_panic(expected = "at most 4 per call")]
+fn more_than_four_tokens_is_a_caller_bug() {
+    let Some(k) = Avx2::detect() else {
+        panic!("skipped (no avx2): at most 4 per call");
+    };
+    let row = vec![0u8; 34];
+    let act = [BlockQ8_0::default()];
+    let xs: [&[BlockQ8_0]; 5] = [&act; 5];
+    k.dot_q8_0_tokens(&row, &xs, &mut [0.0; 5]);
+}

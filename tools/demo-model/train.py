@@ -387,10 +387,15 @@ def train_model(tk, train, heldout, chats, steps: int, max_minutes: float):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
                              {"params": no_decay, "weight_decay": 0.0}], lr=LR, betas=(0.9, 0.95))
 
-    def lr_at(step):
+    budget_s = max_minutes * 60
+
+    def lr_at(step, elapsed):
+        """Linear warmup, then cosine decay to 10% over the run; the run's
+        progress is steps done or wall time spent, whichever is further, so
+        the decay completes even where the time cap ends the run first."""
         if step < WARMUP:
             return LR * (step + 1) / WARMUP
-        t = (step - WARMUP) / max(1, steps - WARMUP)
+        t = min(1.0, max((step - WARMUP) / max(1, steps - WARMUP), elapsed / budget_s))
         return LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
     gen = np.random.default_rng(SEED)
@@ -406,8 +411,9 @@ def train_model(tk, train, heldout, chats, steps: int, max_minutes: float):
         for s in gen.choice(chat_starts, n_chat_rows):
             rows.append(chat_ids[s : s + SEQ_LEN + 1])
         batch = torch.from_numpy(np.stack(rows))
+        lr = lr_at(step, time.time() - t0)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step)
+            g["lr"] = lr
         out = model(batch[:, :-1])
         loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, VOCAB_SIZE).float(), batch[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -418,8 +424,8 @@ def train_model(tk, train, heldout, chats, steps: int, max_minutes: float):
         elapsed = time.time() - t0
         if step % 25 == 0 or done == steps:
             rate = done * BATCH * SEQ_LEN / elapsed
-            log(f"step {done}/{steps} loss {loss.item():.3f} lr {lr_at(step):.2e} {elapsed/60:.1f} min {rate:.0f} tok/s")
-        if elapsed > max_minutes * 60:
+            log(f"step {done}/{steps} loss {loss.item():.3f} lr {lr:.2e} {elapsed/60:.1f} min {rate:.0f} tok/s")
+        if elapsed > budget_s:
             log(f"stopping at step {done}: the {max_minutes} minute budget is spent")
             break
     train_minutes = (time.time() - t0) / 60
@@ -576,7 +582,7 @@ def make_reference(tk, q8: Path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=330, help="optimizer steps (default %(default)s)")
-    ap.add_argument("--max-minutes", type=float, default=27.0,
+    ap.add_argument("--max-minutes", type=float, default=28.0,
                     help="stop training early once this much wall time is spent (default %(default)s)")
     ap.add_argument("--skip-train", action="store_true", help="reuse build/model.pt from an earlier run")
     args = ap.parse_args()

@@ -1,6 +1,7 @@
 //! The generation loop: prefill, then decode token by token with sampling,
 //! streaming complete UTF-8 text and honouring stop strings and max tokens.
 
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use super::backend::Backend;
@@ -77,6 +78,18 @@ pub enum GenerateError {
     Sampling(#[from] SamplingError),
     #[error(transparent)]
     Forward(#[from] ForwardError),
+    /// The caller's callback asked to stop (e.g. its client went away).
+    #[error("generation was cancelled")]
+    Cancelled,
+}
+
+/// A piece of streamed output: text that is final, and the tokens generated
+/// since the previous piece. Concatenated, the pieces give `Generation::text`
+/// and `Generation::tokens`; the last piece may carry tokens and no text.
+#[derive(Clone, Copy, Debug)]
+pub struct Piece<'a> {
+    pub text: &'a str,
+    pub tokens: &'a [u32],
 }
 
 /// Runs `req` on `model`, calling `on_text` with each piece of text as soon as
@@ -87,6 +100,24 @@ pub fn generate(
     backend: &dyn Backend,
     req: &GenerateRequest,
     on_text: &mut dyn FnMut(&str),
+) -> Result<Generation, GenerateError> {
+    generate_streaming(model, tokenizer, backend, req, &mut |piece| {
+        if !piece.text.is_empty() {
+            on_text(piece.text);
+        }
+        ControlFlow::Continue(())
+    })
+}
+
+/// Like [`generate`], but each [`Piece`] also carries its tokens, and the
+/// callback may return `ControlFlow::Break` to stop generating
+/// ([`GenerateError::Cancelled`]), checked after every token.
+pub fn generate_streaming(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    backend: &dyn Backend,
+    req: &GenerateRequest,
+    on_piece: &mut dyn FnMut(Piece<'_>) -> ControlFlow<()>,
 ) -> Result<Generation, GenerateError> {
     if req.prompt_tokens.is_empty() {
         return Err(GenerateError::EmptyPrompt);
@@ -121,6 +152,11 @@ pub fn generate(
     let mut decoder = tokenizer.stream_decoder();
     let mut stops = StopScanner::new(&req.stop);
     let mut finish_reason = FinishReason::Length;
+    let mut out = PieceSink {
+        on_piece,
+        unsent: Vec::new(),
+        cancelled: false,
+    };
     while tokens.len() < req.max_tokens {
         let next = sampler.sample(&mut logits, &history);
         if tokenizer.is_end_of_generation(next) {
@@ -129,8 +165,13 @@ pub fn generate(
         }
         tokens.push(next);
         history.push(next);
+        out.unsent.push(next);
         let piece = decoder.push(next);
-        if stops.push(&piece, on_text) {
+        let stopped = stops.push(&piece, &mut |text| out.send(text));
+        if out.cancelled {
+            return Err(GenerateError::Cancelled);
+        }
+        if stopped {
             finish_reason = FinishReason::Stop;
             break;
         }
@@ -141,9 +182,15 @@ pub fn generate(
     }
     if !stops.stopped {
         let tail = decoder.finish();
-        if !stops.push(&tail, on_text) {
-            stops.flush(on_text);
+        if !stops.push(&tail, &mut |text| out.send(text)) {
+            stops.flush(&mut |text| out.send(text));
         }
+    }
+    if !out.unsent.is_empty() {
+        out.send("");
+    }
+    if out.cancelled {
+        return Err(GenerateError::Cancelled);
     }
     Ok(Generation {
         prompt_tokens: req.prompt_tokens.clone(),
@@ -153,6 +200,24 @@ pub fn generate(
         prompt_time,
         decode_time: decode_started.elapsed(),
     })
+}
+
+/// Hands text to the caller together with the tokens generated since the last piece.
+struct PieceSink<'f> {
+    on_piece: &'f mut dyn FnMut(Piece<'_>) -> ControlFlow<()>,
+    unsent: Vec<u32>,
+    cancelled: bool,
+}
+
+impl PieceSink<'_> {
+    fn send(&mut self, text: &str) {
+        let tokens = std::mem::take(&mut self.unsent);
+        let flow = (self.on_piece)(Piece {
+            text,
+            tokens: &tokens,
+        });
+        self.cancelled |= flow.is_break();
+    }
 }
 
 /// Holds back text that might be the beginning of a stop string.

@@ -12,7 +12,7 @@ pub use backend::{Backend, CpuBackend, RopeParams};
 pub use config::{Arch, ConfigError, ModelConfig};
 pub use generate::{
     FinishReason, GenerateError, GenerateRequest, Generation, MAX_STOP_BYTES, MAX_STOP_STRINGS,
-    generate,
+    Piece, generate, generate_streaming,
 };
 pub use model::{ForwardError, KvCache, Logits, Model, PREFILL_CHUNK};
 pub use sampling::{Sampler, SamplingError, SamplingParams, argmax};

@@ -1,0 +1,83 @@
+//! Where a gpu-host listens and how a client reaches it.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Channel, Endpoint};
+
+/// The metadata key carrying `Bearer <secret>` on TCP.
+pub const AUTHORIZATION: &str = "authorization";
+
+/// A gpu-host address: `unix:PATH` or `tcp:HOST:PORT`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+/// Why a target could not be parsed or reached.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("`{0}`: expected unix:PATH or tcp:HOST:PORT")]
+    BadTarget(String),
+    #[error(transparent)]
+    Transport(#[from] tonic::transport::Error),
+}
+
+impl FromStr for Target {
+    type Err = ConnectError;
+
+    fn from_str(s: &str) -> Result<Target, ConnectError> {
+        let bad = || ConnectError::BadTarget(s.to_string());
+        if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err(bad());
+            }
+            Ok(Target::Unix(PathBuf::from(path)))
+        } else if let Some(addr) = s.strip_prefix("tcp:") {
+            addr.parse().map(Target::Tcp).map_err(|_| bad())
+        } else {
+            Err(bad())
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Unix(path) => write!(f, "unix:{}", path.display()),
+            Target::Tcp(addr) => write!(f, "tcp:{addr}"),
+        }
+    }
+}
+
+/// The `authorization` metadata value for `secret`.
+pub fn bearer_value(secret: &str) -> String {
+    format!("Bearer {secret}")
+}
+
+/// Opens a channel to a gpu-host (one connection attempt; callers retry).
+pub async fn connect(target: &Target) -> Result<Channel, ConnectError> {
+    match target {
+        Target::Tcp(addr) => Ok(Endpoint::from_shared(format!("http://{addr}"))?
+            .connect()
+            .await?),
+        Target::Unix(path) => {
+            let path = path.clone();
+            // The URI is required by the API but unused: the connector decides where to go.
+            let channel = Endpoint::from_static("http://gpu-host.invalid")
+                .connect_with_connector(tower::service_fn(move |_| {
+                    let path = path.clone();
+                    async move {
+                        let stream = tokio::net::UnixStream::connect(path).await?;
+                        Ok::<_, std::io::Error>(TokioIo::new(stream))
+                    }
+                }))
+                .await?;
+            Ok(channel)
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! The gRPC contract between Bulkhead's gateway and its GPU hosts: the
+//! generated `bulkhead.gpu_host.v1` messages, client and server, and how to
+//! reach a host (`unix:PATH` or `tcp:ADDR`).
+
+#![forbid(unsafe_code)]
+
+mod connect;
+
+/// `bulkhead.gpu_host.v1`, generated from `proto/bulkhead/gpu_host/v1/gpu_host.proto`.
+#[allow(missing_debug_implementations, clippy::all, clippy::pedantic)]
+pub mod v1 {
+    tonic::include_proto!("bulkhead.gpu_host.v1");
+}
+
+pub use connect::{AUTHORIZATION, ConnectError, Target, bearer_value, connect};

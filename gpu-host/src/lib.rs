@@ -1,4 +1,5 @@
-//! Bulkhead's GPU host: loads GGUF models and runs them (CPU backend today).
+//! Bulkhead's GPU host: loads GGUF models and runs them (CPU backend today),
+//! serving them over gRPC (`server`).
 
 // Unsafe is denied everywhere; the one exception is mapping model files
 // (`gguf::map_file`), which carries its SAFETY argument.
@@ -7,6 +8,7 @@
 mod chat;
 pub mod engine;
 pub mod gguf;
+pub mod server;
 mod tokenizer;
 
 pub use chat::{

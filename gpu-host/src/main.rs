@@ -1,4 +1,4 @@
-//! `bulkhead-gpu-host`: runs GGUF models (today: the engine's command-line tools).
+//! `bulkhead-gpu-host`: runs GGUF models (the engine's tools and the gRPC `serve`).
 
 mod cli;
 

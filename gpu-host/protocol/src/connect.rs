@@ -81,3 +81,23 @@ pub async fn connect(target: &Target) -> Result<Channel, ConnectError> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_and_print_back() {
+        for s in [
+            "unix:/run/bulkhead/gpu.sock",
+            "tcp:127.0.0.1:7070",
+            "tcp:[::1]:7070",
+        ] {
+            let target: Target = s.parse().unwrap();
+            assert_eq!(target.to_string(), s);
+        }
+        for bad in ["unix:", "tcp:localhost", "http://x", "/tmp/sock", ""] {
+            assert!(bad.parse::<Target>().is_err(), "{bad}");
+        }
+    }
+}

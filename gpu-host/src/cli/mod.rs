@@ -3,6 +3,7 @@
 mod eval;
 mod generate;
 mod inspect;
+mod serve;
 
 use std::path::PathBuf;
 
@@ -32,6 +33,8 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Print the token ids of a text as JSON.
     Tokenize(inspect::TokenizeArgs),
+    /// Serve models over gRPC (`bulkhead.gpu_host.v1.GpuHost`) until SIGINT/SIGTERM.
+    Serve(serve::ServeArgs),
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -40,6 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Command::Eval(a) => eval::run(a),
         Command::Inspect(a) => inspect::run(a),
         Command::Tokenize(a) => inspect::tokenize(a),
+        Command::Serve(a) => serve::run(a),
     }
 }
 
@@ -53,11 +57,14 @@ fn load(path: &PathBuf) -> anyhow::Result<(Model, Tokenizer)> {
 
 /// A CPU backend with `threads` workers (default: all available cores).
 fn backend(threads: Option<usize>) -> anyhow::Result<CpuBackend> {
-    let threads = match threads {
-        Some(n) => n,
-        None => std::thread::available_parallelism()
+    CpuBackend::new(self::threads(threads)).context("starting the CPU backend")
+}
+
+/// `threads`, or all available cores.
+fn threads(threads: Option<usize>) -> usize {
+    threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
             .map(|n| n.get())
-            .unwrap_or(1),
-    };
-    CpuBackend::new(threads).context("starting the CPU backend")
+            .unwrap_or(1)
+    })
 }

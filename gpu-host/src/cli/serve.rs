@@ -1,0 +1,80 @@
+use std::path::PathBuf;
+
+use anyhow::Context;
+use bulkhead_gpu_host::server::{AuthSecret, ModelSpec, ServeConfig, Server};
+use bulkhead_protocol::Target;
+use clap::Args;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Where to listen: `unix:PATH` (socket mode 0600) or `tcp:HOST:PORT`
+    /// (requires --auth-token-file).
+    #[arg(long, value_name = "unix:PATH|tcp:ADDR")]
+    listen: Target,
+    /// A model to serve under NAME (repeatable).
+    #[arg(long = "model", value_name = "NAME=PATH", required = true)]
+    models: Vec<ModelSpec>,
+    /// Threads of the CPU backend (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Generations run at once; they share the backend's threads.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Requests that may wait for a worker; more get RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = 64)]
+    queue_capacity: usize,
+    /// File holding the bearer secret clients must send (`authorization: Bearer ...`):
+    /// required on TCP, enforced on a Unix socket too when given.
+    #[arg(long)]
+    auth_token_file: Option<PathBuf>,
+}
+
+pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    let auth_secret = a
+        .auth_token_file
+        .as_deref()
+        .map(AuthSecret::from_file)
+        .transpose()?;
+    let config = ServeConfig {
+        listen: a.listen,
+        models: a.models,
+        threads: super::threads(a.threads),
+        workers: a.workers,
+        queue_capacity: a.queue_capacity,
+        auth_secret,
+    };
+    let server = Server::load(config)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let shutdown = shutdown_signal()?;
+        server
+            .run(
+                |target| {
+                    // One line on stdout: tests and supervisors read the real address from it.
+                    println!("listening on {target}");
+                },
+                shutdown,
+            )
+            .await?;
+        eprintln!("drained; exiting");
+        anyhow::Ok(())
+    })
+}
+
+/// Resolves on the first SIGINT or SIGTERM (handlers are installed before we listen).
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+        eprintln!("shutting down: no new connections, finishing streams in flight");
+    })
+}

@@ -1,0 +1,161 @@
+//! The gRPC server of `bulkhead-gpu-host serve`: a registry of loaded models,
+//! a bounded queue drained by worker threads running the (synchronous) engine,
+//! and the `bulkhead.gpu_host.v1.GpuHost` service streaming their output.
+//!
+//! ```text
+//! gRPC request ─auth─▶ GpuHostService::generate ─validate─▶ Job ─queue─▶ worker thread
+//!      ▲                                                                   │ generate_streaming
+//!      └──────────────── tokio mpsc (Started, Delta…, Finished) ◀──────────┘
+//! ```
+
+mod auth;
+mod listen;
+mod queue;
+mod registry;
+mod request;
+mod service;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bulkhead_protocol::Target;
+use bulkhead_protocol::v1::gpu_host_server::GpuHostServer;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+
+use crate::engine::CpuBackend;
+pub use auth::{AuthSecret, MIN_SECRET_BYTES, SecretError};
+pub use registry::{BadModelSpec, ModelSpec};
+
+use listen::Listener;
+use queue::WorkQueue;
+use registry::ModelRegistry;
+use service::GpuHostService;
+
+/// Everything `serve` needs, typed once.
+#[derive(Debug)]
+pub struct ServeConfig {
+    /// `unix:PATH` or `tcp:HOST:PORT`.
+    pub listen: Target,
+    /// The models to load, each under its name.
+    pub models: Vec<ModelSpec>,
+    /// Threads of the CPU backend shared by all workers.
+    pub threads: usize,
+    /// Generations that run at once (each on its own thread).
+    pub workers: usize,
+    /// Requests that may wait for a worker before new ones get RESOURCE_EXHAUSTED.
+    pub queue_capacity: usize,
+    /// Bearer secret required from clients (mandatory on TCP).
+    pub auth_secret: Option<AuthSecret>,
+}
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("listening on TCP needs a bearer secret (--auth-token-file)")]
+    TcpWithoutSecret,
+    #[error("give at least one model")]
+    NoModels,
+    #[error("{name} must be at least 1")]
+    ZeroSetting { name: &'static str },
+    #[error("model name `{0}` is given twice")]
+    DuplicateModel(String),
+    #[error("loading model `{name}` from {}: {message}", path.display())]
+    LoadModel {
+        name: String,
+        path: PathBuf,
+        message: String,
+    },
+    #[error("starting the CPU backend: {0}")]
+    Backend(String),
+    #[error("{what} {}: {source}", path.display())]
+    Socket {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("something is already listening on {}", .0.display())]
+    SocketInUse(PathBuf),
+    #[error("{} exists and is not a socket; refusing to replace it", .0.display())]
+    NotASocket(PathBuf),
+    #[error("binding {addr}: {source}")]
+    Tcp {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("serving: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// A host with its models loaded and workers started, not yet listening.
+#[derive(Debug)]
+pub struct Server {
+    listen: Target,
+    registry: Arc<ModelRegistry>,
+    queue: WorkQueue,
+    workers: queue::Workers,
+    auth: auth::BearerAuth,
+}
+
+impl Server {
+    /// Checks the config, loads every model and starts the workers (blocking).
+    pub fn load(config: ServeConfig) -> Result<Server, ServeError> {
+        if matches!(config.listen, Target::Tcp(_)) && config.auth_secret.is_none() {
+            return Err(ServeError::TcpWithoutSecret);
+        }
+        for (name, value) in [
+            ("threads", config.threads),
+            ("workers", config.workers),
+            ("queue capacity", config.queue_capacity),
+        ] {
+            if value == 0 {
+                return Err(ServeError::ZeroSetting { name });
+            }
+        }
+        let registry = Arc::new(ModelRegistry::load(&config.models)?);
+        let backend =
+            CpuBackend::new(config.threads).map_err(|e| ServeError::Backend(e.to_string()))?;
+        let (queue, workers) = WorkQueue::start(config.queue_capacity, config.workers, backend);
+        Ok(Server {
+            listen: config.listen,
+            registry,
+            queue,
+            workers,
+            auth: auth::BearerAuth::new(config.auth_secret),
+        })
+    }
+
+    /// Binds the listener, calls `on_listening` with the bound address (the
+    /// real port for `tcp:…:0`), and serves until `shutdown` resolves; then
+    /// stops accepting, lets streams in flight finish and stops the workers.
+    pub async fn run(
+        self,
+        on_listening: impl FnOnce(&Target),
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServeError> {
+        let listener = listen::bind(&self.listen).await?;
+        on_listening(&listener.target());
+        let service = GpuHostService::new(self.registry, self.queue);
+        let router = tonic::transport::Server::builder()
+            .add_service(GpuHostServer::with_interceptor(service, self.auth));
+        let served = match listener {
+            Listener::Unix { listener, path } => {
+                let result = router
+                    .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+                    .await;
+                // Only our own socket: a newer host may have replaced it since.
+                let _ = std::fs::remove_file(&path);
+                result
+            }
+            Listener::Tcp(listener) => {
+                router
+                    .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+                    .await
+            }
+        };
+        // The router (and with it the queue's sender) is gone: workers finish and exit.
+        let workers = self.workers;
+        let _ = tokio::task::spawn_blocking(move || workers.join()).await;
+        Ok(served?)
+    }
+}

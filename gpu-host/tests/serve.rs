@@ -1,0 +1,519 @@
+//! `bulkhead-gpu-host serve`, started as a user starts it, driven by the
+//! `bulkhead-protocol` client over a Unix socket (and TCP for auth).
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bulkhead_protocol::v1::generate_event::Event;
+use bulkhead_protocol::v1::generate_request::Prompt;
+use bulkhead_protocol::v1::gpu_host_client::GpuHostClient;
+use bulkhead_protocol::v1::{self, FinishReason};
+use bulkhead_protocol::{AUTHORIZATION, Target, bearer_value, connect};
+use serde_json::Value;
+use tonic::transport::Channel;
+use tonic::{Code, Request};
+
+/// How long a host may take to load its models and listen.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+const SECRET: &str = "correct-horse-battery-staple-0123";
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_bulkhead-gpu-host"))
+}
+
+fn model(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/models")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// A running `serve`, killed and cleaned up on drop.
+struct Host {
+    child: Child,
+    dir: PathBuf,
+    target: Target,
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("bulkhead-serve-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Both fixture models, as `llama` and `qwen`.
+fn model_args() -> Vec<String> {
+    vec![
+        "--model".into(),
+        format!("llama={}", model("llama-q8_0.gguf")),
+        "--model".into(),
+        format!("qwen={}", model("qwen2-q4_0.gguf")),
+        "--threads".into(),
+        "1".into(),
+    ]
+}
+
+/// Starts a host on a Unix socket in a fresh directory.
+fn start_unix(name: &str, extra: &[&str]) -> Host {
+    let dir = temp_dir(name);
+    let socket = dir.join("host.sock");
+    let child = bin()
+        .arg("serve")
+        .arg("--listen")
+        .arg(format!("unix:{}", socket.display()))
+        .args(model_args())
+        .args(extra)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("binary starts");
+    Host {
+        child,
+        dir,
+        target: Target::Unix(socket),
+    }
+}
+
+/// Starts a host on TCP port 0 with the test secret; the address comes from its stdout.
+fn start_tcp(name: &str) -> Host {
+    let dir = temp_dir(name);
+    let secret_file = dir.join("secret");
+    std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
+    let mut child = bin()
+        .args(["serve", "--listen", "tcp:127.0.0.1:0", "--auth-token-file"])
+        .arg(&secret_file)
+        .args(model_args())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("binary starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let target = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .parse()
+        .unwrap();
+    Host { child, dir, target }
+}
+
+impl Host {
+    /// Connects, retrying (bounded) until the host listens.
+    async fn client(&mut self) -> GpuHostClient<Channel> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            match connect(&self.target).await {
+                Ok(channel) => return GpuHostClient::new(channel),
+                Err(e) => {
+                    if let Some(status) = self.child.try_wait().unwrap() {
+                        panic!("host exited with {status} before listening");
+                    }
+                    assert!(Instant::now() < deadline, "host not ready: {e}");
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+            }
+        }
+    }
+}
+
+fn text_request(model: &str, prompt: &str, max_tokens: u32) -> v1::GenerateRequest {
+    v1::GenerateRequest {
+        model: model.into(),
+        prompt: Some(Prompt::Text(prompt.into())),
+        max_tokens: Some(max_tokens),
+        tenant: "test".into(),
+        request_id: "r1".into(),
+        ..Default::default()
+    }
+}
+
+/// What one stream produced, with its order checked.
+#[derive(Debug)]
+struct Streamed {
+    prompt_tokens: u32,
+    model: String,
+    text: String,
+    tokens: Vec<u32>,
+    reason: FinishReason,
+    usage: v1::Usage,
+}
+
+async fn run_stream(
+    client: &mut GpuHostClient<Channel>,
+    req: v1::GenerateRequest,
+) -> Result<Streamed, tonic::Status> {
+    let mut stream = client.generate(req).await?.into_inner();
+    let first = stream.message().await?.expect("a first event");
+    let Some(Event::Started(started)) = first.event else {
+        panic!("first event is not Started: {first:?}");
+    };
+    let (mut text, mut tokens) = (String::new(), Vec::new());
+    loop {
+        let event = stream.message().await?.expect("stream ends with Finished");
+        match event.event {
+            Some(Event::Delta(d)) => {
+                text.push_str(&d.text);
+                tokens.extend(d.token_ids);
+            }
+            Some(Event::Finished(f)) => {
+                assert!(stream.message().await?.is_none(), "events after Finished");
+                return Ok(Streamed {
+                    prompt_tokens: started.prompt_tokens,
+                    model: started.model,
+                    text,
+                    tokens,
+                    reason: f.finish_reason(),
+                    usage: f.usage.expect("usage"),
+                });
+            }
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+}
+
+/// `generate --json` for the same model and prompt, greedy.
+fn cli_generate(model_file: &str, prompt: &str, max_tokens: u32) -> Value {
+    let out = bin()
+        .args([
+            "generate",
+            "--model",
+            &model(model_file),
+            "--prompt",
+            prompt,
+        ])
+        .args([
+            "--max-tokens",
+            &max_tokens.to_string(),
+            "--threads",
+            "1",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn streams_match_generate_for_both_models() {
+    let mut host = start_unix("both", &[]);
+    let mut client = host.client().await;
+    for (name, file) in [("llama", "llama-q8_0.gguf"), ("qwen", "qwen2-q4_0.gguf")] {
+        let got = run_stream(&mut client, text_request(name, "Once upon a time", 12))
+            .await
+            .unwrap();
+        let want = cli_generate(file, "Once upon a time", 12);
+        assert_eq!(got.model, name);
+        assert_eq!(got.text, want["text"].as_str().unwrap(), "{name}");
+        let want_tokens: Vec<u32> = want["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(got.tokens, want_tokens, "{name}");
+        let prompt_len = want["prompt_tokens"].as_array().unwrap().len() as u32;
+        assert_eq!(got.prompt_tokens, prompt_len);
+        assert_eq!(got.usage.prompt_tokens, prompt_len);
+        assert_eq!(got.usage.completion_tokens as usize, got.tokens.len());
+        let want_reason = match want["finish_reason"].as_str().unwrap() {
+            "stop" => FinishReason::Stop,
+            _ => FinishReason::Length,
+        };
+        assert_eq!(got.reason, want_reason);
+    }
+}
+
+#[tokio::test]
+async fn concurrent_requests_all_complete_correctly() {
+    let mut host = start_unix("concurrent", &["--workers", "2"]);
+    let client = host.client().await;
+    let prompts = ["Hello", "The sky is", "One two three", "Rust is"];
+    let mut alone = Vec::new();
+    for p in prompts {
+        alone.push(
+            run_stream(&mut client.clone(), text_request("llama", p, 8))
+                .await
+                .unwrap(),
+        );
+    }
+    let tasks: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let mut c = client.clone();
+            let req = text_request("llama", p, 8);
+            tokio::spawn(async move { run_stream(&mut c, req).await })
+        })
+        .collect();
+    for (task, want) in tasks.into_iter().zip(alone) {
+        let got = task.await.unwrap().unwrap();
+        assert_eq!((got.text, got.tokens), (want.text, want.tokens));
+        assert_eq!(got.usage.completion_tokens, want.usage.completion_tokens);
+    }
+}
+
+#[tokio::test]
+async fn errors_map_to_grpc_statuses() {
+    let mut host = start_unix("errors", &[]);
+    let mut client = host.client().await;
+
+    let err = client
+        .generate(text_request("nope", "Hi", 4))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert!(err.message().contains("`nope`"), "{}", err.message());
+
+    let mut bad = text_request("llama", "Hi", 4);
+    bad.top_p = Some(1.5);
+    let err = client.generate(bad).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("top_p"), "{}", err.message());
+
+    let err = client
+        .generate(text_request("llama", "Hi", 1_000_000))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("max_tokens"), "{}", err.message());
+
+    let mut no_prompt = text_request("llama", "Hi", 4);
+    no_prompt.prompt = None;
+    let err = client.generate(no_prompt).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn a_full_queue_answers_resource_exhausted() {
+    let mut host = start_unix("full", &["--workers", "1", "--queue-capacity", "1"]);
+    let client = host.client().await;
+    // Each takes this model a few hundred milliseconds; all twelve arrive within
+    // a few milliseconds, and at most two (one running, one queued) fit at once.
+    let tasks: Vec<_> = (0..12)
+        .map(|_| {
+            let mut c = client.clone();
+            tokio::spawn(async move { run_stream(&mut c, text_request("llama", "Hi", 500)).await })
+        })
+        .collect();
+    let (mut done, mut refused) = (0, 0);
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(s) => {
+                assert_eq!(s.usage.completion_tokens as usize, s.tokens.len());
+                done += 1;
+            }
+            Err(e) => {
+                assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+                assert!(e.message().contains("queue is full"), "{}", e.message());
+                refused += 1;
+            }
+        }
+    }
+    assert!(done >= 1 && refused >= 1, "done {done}, refused {refused}");
+}
+
+#[tokio::test]
+async fn chat_and_token_prompts_work() {
+    let mut host = start_unix("prompts", &[]);
+    let mut client = host.client().await;
+    let mut chat = text_request("qwen", "", 6);
+    chat.prompt = Some(Prompt::Chat(v1::ChatMessages {
+        messages: vec![v1::ChatMessage {
+            role: "user".into(),
+            content: "Hello".into(),
+        }],
+    }));
+    let got = run_stream(&mut client, chat).await.unwrap();
+    assert!(got.prompt_tokens > 1);
+    let mut tokens = text_request("llama", "", 4);
+    tokens.prompt = Some(Prompt::Tokens(v1::TokenIds {
+        ids: vec![1, 15, 16],
+    }));
+    let got = run_stream(&mut client, tokens).await.unwrap();
+    assert_eq!(got.prompt_tokens, 3);
+}
+
+#[tokio::test]
+async fn list_models_and_health() {
+    let mut host = start_unix("list", &[]);
+    let mut client = host.client().await;
+    let models = client
+        .list_models(v1::ListModelsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .models;
+    let names: Vec<(&str, &str)> = models
+        .iter()
+        .map(|m| (m.name.as_str(), m.architecture.as_str()))
+        .collect();
+    assert_eq!(names, [("llama", "llama"), ("qwen", "qwen2")]);
+    assert!(
+        models
+            .iter()
+            .all(|m| m.context_length > 0 && m.vocab_size > 0)
+    );
+    let health = client
+        .health(v1::HealthRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(health.serving);
+    assert_eq!((health.models, health.workers), (2, 1));
+    assert_eq!(health.queue_capacity, 64);
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn unix_socket_is_private_and_shutdown_drains_streams() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut host = start_unix("drain", &[]);
+    let mut client = host.client().await;
+    let Target::Unix(socket) = host.target.clone() else {
+        unreachable!()
+    };
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    // 500 tokens take this model a few hundred milliseconds: still running at SIGTERM.
+    let mut stream = client
+        .generate(text_request("llama", "Once upon a time", 500))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert!(matches!(first.event, Some(Event::Started(_))));
+    let status = Command::new("kill")
+        .args(["-TERM", &host.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut tokens = 0;
+    let mut usage = None;
+    while let Some(event) = stream.message().await.unwrap() {
+        match event.event {
+            Some(Event::Delta(d)) => tokens += d.token_ids.len(),
+            Some(Event::Finished(f)) => usage = f.usage,
+            _ => {}
+        }
+    }
+    let usage = usage.expect("the stream in flight ran to Finished");
+    assert_eq!(usage.completion_tokens as usize, tokens);
+    let exit = host.child.wait().unwrap();
+    assert!(exit.success(), "{exit}");
+    assert!(!socket.exists(), "socket removed at exit");
+}
+
+/// The engine side of cancellation: a callback that breaks stops generation,
+/// and pieces carry every generated token (stop-string tokens included).
+#[test]
+fn streaming_pieces_carry_all_tokens_and_break_cancels() {
+    use std::ops::ControlFlow;
+
+    use bulkhead_gpu_host::Tokenizer;
+    use bulkhead_gpu_host::engine::{
+        CpuBackend, GenerateError, GenerateRequest, Model, generate_streaming,
+    };
+
+    let model = Model::open(model("llama-q8_0.gguf")).unwrap();
+    let tokenizer = Tokenizer::from_metadata(model.gguf().metadata()).unwrap();
+    let backend = CpuBackend::new(1).unwrap();
+    let mut req = GenerateRequest {
+        prompt_tokens: tokenizer.encode("Once upon a time", true),
+        max_tokens: 40,
+        sampling: Default::default(),
+        stop: Vec::new(),
+    };
+    let full = generate_streaming(&model, &tokenizer, &backend, &req, &mut |_| {
+        ControlFlow::Continue(())
+    })
+    .unwrap();
+
+    // Stop at a string from the middle of the output: pieces still carry every token.
+    let cut = full
+        .text
+        .char_indices()
+        .nth(full.text.chars().count() / 2)
+        .unwrap()
+        .0;
+    req.stop = vec![full.text[cut..].chars().take(3).collect()];
+    let mut tokens = Vec::new();
+    let stopped = generate_streaming(&model, &tokenizer, &backend, &req, &mut |p| {
+        tokens.extend_from_slice(p.tokens);
+        ControlFlow::Continue(())
+    })
+    .unwrap();
+    assert_eq!(tokens, stopped.tokens);
+
+    req.stop.clear();
+    let mut pieces = 0;
+    let result = generate_streaming(&model, &tokenizer, &backend, &req, &mut |_| {
+        pieces += 1;
+        ControlFlow::Break(())
+    });
+    assert!(
+        matches!(result, Err(GenerateError::Cancelled)),
+        "{result:?}"
+    );
+    assert_eq!(pieces, 1);
+}
+
+#[test]
+fn tcp_without_a_secret_refuses_to_start() {
+    let out = bin()
+        .args(["serve", "--listen", "tcp:127.0.0.1:0"])
+        .args(model_args())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--auth-token-file"), "{stderr}");
+}
+
+#[tokio::test]
+async fn tcp_requires_the_bearer_secret() {
+    let mut host = start_tcp("tcp");
+    let mut client = host.client().await;
+
+    let err = client.health(v1::HealthRequest {}).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+
+    let mut wrong = Request::new(v1::HealthRequest {});
+    wrong.metadata_mut().insert(
+        AUTHORIZATION,
+        bearer_value("correct-horse-battery-staple-0124")
+            .parse()
+            .unwrap(),
+    );
+    let err = client.health(wrong).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    assert!(!err.message().contains(SECRET));
+
+    let mut right = Request::new(text_request("llama", "Hi", 3));
+    right
+        .metadata_mut()
+        .insert(AUTHORIZATION, bearer_value(SECRET).parse().unwrap());
+    let mut stream = client.generate(right).await.unwrap().into_inner();
+    let mut events = 0;
+    while let Some(_event) = stream.message().await.unwrap() {
+        events += 1;
+    }
+    assert!(events >= 2);
+}

@@ -68,6 +68,8 @@ pub enum ServeError {
     },
     #[error("starting the CPU backend: {0}")]
     Backend(String),
+    #[error("starting the worker threads: {0}")]
+    Workers(std::io::Error),
     #[error("{what} {}: {source}", path.display())]
     Socket {
         what: &'static str,
@@ -115,7 +117,8 @@ impl Server {
         let registry = Arc::new(ModelRegistry::load(&config.models)?);
         let backend =
             CpuBackend::new(config.threads).map_err(|e| ServeError::Backend(e.to_string()))?;
-        let (queue, workers) = WorkQueue::start(config.queue_capacity, config.workers, backend);
+        let (queue, workers) = WorkQueue::start(config.queue_capacity, config.workers, backend)
+            .map_err(ServeError::Workers)?;
         Ok(Server {
             listen: config.listen,
             registry,

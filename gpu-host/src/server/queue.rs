@@ -52,7 +52,11 @@ impl Workers {
 
 impl WorkQueue {
     /// Starts `workers` threads sharing `backend`, behind a queue of `capacity`.
-    pub(crate) fn start(capacity: usize, workers: usize, backend: CpuBackend) -> (Self, Workers) {
+    pub(crate) fn start(
+        capacity: usize,
+        workers: usize,
+        backend: CpuBackend,
+    ) -> std::io::Result<(Self, Workers)> {
         let (sender, receiver) = sync_channel(capacity);
         let receiver = Arc::new(Mutex::new(receiver));
         let backend = Arc::new(backend);
@@ -64,16 +68,15 @@ impl WorkQueue {
                 std::thread::Builder::new()
                     .name(format!("generate-{i}"))
                     .spawn(move || work(&receiver, &backend, &queued))
-                    .expect("spawning a worker thread")
             })
-            .collect();
+            .collect::<std::io::Result<_>>()?;
         let queue = WorkQueue {
             sender,
             queued,
             capacity,
             workers,
         };
-        (queue, Workers(handles))
+        Ok((queue, Workers(handles)))
     }
 
     /// Queues a job, or refuses it at once when the queue is full.

@@ -94,7 +94,9 @@ fn map_file(file: &std::fs::File) -> std::io::Result<Mmap> {
     // or rewrite the file while it is mapped. The mapping is read-only, model
     // files are immutable inputs once registered (the weight verifier re-hashes
     // them), and the parser checks every range against the length it saw.
-    unsafe { Mmap::map(file) }
+    // `populate` faults the pages in now (as llama.cpp does), so the first
+    // forward pass does not pay for page faults.
+    unsafe { memmap2::MmapOptions::new().populate().map(file) }
 }
 
 /// A tensor element type with its GGUF id, for messages about unsupported types.

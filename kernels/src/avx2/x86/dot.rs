@@ -250,8 +250,8 @@ pub(super) fn q4k(w: &[u8], x: &[BlockQ8K]) -> f32 {
             let shi = _mm256_madd_epi16(phi, _mm256_set1_epi16(i16::from(sc[2 * j + 1])));
             isum = _mm256_add_epi32(isum, _mm256_add_epi32(slo, shi));
         }
-        let d = f16_to_f32(b[0], b[1]) * y.d;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+        let d = f16_splat_mul(b[0], b[1], y.d);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc);
         mins += f16_to_f32(b[2], b[3]) * y.d * min_sum(&y.bsums, &m) as f32;
     }
     hsum_ps(acc) - mins
@@ -285,8 +285,8 @@ pub(super) fn q5k(w: &[u8], x: &[BlockQ8K]) -> f32 {
             let shi = _mm256_madd_epi16(phi, _mm256_set1_epi16(i16::from(sc[2 * j + 1])));
             isum = _mm256_add_epi32(isum, _mm256_add_epi32(slo, shi));
         }
-        let d = f16_to_f32(b[0], b[1]) * y.d;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+        let d = f16_splat_mul(b[0], b[1], y.d);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc);
         mins += f16_to_f32(b[2], b[3]) * y.d * min_sum(&y.bsums, &m) as f32;
     }
     hsum_ps(acc) - mins
@@ -333,8 +333,8 @@ pub(super) fn q6k(w: &[u8], x: &[BlockQ8K]) -> f32 {
                 isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scales));
             }
         }
-        let d = f16_to_f32(b[208], b[209]) * y.d;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+        let d = f16_splat_mul(b[208], b[209], y.d);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc);
     }
     hsum_ps(acc)
 }

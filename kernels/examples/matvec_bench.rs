@@ -2,6 +2,9 @@
 //! type, ISA and thread count. Reports weight bandwidth and GFLOP/s.
 //!
 //!     cargo run --release -p bulkhead-kernels --example matvec_bench [-- ROWS COLS]
+//!
+//! Each figure is the median of 9 timed batches. `BENCH_TYPES=Q4_0,Q8_0`
+//! limits the weight types, `BENCH_AVX2_ONLY=1` skips the scalar kernels.
 
 use std::time::{Duration, Instant};
 
@@ -26,7 +29,12 @@ fn main() {
     let x: Vec<f32> = (0..cols)
         .map(|_| (next() % 2000) as f32 / 1000.0 - 1.0)
         .collect();
-    let mut isas = vec![Isa::Scalar];
+    let avx2_only = std::env::var_os("BENCH_AVX2_ONLY").is_some();
+    let types = std::env::var("BENCH_TYPES").ok();
+    let mut isas = vec![];
+    if !avx2_only || !Isa::Avx2.is_available() {
+        isas.push(Isa::Scalar);
+    }
     if Isa::Avx2.is_available() {
         isas.push(Isa::Avx2);
     }
@@ -38,6 +46,11 @@ fn main() {
         GgmlType::Q6K,
         GgmlType::F16,
     ] {
+        if let Some(t) = &types
+            && !t.split(',').any(|n| n.eq_ignore_ascii_case(ty.name()))
+        {
+            continue;
+        }
         let bytes = ty.bytes_for((rows * cols) as u64).unwrap() as usize;
         // Random bytes with every f16 scale field forced to a small value is
         // overkill here: speed does not depend on the values, only on their
@@ -57,13 +70,19 @@ fn main() {
                 let k = CpuKernels::new(threads, isa).unwrap();
                 let mut out = vec![0.0f32; rows];
                 k.matmul(&w, &x, 1, &mut out);
-                let mut iters = 0u32;
-                let start = Instant::now();
-                while start.elapsed() < Duration::from_millis(400) || iters < 3 {
-                    k.matmul(&w, &x, 1, &mut out);
-                    iters += 1;
-                }
-                let per = start.elapsed().as_secs_f64() / f64::from(iters);
+                let mut samples: Vec<f64> = (0..9)
+                    .map(|_| {
+                        let mut iters = 0u32;
+                        let start = Instant::now();
+                        while start.elapsed() < Duration::from_millis(40) || iters < 3 {
+                            k.matmul(&w, &x, 1, &mut out);
+                            iters += 1;
+                        }
+                        start.elapsed().as_secs_f64() / f64::from(iters)
+                    })
+                    .collect();
+                samples.sort_by(f64::total_cmp);
+                let per = samples[samples.len() / 2];
                 println!(
                     "{:5} {:6?} {threads}t: {:8.3} ms  {:6.2} GB/s  {:6.2} GFLOP/s",
                     ty.name(),

@@ -170,6 +170,16 @@ fn row_chunks_cover_large_matrices() {
 }
 
 #[test]
+fn large_matmuls_take_the_pool_path() {
+    // Over 2^20 multiply-adds, so three threads really split the rows (smaller
+    // calls stay on the calling thread): decode and an 8-token prefill.
+    for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+        check_case(&Case::new(ty, 300, 4096, 1, 78));
+    }
+    check_case(&Case::new(GgmlType::Q4K, 70, 2048, 8, 79));
+}
+
+#[test]
 fn prefill_token_counts_match_scalar() {
     // 1..=9 tokens: whole groups of four, remainders of 1..3, and decode.
     for (i, ty) in GgmlType::ALL.into_iter().enumerate() {

@@ -245,6 +245,8 @@ fn attention_matches_naive_f64() {
         (5, 0, 4, 1, 32),
         (4, 9, 14, 2, 64),
         (3, 2, 2, 2, 13),
+        // Above the size that runs on the calling thread: the pool path.
+        (4, 300, 16, 4, 64),
     ] {
         let shape = AttentionShape {
             n_tokens,

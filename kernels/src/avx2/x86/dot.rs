@@ -154,7 +154,7 @@ macro_rules! two_accumulators {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q4_0_block(acc: __m256, b: &[u8; Q4_0_BYTES], y: &BlockQ8_0) -> __m256 {
-    let d = _mm256_set1_ps(f16_to_f32(b[0], b[1]) * y.d);
+    let d = f16_splat_mul(b[0], b[1], y.d);
     let q = _mm256_sub_epi8(nibbles(arr(&b[2..])), _mm256_set1_epi8(8));
     let p = _mm256_cvtepi32_ps(dot_i8_i8(q, load_i8x32(&y.qs)));
     _mm256_fmadd_ps(d, p, acc)
@@ -171,7 +171,7 @@ pub(super) fn q4_1(w: &[u8], x: &[BlockQ8_1]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut mins = 0.0f32;
     for (b, y) in blocks.iter().zip(x) {
-        let d = _mm256_set1_ps(f16_to_f32(b[0], b[1]) * y.d);
+        let d = f16_splat_mul(b[0], b[1], y.d);
         mins += f16_to_f32(b[2], b[3]) * y.s;
         let q = nibbles(arr(&b[4..]));
         let p = _mm256_cvtepi32_ps(dot_u8_i8(q, load_i8x32(&y.qs)));
@@ -183,7 +183,7 @@ pub(super) fn q4_1(w: &[u8], x: &[BlockQ8_1]) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q5_0_block(acc: __m256, b: &[u8; Q5_0_BYTES], y: &BlockQ8_0) -> __m256 {
-    let d = _mm256_set1_ps(f16_to_f32(b[0], b[1]) * y.d);
+    let d = f16_splat_mul(b[0], b[1], y.d);
     let bits = bytes_from_bits(u32::from_le_bytes(*arr(&b[2..])));
     // (nibble | bit << 4) - 16 as i8: where the bit is clear, setting the
     // top four bits subtracts 16; where it is set, the value is the nibble.
@@ -205,7 +205,7 @@ pub(super) fn q5_1(w: &[u8], x: &[BlockQ8_1]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut mins = 0.0f32;
     for (b, y) in blocks.iter().zip(x) {
-        let d = _mm256_set1_ps(f16_to_f32(b[0], b[1]) * y.d);
+        let d = f16_splat_mul(b[0], b[1], y.d);
         mins += f16_to_f32(b[2], b[3]) * y.s;
         let bits = bytes_from_bits(u32::from_le_bytes(*arr(&b[4..])));
         let q = _mm256_or_si256(nibbles(arr(&b[8..])), _mm256_and_si256(bits, bit4));
@@ -218,7 +218,7 @@ pub(super) fn q5_1(w: &[u8], x: &[BlockQ8_1]) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q8_0_block(acc: __m256, b: &[u8; Q8_0_BYTES], y: &BlockQ8_0) -> __m256 {
-    let d = _mm256_set1_ps(f16_to_f32(b[0], b[1]) * y.d);
+    let d = f16_splat_mul(b[0], b[1], y.d);
     let q = load_u8x32(arr(&b[2..]));
     let p = _mm256_cvtepi32_ps(dot_i8_i8(q, load_i8x32(&y.qs)));
     _mm256_fmadd_ps(d, p, acc)
@@ -250,8 +250,8 @@ pub(super) fn q4k(w: &[u8], x: &[BlockQ8K]) -> f32 {
             let shi = _mm256_madd_epi16(phi, _mm256_set1_epi16(i16::from(sc[2 * j + 1])));
             isum = _mm256_add_epi32(isum, _mm256_add_epi32(slo, shi));
         }
-        let d = f16_to_f32(b[0], b[1]) * y.d;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+        let d = f16_splat_mul(b[0], b[1], y.d);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc);
         mins += f16_to_f32(b[2], b[3]) * y.d * min_sum(&y.bsums, &m) as f32;
     }
     hsum_ps(acc) - mins
@@ -285,8 +285,8 @@ pub(super) fn q5k(w: &[u8], x: &[BlockQ8K]) -> f32 {
             let shi = _mm256_madd_epi16(phi, _mm256_set1_epi16(i16::from(sc[2 * j + 1])));
             isum = _mm256_add_epi32(isum, _mm256_add_epi32(slo, shi));
         }
-        let d = f16_to_f32(b[0], b[1]) * y.d;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+        let d = f16_splat_mul(b[0], b[1], y.d);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc);
         mins += f16_to_f32(b[2], b[3]) * y.d * min_sum(&y.bsums, &m) as f32;
     }
     hsum_ps(acc) - mins
@@ -333,8 +333,8 @@ pub(super) fn q6k(w: &[u8], x: &[BlockQ8K]) -> f32 {
                 isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scales));
             }
         }
-        let d = f16_to_f32(b[208], b[209]) * y.d;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+        let d = f16_splat_mul(b[208], b[209], y.d);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc);
     }
     hsum_ps(acc)
 }

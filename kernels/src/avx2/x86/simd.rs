@@ -63,6 +63,22 @@ pub(super) fn f16_to_f32(lo: u8, hi: u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
 }
 
+/// Eight copies of `f16(lo, hi) * y` (exactly `f16_to_f32(lo, hi) * y`).
+///
+/// The per-block scale of the dot loops. Going through a scalar
+/// (`f16_to_f32`, then broadcast) lets LLVM load the f16 with
+/// `vpinsrw xmmN, xmmACC, [mem], 0`, borrowing a live accumulator for the
+/// unused lanes: a false dependency that chained each block's scale onto the
+/// previous block's FMA and made the Q4_0/Q8_0 loops latency-bound. Here all
+/// eight lanes are used, so the f16 is loaded with `vpbroadcastw`, which has
+/// no input register.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn f16_splat_mul(lo: u8, hi: u8, y: f32) -> __m256 {
+    let bits = u16::from_le_bytes([lo, hi]) as i16;
+    _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi16(bits)), _mm256_set1_ps(y))
+}
+
 /// Sum of the eight lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -129,10 +129,13 @@ fn rows_per_task(rows: usize, threads: usize) -> usize {
 /// the workers are woken from sleep, then the caller again). Measured on the
 /// 2-core dev box (AVX2, decode, median of 9): 384×384 Q8_0 7 µs on one thread
 /// vs 22 µs on two, 768×768 23 vs 26 µs, 1024×1024 39 vs 35 µs, 768×3072
-/// 83 vs 63 µs. Break-even is near 2^20 multiply-adds, so smaller problems
-/// (every matmul of a dim-384 model's decode) stay on the caller; results do
-/// not change, since every row is computed the same way either way.
-const MIN_PARALLEL_MACS: usize = 1 << 20;
+/// 83 vs 63 µs. In a whole model the workers are often still awake between
+/// consecutive matmuls, so the hand-off is cheaper than in isolation: end to
+/// end (tests/bench/engine_vs_llamacpp, 2 threads) 2^20 left a dim-768
+/// model's 768×768 projections serial and lost ~20% decode speed, 2^18 sent a
+/// dim-384 model's 384×1024 matmuls to the pool and lost ~35%; 2^19 keeps
+/// both. Results do not change either way: every row is computed the same way.
+const MIN_PARALLEL_MACS: usize = 1 << 19;
 
 /// Picks the scalar or AVX2 version of a row kernel, as a closure over the
 /// backend so the per-row dispatch is one predictable branch.

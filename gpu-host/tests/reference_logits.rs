@@ -123,9 +123,11 @@ fn quantized_no_worse_than_llamacpp(family: &str) {
              llama.cpp rms {llama_rms:.3e} max {llama_max:.3e}"
         );
         // Same weights, same activation quantization as llama.cpp; only the
-        // order of float sums differs, which moves the error by well under 5%.
+        // order of float sums differs, which moves the error by well under 1%
+        // (measured: at most 0.12%, on qwen2 Q4_0; most files are equal to
+        // four digits or better for us).
         assert!(
-            ours_rms <= llama_rms * 1.05,
+            ours_rms <= llama_rms * 1.01,
             "{family} {ty}: our rms error {ours_rms:.3e} is worse than llama.cpp's {llama_rms:.3e}"
         );
     }

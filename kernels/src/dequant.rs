@@ -1,19 +1,35 @@
-//! Weight rows to f32 (embedding lookup, tests, fallbacks). Scalar only: this
-//! is not on the per-token hot path.
+//! Weight rows to f32 (embedding lookup, small vectors, tests). The scalar
+//! code is the oracle; F32, F16, BF16, Q8_0 and Q4_0 rows (the usual
+//! embedding-table types) also have an AVX2 path with bit-identical results.
 #![forbid(unsafe_code)]
 
 use half::f16;
 
 use crate::GgmlType;
+use crate::avx2::Avx2;
 use crate::blocks::*;
 
-/// Dequantizes one row of `ty` from `src` into `dst` (`dst.len()` elements).
+/// Dequantizes one row of `ty` from `src` into `dst` (`dst.len()` elements),
+/// on AVX2 when the CPU has it and the type has a vector path.
+///
+/// # Panics
+/// As [`dequantize_row_scalar`].
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+    if let Some(k) = Avx2::detect()
+        && k.dequantize_row(ty, src, dst)
+    {
+        return;
+    }
+    dequantize_row_scalar(ty, src, dst);
+}
+
+/// The scalar oracle of [`dequantize_row`].
 ///
 /// # Panics
 /// If `dst.len()` is not a whole number of blocks or `src` is not exactly the
 /// bytes of that many elements: both are caller bugs (lengths come from a
 /// validated tensor shape).
-pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+pub fn dequantize_row_scalar(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
     let want = ty
         .bytes_for(dst.len() as u64)
         .unwrap_or_else(|e| panic!("dequantize_row: {e}"));

@@ -20,7 +20,7 @@ pub mod avx2;
 pub mod scalar;
 
 pub use cpu::{AttentionShape, CpuKernels, QuantMatrix};
-pub use dequant::dequantize_row;
+pub use dequant::{dequantize_row, dequantize_row_scalar};
 pub use error::KernelError;
 pub use isa::Isa;
 pub use ops::{RopeStyle, add, rms_norm, rope, silu_mul, softmax};

@@ -23,8 +23,8 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 /// Rotary position embedding of one token's heads, in place; see
-/// [`scalar::rope`]. Scalar on every ISA: its cost is the `rot_dim / 2` sines
-/// and cosines per call, not the rotation.
+/// [`scalar::rope`]. The angles are computed once per call (in f64, shared by
+/// every head); the rotation runs on AVX2 when available.
 #[allow(clippy::too_many_arguments)] // mirrors ggml_rope's parameter list
 pub fn rope(
     x: &mut [f32],
@@ -36,9 +36,20 @@ pub fn rope(
     freq_scale: f32,
     style: RopeStyle,
 ) {
-    scalar::rope(
-        x, n_heads, head_dim, rot_dim, pos, freq_base, freq_scale, style,
+    assert_eq!(
+        x.len(),
+        n_heads * head_dim,
+        "rope: x is not n_heads × head_dim"
     );
+    assert!(
+        rot_dim <= head_dim && rot_dim.is_multiple_of(2),
+        "rope: rot_dim {rot_dim} must be even and at most head_dim {head_dim}"
+    );
+    let (cos, sin) = scalar::rope_angles(rot_dim, pos, freq_base, freq_scale);
+    match Avx2::detect() {
+        Some(k) => k.rope_rotate(x, head_dim, &cos, &sin, style),
+        None => scalar::rope_rotate(x, head_dim, &cos, &sin, style),
+    }
 }
 
 /// In-place softmax of one row.

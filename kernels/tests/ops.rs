@@ -160,7 +160,14 @@ fn rope_f64(
 fn rope_matches_f64_for_both_styles() {
     let mut rng = Rng::new(4);
     for style in [RopeStyle::Normal, RopeStyle::Neox] {
-        for (n_heads, head_dim, rot_dim) in [(4, 64, 64), (2, 128, 128), (3, 64, 32)] {
+        for (n_heads, head_dim, rot_dim) in [
+            (4, 64, 64),
+            (2, 128, 128),
+            (3, 64, 32),
+            (2, 14, 14),
+            (1, 40, 36),
+            (2, 2, 2),
+        ] {
             for (pos, base, fscale) in [(0, 10000.0, 1.0), (17, 10000.0, 1.0), (4095, 1e6, 0.25)] {
                 let x = rng.vec(n_heads * head_dim, 1.0);
                 let want = rope_f64(&x, head_dim, rot_dim, pos, base, fscale, style);
@@ -282,5 +289,75 @@ fn attention_matches_naive_f64() {
                 _ => first = Some(out),
             }
         }
+    }
+}
+
+/// The AVX2 rotation against the scalar oracle, on shapes whose pair count is
+/// not a multiple of the vector width (so the scalar tail runs too).
+#[test]
+fn rope_rotate_avx2_matches_scalar_with_tails() {
+    let Some(k) = avx2() else {
+        eprintln!("skipping: this CPU has no AVX2/FMA/F16C");
+        return;
+    };
+    let mut rng = Rng::new(9);
+    for style in [RopeStyle::Normal, RopeStyle::Neox] {
+        for (n_heads, head_dim, rot_dim) in [
+            (3, 64, 64),
+            (2, 14, 14),
+            (1, 40, 36),
+            (2, 2, 2),
+            (4, 128, 96),
+        ] {
+            let (cos, sin) = scalar::rope_angles(rot_dim, 1234, 10000.0, 1.0);
+            let x = rng.vec(n_heads * head_dim, 2.0);
+            let mut want = x.clone();
+            scalar::rope_rotate(&mut want, head_dim, &cos, &sin, style);
+            let mut got = x.clone();
+            k.rope_rotate(&mut got, head_dim, &cos, &sin, style);
+            let want64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+            close(
+                &got,
+                &want64,
+                1e-6,
+                &format!("{style:?} {n_heads}×{head_dim} rot {rot_dim}"),
+            );
+        }
+    }
+}
+
+/// The dispatched `dequantize_row` (AVX2 for F32/F16/BF16/Q8_0/Q4_0) gives the
+/// scalar oracle's exact bits for every type, including float tails.
+#[test]
+fn dequantize_row_fast_path_is_bit_identical_to_scalar() {
+    let mut rng = Rng::new(21);
+    for ty in bulkhead_kernels::GgmlType::ALL {
+        for cols in [256usize, 512, 768] {
+            let cols = if ty.block_elements() == 1 {
+                cols + 3
+            } else {
+                cols
+            };
+            let raw = common::random_matrix(&mut rng, ty, 1, cols);
+            let mut fast = vec![0.0f32; cols];
+            let mut oracle = vec![1.0f32; cols];
+            bulkhead_kernels::dequantize_row(ty, &raw, &mut fast);
+            bulkhead_kernels::dequantize_row_scalar(ty, &raw, &mut oracle);
+            let same = fast
+                .iter()
+                .zip(&oracle)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{ty} × {cols}: fast path differs from the scalar oracle"
+            );
+        }
+    }
+    if let Some(k) = avx2() {
+        // Types without a vector path are declined untouched.
+        let mut dst = vec![7.0f32; 256];
+        let raw = common::random_matrix(&mut rng, bulkhead_kernels::GgmlType::Q6K, 1, 256);
+        assert!(!k.dequantize_row(bulkhead_kernels::GgmlType::Q6K, &raw, &mut dst));
+        assert!(dst.iter().all(|&v| v == 7.0));
     }
 }

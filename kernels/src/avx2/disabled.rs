@@ -44,6 +44,8 @@ unreachable_methods! {
     dot_q5k(self, w: &[u8], x: &[BlockQ8K]) -> f32;
     dot_q6k(self, w: &[u8], x: &[BlockQ8K]) -> f32;
     dot_f16_tokens(self, w: &[u8], x: &[&[f32]], out: &mut [f32]);
+    dequantize_row(self, ty: crate::GgmlType, src: &[u8], dst: &mut [f32]) -> bool;
+    rope_rotate(self, x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32], style: crate::RopeStyle);
     dot_f16_rows_tokens(self, w: &[&[u8]], x: &[&[f32]], out: &mut [f32]);
     dot_q4_0_tokens(self, w: &[u8], x: &[&[BlockQ8_0]], out: &mut [f32]);
     dot_q8_0_tokens(self, w: &[u8], x: &[&[BlockQ8_0]], out: &mut [f32]);

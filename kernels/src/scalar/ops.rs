@@ -90,17 +90,34 @@ pub fn rope(
         rot_dim <= head_dim && rot_dim.is_multiple_of(2),
         "rope: rot_dim {rot_dim} must be even and at most head_dim {head_dim}"
     );
-    let half = rot_dim / 2;
-    let angles: Vec<(f32, f32)> = (0..half)
+    let (cos, sin) = rope_angles(rot_dim, pos, freq_base, freq_scale);
+    rope_rotate(x, head_dim, &cos, &sin, style);
+}
+
+/// The `rot_dim / 2` rotation angles of position `pos` as (cos, sin) tables:
+/// `theta_i = pos · freq_scale · freq_base^(-2i / rot_dim)`, computed in f64.
+pub fn rope_angles(
+    rot_dim: usize,
+    pos: usize,
+    freq_base: f32,
+    freq_scale: f32,
+) -> (Vec<f32>, Vec<f32>) {
+    (0..rot_dim / 2)
         .map(|i| {
             let theta = pos as f64
                 * f64::from(freq_scale)
                 * f64::from(freq_base).powf(-2.0 * i as f64 / rot_dim as f64);
             (theta.cos() as f32, theta.sin() as f32)
         })
-        .collect();
+        .unzip()
+}
+
+/// Rotates the first `2 · cos.len()` dimensions of every `head_dim`-wide head
+/// of `x` by the given angles; the rest of each head is left as it is.
+pub fn rope_rotate(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32], style: RopeStyle) {
+    let half = cos.len();
     for head in x.chunks_exact_mut(head_dim) {
-        for (i, &(cos, sin)) in angles.iter().enumerate() {
+        for (i, (&cos, &sin)) in cos.iter().zip(sin).enumerate() {
             let (a, b) = match style {
                 RopeStyle::Normal => (2 * i, 2 * i + 1),
                 RopeStyle::Neox => (i, i + half),

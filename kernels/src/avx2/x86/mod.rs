@@ -223,6 +223,55 @@ impl Avx2 {
         unsafe { ops::silu_mul(gate, up) }
     }
 
+    /// RoPE rotation of every `head_dim`-wide head of `x` by the angles in
+    /// `cos`/`sin` (see `scalar::rope_rotate`).
+    pub fn rope_rotate(
+        self,
+        x: &mut [f32],
+        head_dim: usize,
+        cos: &[f32],
+        sin: &[f32],
+        style: crate::RopeStyle,
+    ) {
+        assert!(
+            cos.len() == sin.len() && 2 * cos.len() <= head_dim && x.len().is_multiple_of(head_dim),
+            "rope_rotate: tables or head size do not fit x"
+        );
+        // SAFETY: `self` proves avx2, fma and f16c.
+        unsafe { ops::rope_rotate(x, head_dim, cos, sin, style) }
+    }
+
+    /// Dequantizes one row on AVX2 when `ty` has a vector path (F32, F16,
+    /// BF16, Q8_0, Q4_0) and returns true; returns false, touching nothing,
+    /// for other types. Lengths as [`crate::dequantize_row_scalar`].
+    pub fn dequantize_row(self, ty: crate::GgmlType, src: &[u8], dst: &mut [f32]) -> bool {
+        use crate::GgmlType as T;
+        if !matches!(ty, T::F32 | T::F16 | T::BF16 | T::Q8_0 | T::Q4_0) {
+            return false;
+        }
+        let want = ty.bytes_for(dst.len() as u64);
+        assert!(
+            want == Ok(src.len() as u64),
+            "dequantize_row: {} elements of {ty} do not fit {} bytes",
+            dst.len(),
+            src.len()
+        );
+        match ty {
+            T::F32 => {
+                for (y, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                    *y = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            // SAFETY (all four): `self` proves avx2, fma and f16c.
+            T::F16 => unsafe { ops::dequant_f16(src, dst) },
+            T::BF16 => unsafe { ops::dequant_bf16(src, dst) },
+            T::Q8_0 => unsafe { ops::dequant_q8_0(src, dst) },
+            T::Q4_0 => unsafe { ops::dequant_q4_0(src, dst) },
+            _ => unreachable!("filtered above"),
+        }
+        true
+    }
+
     /// `a += b`.
     pub fn add(self, a: &mut [f32], b: &[f32]) {
         assert_eq!(a.len(), b.len(), "add: length mismatch");

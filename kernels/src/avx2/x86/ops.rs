@@ -50,6 +50,157 @@ pub(super) fn add(a: &mut [f32], b: &[f32]) {
     }
 }
 
+/// RoPE rotation of every head of `x` (see `scalar::rope_rotate`), eight
+/// dimensions at a time; any tail is rotated by the scalar code.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn rope_rotate(
+    x: &mut [f32],
+    head_dim: usize,
+    cos: &[f32],
+    sin: &[f32],
+    style: crate::RopeStyle,
+) {
+    let half = cos.len();
+    // Pairs handled by vectors; the scalar code finishes the rest.
+    let done = match style {
+        crate::RopeStyle::Normal => half / 4 * 4,
+        crate::RopeStyle::Neox => half / 8 * 8,
+    };
+    for head in x.chunks_exact_mut(head_dim) {
+        match style {
+            crate::RopeStyle::Normal => {
+                // Four adjacent pairs per vector: [x0 x1 x2 x3 …] with
+                // [c0 c0 c1 c1 …]; addsub gives x0·c − x1·s, x1·c + x0·s.
+                let (pairs, _) = head[..2 * done].as_chunks_mut::<8>();
+                let (cs, _) = cos[..done].as_chunks::<4>();
+                let (ss, _) = sin[..done].as_chunks::<4>();
+                for ((v, c), s) in pairs.iter_mut().zip(cs).zip(ss) {
+                    let c = load_f32x4(c);
+                    let s = load_f32x4(s);
+                    let c = _mm256_set_m128(_mm_unpackhi_ps(c, c), _mm_unpacklo_ps(c, c));
+                    let s = _mm256_set_m128(_mm_unpackhi_ps(s, s), _mm_unpacklo_ps(s, s));
+                    let xv = load_f32x8(v);
+                    let swapped = _mm256_permute_ps::<0b10_11_00_01>(xv);
+                    store_f32x8(
+                        v,
+                        _mm256_addsub_ps(_mm256_mul_ps(xv, c), _mm256_mul_ps(swapped, s)),
+                    );
+                }
+            }
+            crate::RopeStyle::Neox => {
+                let (lo, hi) = head.split_at_mut(half);
+                let (a, _) = lo[..done].as_chunks_mut::<8>();
+                let (b, _) = hi[..done].as_chunks_mut::<8>();
+                let (cs, _) = cos[..done].as_chunks::<8>();
+                let (ss, _) = sin[..done].as_chunks::<8>();
+                for (((a, b), c), s) in a.iter_mut().zip(b.iter_mut()).zip(cs).zip(ss) {
+                    let (av, bv) = (load_f32x8(a), load_f32x8(b));
+                    let (c, s) = (load_f32x8(c), load_f32x8(s));
+                    store_f32x8(a, _mm256_sub_ps(_mm256_mul_ps(av, c), _mm256_mul_ps(bv, s)));
+                    store_f32x8(b, _mm256_add_ps(_mm256_mul_ps(av, s), _mm256_mul_ps(bv, c)));
+                }
+            }
+        }
+        for i in done..half {
+            let (a, b) = match style {
+                crate::RopeStyle::Normal => (2 * i, 2 * i + 1),
+                crate::RopeStyle::Neox => (i, i + half),
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * cos[i] - x1 * sin[i];
+            head[b] = x0 * sin[i] + x1 * cos[i];
+        }
+    }
+}
+
+/// F16 values to f32, eight at a time with F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dequant_f16(src: &[u8], dst: &mut [f32]) {
+    let (sc, st) = src.as_chunks::<16>();
+    let (dc, dt) = dst.as_chunks_mut::<8>();
+    for (s, d) in sc.iter().zip(dc) {
+        store_f32x8(d, _mm256_cvtph_ps(load_u8x16(s)));
+    }
+    for (s, d) in st.chunks_exact(2).zip(dt) {
+        *d = f16_to_f32(s[0], s[1]);
+    }
+}
+
+/// BF16 values to f32: each is the top half of an f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dequant_bf16(src: &[u8], dst: &mut [f32]) {
+    let (sc, st) = src.as_chunks::<16>();
+    let (dc, dt) = dst.as_chunks_mut::<8>();
+    for (s, d) in sc.iter().zip(dc) {
+        let wide = _mm256_cvtepu16_epi32(load_u8x16(s));
+        store_f32x8(d, _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide)));
+    }
+    for (s, d) in st.chunks_exact(2).zip(dt) {
+        *d = f32::from_bits(u32::from(u16::from_le_bytes([s[0], s[1]])) << 16);
+    }
+}
+
+/// Sixteen i8 values times `d`, into sixteen f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn i8x16_scaled(q: __m128i, d: __m256, out: &mut [f32; 16]) {
+    let (lo, hi) = out.split_at_mut(8);
+    let lo: &mut [f32; 8] = lo.try_into().expect("8 lanes");
+    let hi: &mut [f32; 8] = hi.try_into().expect("8 lanes");
+    store_f32x8(
+        lo,
+        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d),
+    );
+    let q_hi = _mm_srli_si128::<8>(q);
+    store_f32x8(
+        hi,
+        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q_hi)), d),
+    );
+}
+
+/// Q8_0 blocks to f32: `d · q`, as the scalar code computes it.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dequant_q8_0(src: &[u8], dst: &mut [f32]) {
+    let (blocks, _) = src.as_chunks::<{ crate::blocks::Q8_0_BYTES }>();
+    let (outs, _) = dst.as_chunks_mut::<32>();
+    for (b, y) in blocks.iter().zip(outs) {
+        let d = _mm256_set1_ps(f16_to_f32(b[0], b[1]));
+        let (y0, y1) = y.split_at_mut(16);
+        let qs = &b[2..];
+        i8x16_scaled(
+            load_u8x16(super::dot::arr(qs)),
+            d,
+            y0.try_into().expect("16"),
+        );
+        i8x16_scaled(
+            load_u8x16(super::dot::arr(&qs[16..])),
+            d,
+            y1.try_into().expect("16"),
+        );
+    }
+}
+
+/// Q4_0 blocks to f32: `d · (q − 8)`, low nibbles first, as the scalar code.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dequant_q4_0(src: &[u8], dst: &mut [f32]) {
+    let (blocks, _) = src.as_chunks::<{ crate::blocks::Q4_0_BYTES }>();
+    let (outs, _) = dst.as_chunks_mut::<32>();
+    for (b, y) in blocks.iter().zip(outs) {
+        let d = _mm256_set1_ps(f16_to_f32(b[0], b[1]));
+        let q = _mm256_sub_epi8(
+            super::dot::nibbles(super::dot::arr(&b[2..])),
+            _mm256_set1_epi8(8),
+        );
+        let (y0, y1) = y.split_at_mut(16);
+        i8x16_scaled(_mm256_castsi256_si128(q), d, y0.try_into().expect("16"));
+        i8x16_scaled(
+            _mm256_extracti128_si256::<1>(q),
+            d,
+            y1.try_into().expect("16"),
+        );
+    }
+}
+
 /// `v * c` for every element of `x`, in place.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn scale(x: &mut [f32], c: f32) {

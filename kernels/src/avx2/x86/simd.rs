@@ -27,6 +27,13 @@ pub(super) fn load_i16x16(b: &[i16; 16]) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn load_f32x4(x: &[f32; 4]) -> __m128 {
+    // SAFETY: `x` is 4 readable f32; loadu has no alignment requirement.
+    unsafe { _mm_loadu_ps(x.as_ptr()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn load_u8x16(b: &[u8; 16]) -> __m128i {
     // SAFETY: `b` is 16 readable bytes; loadu has no alignment requirement.
     unsafe { _mm_loadu_si128(b.as_ptr().cast()) }

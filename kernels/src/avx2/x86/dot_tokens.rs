@@ -23,14 +23,16 @@ use crate::quantize::{BlockQ8_0, BlockQ8K};
 fn i8_block_tokens<const N: usize>(
     acc: &mut [__m256; N],
     q: __m256i,
-    d_w: f32,
+    d_w: __m256,
     ys: [&BlockQ8_0; N],
 ) {
     let q_abs = _mm256_sign_epi8(q, q);
     for t in 0..N {
         let y = ys[t];
         let p = dot_u8_i8(q_abs, _mm256_sign_epi8(load_i8x32(&y.qs), q));
-        let d = _mm256_set1_ps(d_w * y.d);
+        // Same product as `d_w * y.d` in f32: the scale stays off the
+        // accumulator's dependency chain (see `simd::f16_splat`).
+        let d = _mm256_mul_ps(d_w, _mm256_set1_ps(y.d));
         acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[t]);
     }
 }
@@ -63,15 +65,15 @@ macro_rules! two_accumulators_tokens {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q8_0_unpack(b: &[u8; Q8_0_BYTES]) -> (__m256i, f32) {
-    (load_u8x32(arr(&b[2..])), f16_to_f32(b[0], b[1]))
+fn q8_0_unpack(b: &[u8; Q8_0_BYTES]) -> (__m256i, __m256) {
+    (load_u8x32(arr(&b[2..])), f16_splat(b[0], b[1]))
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q4_0_unpack(b: &[u8; Q4_0_BYTES]) -> (__m256i, f32) {
+fn q4_0_unpack(b: &[u8; Q4_0_BYTES]) -> (__m256i, __m256) {
     let q = _mm256_sub_epi8(nibbles(arr(&b[2..])), _mm256_set1_epi8(8));
-    (q, f16_to_f32(b[0], b[1]))
+    (q, f16_splat(b[0], b[1]))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

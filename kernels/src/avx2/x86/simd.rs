@@ -70,6 +70,15 @@ pub(super) fn f16_to_f32(lo: u8, hi: u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
 }
 
+/// Eight copies of the f16 `(lo, hi)` as f32, loaded with a broadcast that
+/// depends on nothing (see [`f16_splat_mul`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn f16_splat(lo: u8, hi: u8) -> __m256 {
+    let bits = u16::from_le_bytes([lo, hi]) as i16;
+    _mm256_cvtph_ps(_mm_set1_epi16(bits))
+}
+
 /// Eight copies of `f16(lo, hi) * y` (exactly `f16_to_f32(lo, hi) * y`).
 ///
 /// The per-block scale of the dot loops. Going through a scalar

@@ -36,15 +36,7 @@ pub fn rope(
     freq_scale: f32,
     style: RopeStyle,
 ) {
-    assert_eq!(
-        x.len(),
-        n_heads * head_dim,
-        "rope: x is not n_heads × head_dim"
-    );
-    assert!(
-        rot_dim <= head_dim && rot_dim.is_multiple_of(2),
-        "rope: rot_dim {rot_dim} must be even and at most head_dim {head_dim}"
-    );
+    scalar::check_rope_shape(x.len(), n_heads, head_dim, rot_dim);
     let (cos, sin) = scalar::rope_angles(rot_dim, pos, freq_base, freq_scale);
     match Avx2::detect() {
         Some(k) => k.rope_rotate(x, head_dim, &cos, &sin, style),

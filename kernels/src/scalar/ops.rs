@@ -81,8 +81,17 @@ pub fn rope(
     freq_scale: f32,
     style: RopeStyle,
 ) {
+    check_rope_shape(x.len(), n_heads, head_dim, rot_dim);
+    let (cos, sin) = rope_angles(rot_dim, pos, freq_base, freq_scale);
+    rope_rotate(x, head_dim, &cos, &sin, style);
+}
+
+/// Panics unless `x_len` is `n_heads` heads of `head_dim` and `rot_dim` is an
+/// even number of dimensions within a head (shapes come from validated model
+/// hyperparameters, so a mismatch is a caller bug).
+pub(crate) fn check_rope_shape(x_len: usize, n_heads: usize, head_dim: usize, rot_dim: usize) {
     assert_eq!(
-        x.len(),
+        x_len,
         n_heads * head_dim,
         "rope: x is not n_heads × head_dim"
     );
@@ -90,8 +99,6 @@ pub fn rope(
         rot_dim <= head_dim && rot_dim.is_multiple_of(2),
         "rope: rot_dim {rot_dim} must be even and at most head_dim {head_dim}"
     );
-    let (cos, sin) = rope_angles(rot_dim, pos, freq_base, freq_scale);
-    rope_rotate(x, head_dim, &cos, &sin, style);
 }
 
 /// The `rot_dim / 2` rotation angles of position `pos` as (cos, sin) tables:

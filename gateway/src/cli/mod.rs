@@ -1,0 +1,23 @@
+//! Command-line interface of `bulkhead`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "bulkhead",
+    version,
+    about = "Bulkhead: a multi-tenant, OpenAI-compatible LLM gateway"
+)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    match args.command {}
+}

@@ -1,0 +1,154 @@
+//! The policy files as they are on disk: one serde struct per file kind,
+//! `deny_unknown_fields` everywhere so a typo is an error, not a silent default.
+//! Fields that later checks point at are `Spanned`, so errors carry
+//! `file:line:col`.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// `gateway.toml`: process-wide settings.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayFile {
+    /// Address the HTTP API listens on, `HOST:PORT` (default `127.0.0.1:8080`;
+    /// `bulkhead serve --listen` overrides it).
+    pub listen: Option<Spanned<String>>,
+    /// Largest request body any tenant may send, in bytes (tenants may lower it).
+    pub max_body_bytes: Option<u64>,
+    /// Longest a request may take end to end before it fails with 504.
+    pub request_timeout_ms: Option<u64>,
+    /// Clock skew allowed when checking `exp`, `nbf` and `iat`, in seconds.
+    pub jwt_leeway_s: Option<u64>,
+    /// A remote gpu-host. Absent: the gateway starts a local one (`[local_gpu_host]`).
+    pub upstream: Option<UpstreamFile>,
+    /// The local gpu-host child started when no `[upstream]` is configured.
+    pub local_gpu_host: Option<LocalGpuHostFile>,
+}
+
+/// `[upstream]` in `gateway.toml`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamFile {
+    /// `unix:PATH` or `tcp:HOST:PORT`.
+    pub target: Spanned<String>,
+    /// File holding the bearer secret the gpu-host expects (required for `tcp:`).
+    pub secret_file: Option<Spanned<PathBuf>>,
+}
+
+/// `[local_gpu_host]` in `gateway.toml`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalGpuHostFile {
+    /// Path of the `bulkhead-gpu-host` binary (default: next to `bulkhead`).
+    pub binary: Option<Spanned<PathBuf>>,
+    /// CPU backend threads (default: all cores).
+    pub threads: Option<usize>,
+    /// Generations that run at once.
+    pub workers: Option<usize>,
+    /// Requests that may wait for a worker.
+    pub queue_capacity: Option<usize>,
+    /// Longest wait between restarts of a crashed child, in milliseconds.
+    pub restart_backoff_max_ms: Option<u64>,
+    /// Models the child serves.
+    #[serde(default)]
+    pub models: Vec<ModelFile>,
+}
+
+/// One `[[local_gpu_host.models]]` entry.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelFile {
+    /// The name tenants ask for (`model` in requests).
+    pub name: Spanned<String>,
+    /// GGUF file, relative to the policy folder unless absolute.
+    pub path: Spanned<PathBuf>,
+}
+
+/// `tenants/ID.toml`: one tenant.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantFile {
+    /// The tenant id; must match the file name (`tenants/ID.toml`).
+    pub id: Spanned<String>,
+    /// A class in `classes/` whose limits this tenant inherits.
+    pub class: Option<Spanned<String>>,
+    /// Models this tenant may use.
+    #[serde(default)]
+    pub models: Vec<Spanned<String>>,
+    /// How this tenant's tokens are verified.
+    pub jwt: JwtFile,
+    /// Limits; each one set here overrides the class's.
+    #[serde(default)]
+    pub limits: LimitsFile,
+}
+
+/// `[jwt]` in a tenant file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtFile {
+    /// Required `iss`; identifies the tenant (unique across tenants).
+    pub issuer: Spanned<String>,
+    /// Accepted `aud` values (a token must name at least one).
+    pub audience: Vec<Spanned<String>>,
+    /// Accepted `alg` values, e.g. `["EdDSA"]`, `["RS256", "ES256"]`. `none` is
+    /// never accepted; `HS*` only with `hs_secret_file`.
+    pub algorithms: Vec<Spanned<String>>,
+    /// PEM public keys (relative to the policy folder unless absolute).
+    #[serde(default)]
+    pub public_keys: Vec<Spanned<PathBuf>>,
+    /// A JWKS file; keys are chosen by `kid`.
+    pub jwks: Option<Spanned<PathBuf>>,
+    /// A shared HMAC secret (at least 32 bytes) for `HS*` algorithms.
+    pub hs_secret_file: Option<Spanned<PathBuf>>,
+    /// DEVELOPMENT ONLY: a private key `bulkhead token issue` signs with.
+    /// Real deployments leave this out; their identity provider mints tokens.
+    pub dev_signing_key: Option<Spanned<PathBuf>>,
+}
+
+/// `[limits]` in a tenant or class file; unset fields fall back to the
+/// class, then to the defaults in `policy::limits`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsFile {
+    /// Sustained requests per second (GCRA).
+    pub requests_per_s: Option<u32>,
+    /// Requests that may arrive at once above the sustained rate.
+    pub burst: Option<u32>,
+    /// Prompt + completion tokens per minute.
+    pub tokens_per_min: Option<u64>,
+    /// Requests in flight at once.
+    pub max_concurrent: Option<u32>,
+    /// Largest request body, in bytes (at most the gateway's `max_body_bytes`).
+    pub max_body_bytes: Option<u64>,
+    /// Largest `max_tokens` a request may ask for (also the default).
+    pub max_tokens: Option<u32>,
+    /// Apply the rate limits per `sub` claim instead of per tenant.
+    pub per_sub: Option<bool>,
+}
+
+/// `classes/NAME.toml`: limits shared by every tenant with `class = "NAME"`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassFile {
+    #[serde(default)]
+    pub limits: LimitsFile,
+}
+
+/// `trust.toml`: trusted model publishers (used by model registration; may be empty).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrustFile {
+    #[serde(default)]
+    pub publishers: Vec<PublisherFile>,
+}
+
+/// One `[[publishers]]` entry of `trust.toml`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublisherFile {
+    pub name: Spanned<String>,
+    /// PEM public key (P-256 or Ed25519).
+    pub public_key: Spanned<PathBuf>,
+}

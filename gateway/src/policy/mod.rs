@@ -1,0 +1,121 @@
+//! Policy: the operator's TOML files (`gateway.toml`, `trust.toml`,
+//! `classes/*.toml`, `tenants/*.toml`), parsed and validated as a whole into
+//! one immutable [`Policy`]. Every error carries `file:line:col`.
+
+mod files;
+mod load;
+mod source;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bulkhead_protocol::Target;
+
+pub use files::{
+    ClassFile, GatewayFile, JwtFile, LimitsFile, LocalGpuHostFile, ModelFile, TenantFile,
+    TrustFile, UpstreamFile,
+};
+pub use load::load;
+pub use source::{PolicyError, PolicyErrors, SourceFile};
+
+/// Where the HTTP API listens when neither `gateway.toml` nor `--listen` says.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+
+/// A validated policy folder. Immutable: a reload builds a new one.
+#[derive(Debug)]
+pub struct Policy {
+    /// The folder it was read from (relative paths in it are resolved against it).
+    pub dir: PathBuf,
+    pub gateway: GatewaySettings,
+    /// Tenants by id.
+    pub tenants: BTreeMap<String, TenantPolicy>,
+    /// Every file read, with the SHA-256 of its bytes (for the audit log and
+    /// to tell a real change from a touch).
+    pub files: Vec<(PathBuf, [u8; 32])>,
+}
+
+/// `gateway.toml`, with defaults applied.
+#[derive(Clone, Debug)]
+pub struct GatewaySettings {
+    pub listen: SocketAddr,
+    pub max_body_bytes: u64,
+    pub request_timeout: Duration,
+    pub jwt_leeway: Duration,
+    pub upstream: UpstreamSettings,
+}
+
+/// How the gateway reaches its gpu-host.
+#[derive(Clone, Debug)]
+pub enum UpstreamSettings {
+    /// A gpu-host someone else runs.
+    Remote {
+        target: Target,
+        /// The bearer secret (read from `secret_file`).
+        secret: Option<String>,
+    },
+    /// A child process the gateway starts and restarts.
+    Local(LocalGpuHost),
+}
+
+/// `[local_gpu_host]` with defaults applied and paths resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalGpuHost {
+    /// `None`: `bulkhead-gpu-host` next to the running `bulkhead` binary.
+    pub binary: Option<PathBuf>,
+    /// `None`: all cores.
+    pub threads: Option<usize>,
+    pub workers: usize,
+    pub queue_capacity: usize,
+    pub restart_backoff_max: Duration,
+    /// (name, absolute GGUF path).
+    pub models: Vec<(String, PathBuf)>,
+}
+
+/// One tenant, with its limits resolved (tenant over class over defaults).
+#[derive(Clone, Debug)]
+pub struct TenantPolicy {
+    pub id: String,
+    pub models: BTreeSet<String>,
+    /// The `[jwt]` table as written; `auth` turns it into verifiers and points
+    /// errors into `source`.
+    pub jwt: JwtFile,
+    pub limits: Limits,
+    /// The tenant file, for error locations.
+    pub source: Arc<SourceFile>,
+}
+
+/// A tenant's effective limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Sustained requests per second (GCRA); at least 1.
+    pub requests_per_s: u32,
+    /// Requests allowed at once above the sustained rate; at least 1.
+    pub burst: u32,
+    /// Prompt + completion tokens per minute; at least 1.
+    pub tokens_per_min: u64,
+    /// Requests in flight at once; at least 1.
+    pub max_concurrent: u32,
+    /// Largest request body in bytes (never above the gateway's).
+    pub max_body_bytes: u64,
+    /// Largest `max_tokens` a request may ask for, and the default when it asks none.
+    pub max_tokens: u32,
+    /// Rate limits per `sub` claim rather than per tenant.
+    pub per_sub: bool,
+}
+
+impl Limits {
+    /// Used where neither the tenant nor its class sets a value: small enough
+    /// that a forgotten limit cannot flood a GPU, large enough for a demo.
+    pub const DEFAULT: Limits = Limits {
+        requests_per_s: 5,
+        burst: 10,
+        tokens_per_min: 20_000,
+        max_concurrent: 4,
+        max_body_bytes: 1 << 20,
+        max_tokens: 512,
+        per_sub: false,
+    };
+}

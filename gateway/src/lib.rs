@@ -3,4 +3,5 @@
 
 #![forbid(unsafe_code)]
 
+pub mod limits;
 pub mod policy;

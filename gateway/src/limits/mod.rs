@@ -38,6 +38,9 @@ mod shape;
 mod tenant;
 mod tokens;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::HashMap;
 use std::time::Duration;
 

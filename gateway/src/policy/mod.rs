@@ -1,10 +1,13 @@
 //! Policy: the operator's TOML files (`gateway.toml`, `trust.toml`,
 //! `classes/*.toml`, `tenants/*.toml`), parsed and validated as a whole into
-//! one immutable [`Policy`]. Every error carries `file:line:col`.
+//! one immutable [`Policy`] ([`load`]). Every error carries `file:line:col`.
 
 mod files;
 mod load;
 mod source;
+#[cfg(test)]
+mod test_folder;
+mod validate;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -18,7 +21,7 @@ pub use files::{
     ClassFile, GatewayFile, JwtFile, LimitsFile, LocalGpuHostFile, ModelFile, TenantFile,
     TrustFile, UpstreamFile,
 };
-pub use load::load;
+pub use load::{MAX_CLASS_FILES, MAX_FILE_BYTES, MAX_TENANT_FILES, load};
 pub use source::{PolicyError, PolicyErrors, SourceFile};
 
 /// Where the HTTP API listens when neither `gateway.toml` nor `--listen` says.
@@ -32,8 +35,10 @@ pub struct Policy {
     pub gateway: GatewaySettings,
     /// Tenants by id.
     pub tenants: BTreeMap<String, TenantPolicy>,
-    /// Every file read, with the SHA-256 of its bytes (for the audit log and
-    /// to tell a real change from a touch).
+    /// Every policy file read (relative to `dir`, sorted as read), with the
+    /// SHA-256 of its bytes (for the audit log and to tell a real change from
+    /// a touch). The upstream secret file is not listed: a digest of a short
+    /// secret would help guess it.
     pub files: Vec<(PathBuf, [u8; 32])>,
 }
 

@@ -11,7 +11,7 @@ mod validate;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +26,12 @@ pub use source::{PolicyError, PolicyErrors, SourceFile};
 
 /// Where the HTTP API listens when neither `gateway.toml` nor `--listen` says.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+
+/// Everything `bulkhead policy check` verifies about the folder `dir`.
+pub fn check(dir: &Path) -> Result<Policy, PolicyErrors> {
+    // Integration: also run `auth::Verifiers::build` here, so key files are checked too.
+    load(dir)
+}
 
 /// A validated policy folder. Immutable: a reload builds a new one.
 #[derive(Debug)]

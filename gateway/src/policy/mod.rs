@@ -1,6 +1,7 @@
 //! Policy: the operator's TOML files (`gateway.toml`, `trust.toml`,
 //! `classes/*.toml`, `tenants/*.toml`), parsed and validated as a whole into
 //! one immutable [`Policy`] ([`load`]). Every error carries `file:line:col`.
+//! [`watch`] rebuilds on change and publishes only snapshots that built.
 
 mod files;
 mod load;
@@ -8,6 +9,7 @@ mod source;
 #[cfg(test)]
 mod test_folder;
 mod validate;
+mod watch;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -23,6 +25,7 @@ pub use files::{
 };
 pub use load::{MAX_CLASS_FILES, MAX_FILE_BYTES, MAX_TENANT_FILES, load};
 pub use source::{PolicyError, PolicyErrors, SourceFile};
+pub use watch::{PolicyWatcher, RELOAD_DEBOUNCE, RELOAD_MAX_DELAY, ReloadStats, watch};
 
 /// Where the HTTP API listens when neither `gateway.toml` nor `--listen` says.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";

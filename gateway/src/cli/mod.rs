@@ -1,5 +1,7 @@
 //! Command-line interface of `bulkhead`.
 
+mod policy;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -16,8 +18,16 @@ pub struct Args {
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {}
+enum Command {
+    /// Work with policy folders.
+    Policy {
+        #[command(subcommand)]
+        command: policy::PolicyCommand,
+    },
+}
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    match args.command {}
+    match args.command {
+        Command::Policy { command } => policy::run(command),
+    }
 }

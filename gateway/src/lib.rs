@@ -3,4 +3,5 @@
 
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod policy;

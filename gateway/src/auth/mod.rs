@@ -10,6 +10,7 @@
 
 mod build;
 mod error;
+mod issue;
 mod keys;
 mod scopes;
 mod verify;
@@ -24,6 +25,9 @@ use std::time::{Duration, SystemTime};
 use crate::policy::{Policy, PolicyError};
 
 pub use error::{AuthError, bearer_token};
+pub use issue::{
+    DevKeyPair, IssueError, IssueOptions, MAX_DEV_TOKEN_TTL, dev_keypair, issue_dev_token,
+};
 pub use scopes::{Scope, Scopes, UnknownScope};
 
 /// Longest token accepted, checked before any parsing. Real access tokens

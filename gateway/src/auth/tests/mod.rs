@@ -3,6 +3,7 @@
 //! P-384 key generator among our dependencies).
 
 mod fixture;
+mod issue;
 mod malformed;
 mod policy;
 mod verify;

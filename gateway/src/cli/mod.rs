@@ -1,5 +1,7 @@
 //! Command-line interface of `bulkhead`.
 
+mod token;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -16,8 +18,13 @@ pub struct Args {
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {}
+enum Command {
+    /// Development tokens and keys (real issuers mint their own tokens)
+    Token(token::TokenArgs),
+}
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    match args.command {}
+    match args.command {
+        Command::Token(args) => token::run(args),
+    }
 }

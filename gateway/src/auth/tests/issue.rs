@@ -194,3 +194,17 @@ fn generated_key_pairs_are_pem_and_debug_hides_the_private_half() {
     );
     assert_ne!(dev_keypair().unwrap().public_pem, pair.public_pem);
 }
+
+#[test]
+fn the_committed_demo_keys_are_a_pair() {
+    let dir = TempDir::new();
+    let keys = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/dev-keys");
+    let lines = format!(
+        "algorithms = [\"EdDSA\"]\npublic_keys = [\"{}\"]\ndev_signing_key = \"{}\"\n",
+        keys.join("demo.pub.pem").display(),
+        keys.join("demo.key.pem").display(),
+    );
+    let demo = tenant("demo", &tenant_toml("demo", ISS, &lines));
+    let identity = issue_and_verify(&dir, demo, options(), Algorithm::EdDSA);
+    assert_eq!(identity.unwrap().tenant, "demo");
+}

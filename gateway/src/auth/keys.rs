@@ -119,6 +119,11 @@ pub(super) fn read_capped(path: &Path, limit: u64) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
+const CERTIFICATE_GIVEN: &str = "certificates are not accepted; extract the public key with \
+                                 `openssl x509 -pubkey -noout -in CERT`";
+const PRIVATE_KEY_GIVEN: &str =
+    "it is a private key; give the public key (`openssl pkey -pubout -in KEY`)";
+
 /// A PEM public key: SPKI (`PUBLIC KEY`: RSA, P-256, P-384, Ed25519) or
 /// PKCS#1 (`RSA PUBLIC KEY`).
 pub(super) fn public_key_from_pem(bytes: &[u8]) -> Result<VerifyKey, String> {
@@ -130,14 +135,8 @@ pub(super) fn public_key_from_pem(bytes: &[u8]) -> Result<VerifyKey, String> {
         "RSA PUBLIC KEY" => {
             rsa_key_from_pkcs1(der.as_bytes()).map(|k| VerifyKey::new(KeyKind::Rsa, k))
         }
-        "CERTIFICATE" => Err(
-            "certificates are not accepted; extract the public key with \
-                              `openssl x509 -pubkey -noout -in CERT`"
-                .to_owned(),
-        ),
-        l if l.contains("PRIVATE KEY") => Err("it is a private key; give the public key \
-                                               (`openssl pkey -pubout -in KEY`)"
-            .to_owned()),
+        "CERTIFICATE" => Err(CERTIFICATE_GIVEN.to_owned()),
+        l if l.contains("PRIVATE KEY") => Err(PRIVATE_KEY_GIVEN.to_owned()),
         other => Err(format!(
             "unexpected PEM label `{other}`; expected `PUBLIC KEY`"
         )),

@@ -1,6 +1,7 @@
 //! Command-line interface of `bulkhead`.
 
 mod policy;
+mod token;
 
 use std::process::ExitCode;
 
@@ -24,10 +25,13 @@ enum Command {
         #[command(subcommand)]
         command: policy::PolicyCommand,
     },
+    /// Development tokens and keys (real issuers mint their own tokens)
+    Token(token::TokenArgs),
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
         Command::Policy { command } => policy::run(command),
+        Command::Token(args) => token::run(args),
     }
 }

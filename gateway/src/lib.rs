@@ -3,5 +3,6 @@
 
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod limits;
 pub mod policy;

@@ -1,5 +1,8 @@
 //! Command-line interface of `bulkhead`.
 
+mod policy;
+mod token;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -16,8 +19,19 @@ pub struct Args {
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {}
+enum Command {
+    /// Work with policy folders.
+    Policy {
+        #[command(subcommand)]
+        command: policy::PolicyCommand,
+    },
+    /// Development tokens and keys (real issuers mint their own tokens)
+    Token(token::TokenArgs),
+}
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    match args.command {}
+    match args.command {
+        Command::Policy { command } => policy::run(command),
+        Command::Token(args) => token::run(args),
+    }
 }

@@ -16,11 +16,11 @@ pub struct GatewayFile {
     /// `bulkhead serve --listen` overrides it).
     pub listen: Option<Spanned<String>>,
     /// Largest request body any tenant may send, in bytes (tenants may lower it).
-    pub max_body_bytes: Option<u64>,
+    pub max_body_bytes: Option<Spanned<u64>>,
     /// Longest a request may take end to end before it fails with 504.
-    pub request_timeout_ms: Option<u64>,
+    pub request_timeout_ms: Option<Spanned<u64>>,
     /// Clock skew allowed when checking `exp`, `nbf` and `iat`, in seconds.
-    pub jwt_leeway_s: Option<u64>,
+    pub jwt_leeway_s: Option<Spanned<u64>>,
     /// A remote gpu-host. Absent: the gateway starts a local one (`[local_gpu_host]`).
     pub upstream: Option<UpstreamFile>,
     /// The local gpu-host child started when no `[upstream]` is configured.
@@ -44,13 +44,13 @@ pub struct LocalGpuHostFile {
     /// Path of the `bulkhead-gpu-host` binary (default: next to `bulkhead`).
     pub binary: Option<Spanned<PathBuf>>,
     /// CPU backend threads (default: all cores).
-    pub threads: Option<usize>,
+    pub threads: Option<Spanned<usize>>,
     /// Generations that run at once.
-    pub workers: Option<usize>,
+    pub workers: Option<Spanned<usize>>,
     /// Requests that may wait for a worker.
-    pub queue_capacity: Option<usize>,
+    pub queue_capacity: Option<Spanned<usize>>,
     /// Longest wait between restarts of a crashed child, in milliseconds.
-    pub restart_backoff_max_ms: Option<u64>,
+    pub restart_backoff_max_ms: Option<Spanned<u64>>,
     /// Models the child serves.
     #[serde(default)]
     pub models: Vec<ModelFile>,
@@ -108,22 +108,22 @@ pub struct JwtFile {
 }
 
 /// `[limits]` in a tenant or class file; unset fields fall back to the
-/// class, then to the defaults in `policy::limits`.
+/// class, then to [`Limits::DEFAULT`](super::Limits::DEFAULT).
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsFile {
     /// Sustained requests per second (GCRA).
-    pub requests_per_s: Option<u32>,
+    pub requests_per_s: Option<Spanned<u32>>,
     /// Requests that may arrive at once above the sustained rate.
-    pub burst: Option<u32>,
+    pub burst: Option<Spanned<u32>>,
     /// Prompt + completion tokens per minute.
-    pub tokens_per_min: Option<u64>,
+    pub tokens_per_min: Option<Spanned<u64>>,
     /// Requests in flight at once.
-    pub max_concurrent: Option<u32>,
+    pub max_concurrent: Option<Spanned<u32>>,
     /// Largest request body, in bytes (at most the gateway's `max_body_bytes`).
-    pub max_body_bytes: Option<u64>,
+    pub max_body_bytes: Option<Spanned<u64>>,
     /// Largest `max_tokens` a request may ask for (also the default).
-    pub max_tokens: Option<u32>,
+    pub max_tokens: Option<Spanned<u32>>,
     /// Apply the rate limits per `sub` claim instead of per tenant.
     pub per_sub: Option<bool>,
 }

@@ -1,14 +1,19 @@
 //! Policy: the operator's TOML files (`gateway.toml`, `trust.toml`,
 //! `classes/*.toml`, `tenants/*.toml`), parsed and validated as a whole into
-//! one immutable [`Policy`]. Every error carries `file:line:col`.
+//! one immutable [`Policy`] ([`load`]). Every error carries `file:line:col`.
+//! [`watch`] rebuilds on change and publishes only snapshots that built.
 
 mod files;
 mod load;
 mod source;
+#[cfg(test)]
+mod test_folder;
+mod validate;
+mod watch;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,11 +23,18 @@ pub use files::{
     ClassFile, GatewayFile, JwtFile, LimitsFile, LocalGpuHostFile, ModelFile, TenantFile,
     TrustFile, UpstreamFile,
 };
-pub use load::load;
+pub use load::{MAX_CLASS_FILES, MAX_FILE_BYTES, MAX_TENANT_FILES, load};
 pub use source::{PolicyError, PolicyErrors, SourceFile};
+pub use watch::{PolicyWatcher, RELOAD_DEBOUNCE, RELOAD_MAX_DELAY, ReloadStats, watch};
 
 /// Where the HTTP API listens when neither `gateway.toml` nor `--listen` says.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+
+/// Everything `bulkhead policy check` verifies about the folder `dir`.
+pub fn check(dir: &Path) -> Result<Policy, PolicyErrors> {
+    // Integration: also run `auth::Verifiers::build` here, so key files are checked too.
+    load(dir)
+}
 
 /// A validated policy folder. Immutable: a reload builds a new one.
 #[derive(Debug)]
@@ -32,8 +44,10 @@ pub struct Policy {
     pub gateway: GatewaySettings,
     /// Tenants by id.
     pub tenants: BTreeMap<String, TenantPolicy>,
-    /// Every file read, with the SHA-256 of its bytes (for the audit log and
-    /// to tell a real change from a touch).
+    /// Every policy file read (relative to `dir`, sorted as read), with the
+    /// SHA-256 of its bytes (for the audit log and to tell a real change from
+    /// a touch). The upstream secret file is not listed: a digest of a short
+    /// secret would help guess it.
     pub files: Vec<(PathBuf, [u8; 32])>,
 }
 

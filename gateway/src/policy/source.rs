@@ -35,6 +35,11 @@ impl SourceFile {
     pub fn error(&self, message: impl Into<String>) -> PolicyError {
         self.error_at(0..0, message)
     }
+
+    /// 1-based line and column (in chars) of byte `offset`.
+    pub fn line_col(&self, offset: usize) -> (usize, usize) {
+        line_col(&self.text, offset)
+    }
 }
 
 /// One problem in a policy folder.
@@ -60,6 +65,22 @@ impl PolicyError {
     }
 }
 
+impl PolicyError {
+    /// This error with its file shown as a path under `dir` (the folder
+    /// itself, `.`, becomes `dir`), so editors and terminals can open it.
+    pub fn in_dir(&self, dir: &Path) -> PolicyError {
+        let file = if self.file == Path::new(".") {
+            dir.to_path_buf()
+        } else {
+            dir.join(&self.file)
+        };
+        PolicyError {
+            file,
+            ..self.clone()
+        }
+    }
+}
+
 impl fmt::Display for PolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -76,6 +97,13 @@ impl fmt::Display for PolicyError {
 /// Every problem found in a policy folder, in file order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PolicyErrors(pub Vec<PolicyError>);
+
+impl PolicyErrors {
+    /// Every error with its file shown under `dir` (see [`PolicyError::in_dir`]).
+    pub fn in_dir(&self, dir: &Path) -> PolicyErrors {
+        PolicyErrors(self.0.iter().map(|e| e.in_dir(dir)).collect())
+    }
+}
 
 impl fmt::Display for PolicyErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -1,0 +1,251 @@
+//! `bulkhead token`: mint development tokens and key pairs.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, bail};
+use bulkhead_gateway::auth::{self, IssueOptions, MAX_DEV_TOKEN_TTL, Scope, Scopes, Verifiers};
+use bulkhead_gateway::policy;
+use clap::{Args, Subcommand};
+
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    #[command(subcommand)]
+    command: TokenCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Print a development JWT for a tenant (not for production)
+    ///
+    /// Signs with the tenant's `dev_signing_key`, or its `hs_secret_file` if it
+    /// has no such key. A DEVELOPMENT tool: in real deployments the tenant's
+    /// identity provider mints tokens, and tenant files have no
+    /// `dev_signing_key`. Prints the token on stdout.
+    Issue(IssueArgs),
+    /// Write a new Ed25519 key pair for development
+    ///
+    /// Writes `PATH.key.pem` (PKCS#8 private key, for `dev_signing_key`) and
+    /// `PATH.pub.pem` (SPKI public key, for `public_keys`); never overwrites.
+    Keygen(KeygenArgs),
+}
+
+#[derive(Debug, Args)]
+struct IssueArgs {
+    /// The policy folder.
+    #[arg(long, value_name = "DIR")]
+    policies: PathBuf,
+    /// The tenant id.
+    #[arg(long, value_name = "ID")]
+    tenant: String,
+    /// Lifetime: `30s`, `15m`, `1h`, `7d` (at most 30 days).
+    #[arg(long, default_value = "1h", value_parser = parse_ttl)]
+    ttl: Duration,
+    /// Scopes to grant: inference, plugins:write, admin (default: inference).
+    #[arg(long = "scope", value_name = "SCOPE", num_args = 1..)]
+    scopes: Vec<Scope>,
+    /// The `sub` claim (default: dev).
+    #[arg(long)]
+    sub: Option<String>,
+    /// The `aud` claim (default: the tenant's first audience).
+    #[arg(long)]
+    audience: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct KeygenArgs {
+    /// Path prefix: writes PATH.key.pem and PATH.pub.pem (never overwrites).
+    #[arg(long, value_name = "PATH")]
+    out: PathBuf,
+}
+
+pub fn run(args: TokenArgs) -> anyhow::Result<ExitCode> {
+    match args.command {
+        TokenCommand::Issue(args) => issue(args),
+        TokenCommand::Keygen(args) => keygen(&args.out),
+    }
+}
+
+fn issue(args: IssueArgs) -> anyhow::Result<ExitCode> {
+    let policy = policy::load(&args.policies)
+        .with_context(|| format!("cannot load the policy folder {}", args.policies.display()))?;
+    let Some(tenant) = policy.tenants.get(&args.tenant) else {
+        let known: Vec<&str> = policy.tenants.keys().map(String::as_str).collect();
+        bail!(
+            "no tenant `{}` in {} (tenants: {})",
+            args.tenant,
+            args.policies.display(),
+            known.join(", ")
+        );
+    };
+    let now = SystemTime::now();
+    let scopes = if args.scopes.is_empty() {
+        Scopes::from(Scope::Inference)
+    } else {
+        args.scopes.into_iter().collect()
+    };
+    let options = IssueOptions {
+        ttl: args.ttl,
+        scopes,
+        sub: args.sub,
+        audience: args.audience,
+        now,
+    };
+    let token = auth::issue_dev_token(tenant, &policy.dir, options)?;
+    // Say so now rather than with a 401 later (e.g. a key pair mismatch).
+    match Verifiers::build(&policy) {
+        Ok(verifiers) => {
+            if let Err(e) = verifiers.verify(&token, now) {
+                eprintln!("warning: this policy will refuse the token: {e}");
+            }
+        }
+        Err(errors) => {
+            eprintln!("warning: the policy's [jwt] tables have errors, so no token verifies:");
+            for e in errors {
+                eprintln!("  {e}");
+            }
+        }
+    }
+    println!("{token}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn keygen(out: &Path) -> anyhow::Result<ExitCode> {
+    let pair = auth::dev_keypair()?;
+    let with_suffix = |suffix: &str| {
+        let mut path = out.as_os_str().to_owned();
+        path.push(suffix);
+        PathBuf::from(path)
+    };
+    let (private, public) = (with_suffix(".key.pem"), with_suffix(".pub.pem"));
+    write_new(&private, pair.private_pem.as_bytes(), 0o600)?;
+    write_new(&public, pair.public_pem.as_bytes(), 0o644)?;
+    eprintln!("wrote {} and {}", private.display(), public.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Creates `path` (never replacing a file) with `mode` on Unix.
+fn write_new(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
+    let mut options = OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode);
+    #[cfg(not(unix))]
+    let _ = mode;
+    let mut file = options
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    file.write_all(bytes)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// `30s`, `15m`, `1h`, `7d`: a positive whole number and a unit, at most 30 days.
+fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let err = || format!("`{text}` is not a lifetime like 30s, 15m, 1h or 7d");
+    let split = text
+        .len()
+        .checked_sub(1)
+        .filter(|i| text.is_char_boundary(*i))
+        .ok_or_else(err)?;
+    let (number, unit) = text.split_at(split);
+    let unit_s = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(err()),
+    };
+    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(err());
+    }
+    let ttl = number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit_s))
+        .map(Duration::from_secs)
+        .filter(|ttl| !ttl.is_zero())
+        .ok_or_else(err)?;
+    if ttl > MAX_DEV_TOKEN_TTL {
+        return Err(format!("`{text}` is longer than 30 days"));
+    }
+    Ok(ttl)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lifetimes_take_a_unit_and_stay_under_30_days() {
+        assert_eq!(parse_ttl("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_ttl("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_ttl("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_ttl("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert_eq!(parse_ttl("30d"), Ok(MAX_DEV_TOKEN_TTL));
+        assert_eq!(
+            parse_ttl("31d"),
+            Err("`31d` is longer than 30 days".to_owned())
+        );
+        for bad in [
+            "",
+            "h",
+            "10",
+            "0s",
+            "-1h",
+            "1.5h",
+            "1w",
+            "1 h",
+            "99999999999999999999d",
+            "1é",
+        ] {
+            assert!(parse_ttl(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn issue_arguments_parse() {
+        use clap::Parser;
+        let args = crate::cli::Args::try_parse_from([
+            "bulkhead",
+            "token",
+            "issue",
+            "--policies",
+            "p",
+            "--tenant",
+            "demo",
+            "--ttl",
+            "15m",
+            "--scope",
+            "inference",
+            "plugins:write",
+            "--scope",
+            "admin",
+        ])
+        .unwrap();
+        let text = format!("{args:?}");
+        assert!(
+            text.contains("ttl: 900s") && text.contains("PluginsWrite, Admin"),
+            "{text}"
+        );
+        let bad = crate::cli::Args::try_parse_from([
+            "bulkhead",
+            "token",
+            "issue",
+            "--policies",
+            "p",
+            "--tenant",
+            "demo",
+            "--scope",
+            "root",
+        ]);
+        assert!(
+            bad.unwrap_err()
+                .to_string()
+                .contains("unknown scope `root`")
+        );
+    }
+}

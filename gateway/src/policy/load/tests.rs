@@ -1,0 +1,675 @@
+use std::fs;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use super::super::test_folder::TestFolder;
+use super::*;
+use crate::policy::{Limits, UpstreamSettings};
+
+const GATEWAY: &str = r#"listen = "127.0.0.1:9000"
+max_body_bytes = 2_000_000
+
+[local_gpu_host]
+workers = 2
+
+[[local_gpu_host.models]]
+name = "tiny"
+path = "models/tiny.gguf"
+
+[[local_gpu_host.models]]
+name = "small"
+path = "models/small.gguf"
+"#;
+
+const STANDARD: &str = r#"[limits]
+requests_per_s = 10
+burst = 20
+max_tokens = 1024
+"#;
+
+const ACME: &str = r#"id = "acme"
+class = "standard"
+models = ["tiny"]
+
+[jwt]
+issuer = "https://acme.example"
+audience = ["bulkhead"]
+algorithms = ["EdDSA"]
+public_keys = ["keys/acme.pem"]
+
+[limits]
+burst = 50
+per_sub = true
+"#;
+
+/// A tenant file with no class and no limits.
+fn plain_tenant(id: &str) -> String {
+    format!(
+        r#"id = "{id}"
+models = ["small"]
+
+[jwt]
+issuer = "https://{id}.example"
+audience = ["bulkhead"]
+algorithms = ["EdDSA"]
+"#
+    )
+}
+
+/// A valid folder: two models, one class, tenants `acme` (class standard) and `beta`.
+fn valid_folder() -> TestFolder {
+    let folder = TestFolder::new();
+    folder
+        .write("models/tiny.gguf", b"GGUF tiny")
+        .write("models/small.gguf", b"GGUF small")
+        .write("gateway.toml", GATEWAY)
+        .write("trust.toml", "# no publishers yet\n")
+        .write("classes/standard.toml", STANDARD)
+        .write("tenants/acme.toml", ACME)
+        .write("tenants/beta.toml", plain_tenant("beta"));
+    folder
+}
+
+/// The errors of loading `folder`, as printed (`file:line:col: message`).
+fn errors(folder: &TestFolder) -> Vec<String> {
+    match load(folder.path()) {
+        Ok(_) => panic!("the folder loaded, but errors were expected"),
+        Err(errors) => errors.0.iter().map(ToString::to_string).collect(),
+    }
+}
+
+fn load_ok(folder: &TestFolder) -> Policy {
+    load(folder.path()).unwrap_or_else(|e| panic!("the folder should load:\n{e}"))
+}
+
+#[test]
+fn a_valid_folder_loads_with_resolved_values() {
+    let folder = valid_folder();
+    let policy = load_ok(&folder);
+
+    assert!(policy.dir.is_absolute());
+    let gw = &policy.gateway;
+    assert_eq!(gw.listen, "127.0.0.1:9000".parse::<SocketAddr>().unwrap());
+    assert_eq!(gw.max_body_bytes, 2_000_000);
+    assert_eq!(gw.request_timeout, Duration::from_secs(300));
+    assert_eq!(gw.jwt_leeway, Duration::from_secs(30));
+    let UpstreamSettings::Local(local) = &gw.upstream else {
+        panic!("expected a local gpu-host, got {:?}", gw.upstream);
+    };
+    assert_eq!(local.workers, 2);
+    assert_eq!(local.queue_capacity, 64);
+    assert_eq!(local.restart_backoff_max, Duration::from_secs(5));
+    assert_eq!((local.binary.as_ref(), local.threads), (None, None));
+    let models_dir = fs::canonicalize(folder.path().join("models")).unwrap();
+    assert_eq!(
+        local.models,
+        vec![
+            ("tiny".to_string(), models_dir.join("tiny.gguf")),
+            ("small".to_string(), models_dir.join("small.gguf")),
+        ]
+    );
+
+    assert_eq!(policy.tenants.keys().collect::<Vec<_>>(), ["acme", "beta"]);
+    let acme = &policy.tenants["acme"];
+    assert_eq!(acme.id, "acme");
+    assert_eq!(acme.models.iter().collect::<Vec<_>>(), ["tiny"]);
+    assert_eq!(acme.jwt.issuer.get_ref(), "https://acme.example");
+    assert_eq!(acme.source.name, Path::new("tenants/acme.toml"));
+    assert_eq!(acme.source.text, ACME);
+    assert_eq!(policy.tenants["beta"].limits, Limits::DEFAULT);
+
+    let names: Vec<_> = policy.files.iter().map(|(name, _)| name.clone()).collect();
+    assert_eq!(
+        names,
+        [
+            "gateway.toml",
+            "trust.toml",
+            "classes/standard.toml",
+            "tenants/acme.toml",
+            "tenants/beta.toml"
+        ]
+        .map(PathBuf::from)
+    );
+    let acme_digest: [u8; 32] = Sha256::digest(ACME.as_bytes()).into();
+    assert_eq!(policy.files[3].1, acme_digest);
+}
+
+#[test]
+fn limits_resolve_tenant_over_class_over_defaults_field_by_field() {
+    let policy = load_ok(&valid_folder());
+    assert_eq!(
+        policy.tenants["acme"].limits,
+        Limits {
+            requests_per_s: 10, // class
+            burst: 50,          // tenant over class
+            max_tokens: 1024,   // class
+            per_sub: true,      // tenant
+            ..Limits::DEFAULT
+        }
+    );
+}
+
+#[test]
+fn defaults_apply_without_gateway_toml() {
+    let folder = TestFolder::new();
+    folder.write(
+        "tenants/solo.toml",
+        plain_tenant("solo").replace(r#"models = ["small"]"#, "models = []"),
+    );
+    let policy = load_ok(&folder);
+    let gw = &policy.gateway;
+    assert_eq!(gw.listen, "127.0.0.1:8080".parse::<SocketAddr>().unwrap());
+    assert_eq!(gw.max_body_bytes, 1 << 20);
+    assert_eq!(gw.request_timeout, Duration::from_secs(300));
+    assert_eq!(gw.jwt_leeway, Duration::from_secs(30));
+    let UpstreamSettings::Local(local) = &gw.upstream else {
+        panic!("expected a local gpu-host");
+    };
+    assert_eq!(
+        (
+            local.workers,
+            local.queue_capacity,
+            local.restart_backoff_max
+        ),
+        (1, 64, Duration::from_secs(5))
+    );
+    assert!(local.models.is_empty());
+    assert_eq!(policy.files.len(), 1);
+}
+
+#[test]
+fn the_default_body_limit_never_exceeds_the_gateways() {
+    let folder = valid_folder();
+    folder.write(
+        "gateway.toml",
+        GATEWAY.replace("max_body_bytes = 2_000_000", "max_body_bytes = 4096"),
+    );
+    let policy = load_ok(&folder);
+    assert_eq!(policy.tenants["beta"].limits.max_body_bytes, 4096);
+}
+
+#[test]
+fn other_files_are_ignored() {
+    let folder = valid_folder();
+    let junk = "this is not TOML [";
+    for name in [
+        "README.md",
+        "tenants/acme.toml.example",
+        "tenants/.#acme.toml",
+        "tenants/acme.toml~",
+        "tenants/.acme.toml.swp",
+        "tenants/.hidden.toml",
+        "classes/notes.txt",
+        "tenants/sub/nested.toml",
+    ] {
+        folder.write(name, junk);
+    }
+    assert_eq!(load_ok(&folder).files.len(), 5);
+}
+
+#[test]
+fn symlinks_are_followed_to_regular_files() {
+    let folder = valid_folder();
+    // The way a Kubernetes ConfigMap volume looks.
+    folder.write("..data/tenants/gamma.toml", plain_tenant("gamma"));
+    std::os::unix::fs::symlink(
+        folder.path().join("..data/tenants/gamma.toml"),
+        folder.path().join("tenants/gamma.toml"),
+    )
+    .unwrap();
+    assert!(load_ok(&folder).tenants.contains_key("gamma"));
+
+    std::os::unix::fs::symlink("nowhere.toml", folder.path().join("tenants/delta.toml")).unwrap();
+    assert_eq!(
+        errors(&folder),
+        ["tenants/delta.toml:1:1: cannot read: no such file or folder"]
+    );
+}
+
+#[test]
+fn a_folder_named_like_a_policy_file_is_an_error() {
+    let folder = valid_folder();
+    fs::create_dir(folder.path().join("tenants/odd.toml")).unwrap();
+    assert_eq!(
+        errors(&folder),
+        ["tenants/odd.toml:1:1: is not a regular file (a folder)"]
+    );
+}
+
+#[test]
+fn a_missing_folder_is_one_error() {
+    let folder = TestFolder::new();
+    let missing = folder.path().join("absent");
+    let errors = load(&missing).unwrap_err();
+    assert_eq!(
+        errors.to_string(),
+        format!(
+            ".:1:1: cannot read the policy folder {}: no such file or folder",
+            missing.display()
+        )
+    );
+    assert_eq!(
+        errors.in_dir(&missing).0[0].file,
+        missing,
+        "the folder itself is shown as the folder, not folder/."
+    );
+}
+
+#[test]
+fn files_over_one_mib_are_refused_unread() {
+    let folder = valid_folder();
+    let big = format!("# {}\n", "x".repeat(1 << 20));
+    folder.write("classes/huge.toml", &big);
+    assert_eq!(
+        errors(&folder),
+        [format!(
+            "classes/huge.toml:1:1: is {} bytes; policy files are limited to 1048576 bytes (1 MiB)",
+            big.len()
+        )]
+    );
+}
+
+#[test]
+fn too_many_files_in_a_folder_is_one_error() {
+    let folder = TestFolder::new();
+    for name in ["a", "b", "c"] {
+        folder.write(&format!("tenants/{name}.toml"), "");
+    }
+    let mut errors = Vec::new();
+    assert_eq!(list_toml(folder.path(), "tenants", 3, &mut errors).len(), 3);
+    assert!(errors.is_empty());
+    assert!(list_toml(folder.path(), "tenants", 2, &mut errors).is_empty());
+    assert_eq!(
+        errors[0].to_string(),
+        "tenants:1:1: more than 2 *.toml files; none of them were read"
+    );
+}
+
+#[test]
+fn non_utf8_text_is_reported_where_it_starts() {
+    let folder = valid_folder();
+    folder.write("classes/latin1.toml", b"[limits]\n# caf\xe9\n");
+    assert_eq!(
+        errors(&folder),
+        ["classes/latin1.toml:2:6: not UTF-8 text (TOML files are UTF-8)"]
+    );
+}
+
+#[test]
+fn an_unknown_key_points_at_the_key() {
+    let folder = valid_folder();
+    folder.write(
+        "tenants/beta.toml",
+        plain_tenant("beta") + "\n[limits]\nrps = 5\n",
+    );
+    let errors = errors(&folder);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].starts_with("tenants/beta.toml:10:1: unknown field `rps`, expected one of"),
+        "{}",
+        errors[0]
+    );
+    assert!(!errors[0].contains('\n'), "one line: {}", errors[0]);
+}
+
+#[test]
+fn toml_syntax_errors_are_one_line_each_and_all_reported() {
+    let folder = valid_folder();
+    folder.write(
+        "classes/standard.toml",
+        "[limits\nrequests_per_s = 10\nburst = = 3\n",
+    );
+    let errors = errors(&folder);
+    assert!(errors.len() >= 2, "{errors:?}");
+    assert!(errors.iter().all(|e| !e.contains('\n')), "{errors:?}");
+    assert!(
+        errors[0].starts_with("classes/standard.toml:1:"),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("classes/standard.toml:3:")),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn wrong_types_and_missing_fields_are_reported() {
+    let folder = valid_folder();
+    folder.write("classes/standard.toml", "[limits]\nburst = \"lots\"\n");
+    folder.write("tenants/beta.toml", "id = \"beta\"\n");
+    assert_eq!(
+        errors(&folder),
+        [
+            "classes/standard.toml:2:9: invalid type: string \"lots\", expected u32",
+            "tenants/beta.toml:1:1: missing field `jwt`",
+        ]
+    );
+}
+
+#[test]
+fn tenant_ids_must_be_valid_and_match_the_file_name() {
+    let folder = valid_folder();
+    folder.write(
+        "tenants/beta.toml",
+        plain_tenant("beta").replace("id = \"beta\"", "id = \"Beta!\""),
+    );
+    folder.write(
+        "tenants/gamma.toml",
+        plain_tenant("gamma").replace("id = \"gamma\"", "id = \"delta\""),
+    );
+    assert_eq!(
+        errors(&folder),
+        [
+            "tenants/beta.toml:1:6: tenant id `Beta!` is not valid: \
+             use 1 to 63 of a-z, 0-9, `_` and `-`, starting with a letter or digit",
+            "tenants/gamma.toml:1:6: tenant id `delta` does not match the file name `gamma.toml`",
+        ]
+    );
+}
+
+#[test]
+fn duplicate_tenant_ids_and_issuers_are_errors() {
+    let folder = valid_folder();
+    // `alpha.toml` claims beta's id (and its issuer).
+    folder.write("tenants/alpha.toml", plain_tenant("beta"));
+    folder.write(
+        "tenants/gamma.toml",
+        plain_tenant("gamma").replace("https://gamma.example", "https://acme.example"),
+    );
+    assert_eq!(
+        errors(&folder),
+        [
+            "tenants/alpha.toml:1:6: tenant id `beta` does not match the file name `alpha.toml`",
+            "tenants/beta.toml:1:6: tenant id `beta` is also used by tenants/alpha.toml",
+            "tenants/gamma.toml:5:10: issuer `https://acme.example` is also used by \
+             tenants/acme.toml: the issuer tells tenants apart, so it must be unique",
+        ]
+    );
+}
+
+#[test]
+fn a_class_must_exist() {
+    let folder = valid_folder();
+    folder.write("classes/premium.toml", "");
+    folder.write(
+        "tenants/acme.toml",
+        ACME.replace("\"standard\"", "\"gold\""),
+    );
+    assert_eq!(
+        errors(&folder),
+        ["tenants/acme.toml:2:9: class `gold` does not exist; classes: `premium`, `standard`"]
+    );
+
+    let no_classes = valid_folder();
+    no_classes.remove("classes/standard.toml");
+    assert_eq!(
+        errors(&no_classes),
+        ["tenants/acme.toml:2:9: class `standard` does not exist; \
+             there are no classes/*.toml files"]
+    );
+}
+
+#[test]
+fn a_class_that_fails_to_parse_still_exists() {
+    let folder = valid_folder();
+    folder.write("classes/standard.toml", "[limits]\nbogus = 1\n");
+    let errors = errors(&folder);
+    assert_eq!(errors.len(), 1, "only the class's own error: {errors:?}");
+    assert!(errors[0].starts_with("classes/standard.toml:2:1: unknown field `bogus`"));
+}
+
+#[test]
+fn class_names_follow_the_id_rule() {
+    let folder = valid_folder();
+    folder.write("classes/Gold Plan.toml", "");
+    assert_eq!(
+        errors(&folder),
+        [
+            "classes/Gold Plan.toml:1:1: class name `Gold Plan` (the file name) is not valid: \
+             use 1 to 63 of a-z, 0-9, `_` and `-`, starting with a letter or digit"
+        ]
+    );
+}
+
+#[test]
+fn tenant_models_must_be_served_by_the_local_gpu_host() {
+    let folder = valid_folder();
+    folder.write(
+        "tenants/acme.toml",
+        ACME.replace(r#"["tiny"]"#, r#"["tiny", "huge", "tiny"]"#),
+    );
+    assert_eq!(
+        errors(&folder),
+        [
+            "tenants/acme.toml:3:19: model `huge` is not served by this gateway; \
+             gateway.toml [[local_gpu_host.models]] has `small`, `tiny`",
+            "tenants/acme.toml:3:27: model `tiny` is listed twice",
+        ]
+    );
+}
+
+#[test]
+fn with_a_remote_upstream_any_non_empty_model_name_is_accepted() {
+    let folder = valid_folder();
+    folder.write("secret", "0123456789abcdef0123\n");
+    folder.write(
+        "gateway.toml",
+        "[upstream]\ntarget = \"tcp:10.0.0.5:50051\"\nsecret_file = \"secret\"\n",
+    );
+    folder.write(
+        "tenants/acme.toml",
+        ACME.replace(r#"["tiny"]"#, r#"["anything-at-all"]"#),
+    );
+    let policy = load_ok(&folder);
+    let UpstreamSettings::Remote { target, secret } = &policy.gateway.upstream else {
+        panic!("expected a remote upstream");
+    };
+    assert_eq!(target.to_string(), "tcp:10.0.0.5:50051");
+    assert_eq!(secret.as_deref(), Some("0123456789abcdef0123"));
+    assert_eq!(
+        policy.files.len(),
+        5,
+        "the secret is not listed with the policy files"
+    );
+
+    folder.write("tenants/acme.toml", ACME.replace(r#"["tiny"]"#, r#"[""]"#));
+    assert_eq!(
+        errors(&folder),
+        ["tenants/acme.toml:3:11: a model name must not be empty"]
+    );
+}
+
+#[test]
+fn gateway_models_must_be_unique_and_readable() {
+    let folder = valid_folder();
+    let gateway = GATEWAY
+        .replace("name = \"small\"", "name = \"tiny\"")
+        .replace("models/small.gguf", "models/missing.gguf");
+    folder.write("gateway.toml", gateway);
+    folder.write(
+        "tenants/beta.toml",
+        plain_tenant("beta").replace("small", "tiny"),
+    );
+    let missing = folder.path().join("models/missing.gguf");
+    assert_eq!(
+        errors(&folder),
+        [
+            "gateway.toml:12:8: model `tiny` is already defined on line 8".to_string(),
+            format!(
+                "gateway.toml:13:8: model file {}: no such file or folder",
+                missing.display()
+            ),
+        ]
+    );
+}
+
+#[test]
+fn gateway_values_are_checked() {
+    let folder = valid_folder();
+    folder.write(
+        "gateway.toml",
+        GATEWAY
+            .replace("127.0.0.1:9000", "localhost:9000")
+            .replace(
+                "max_body_bytes = 2_000_000",
+                "max_body_bytes = 0\njwt_leeway_s = 301",
+            )
+            .replace("workers = 2", "workers = 0\nqueue_capacity = 0"),
+    );
+    assert_eq!(
+        errors(&folder),
+        [
+            "gateway.toml:1:10: `localhost:9000` is not a listen address: \
+             expected IP:PORT, e.g. 127.0.0.1:8080",
+            "gateway.toml:2:18: `max_body_bytes` must be at least 1",
+            "gateway.toml:3:16: `jwt_leeway_s` is 301; at most 300 is allowed \
+             (a long leeway keeps expired tokens usable)",
+            "gateway.toml:6:11: `workers` must be at least 1",
+            "gateway.toml:7:18: `queue_capacity` must be at least 1",
+        ]
+    );
+}
+
+#[test]
+fn upstream_targets_and_secrets_are_checked() {
+    let folder = valid_folder();
+    folder.write("tenants/acme.toml", ACME.replace(r#"["tiny"]"#, "[]"));
+    folder.write(
+        "tenants/beta.toml",
+        plain_tenant("beta").replace(r#"["small"]"#, "[]"),
+    );
+    let check = |gateway: &str| {
+        folder.write("gateway.toml", gateway);
+        errors(&folder)
+    };
+
+    assert_eq!(
+        check("[upstream]\ntarget = \"http://gpu:1\"\n"),
+        [
+            "gateway.toml:2:10: `http://gpu:1` is not an upstream target: \
+             expected unix:PATH or tcp:IP:PORT"
+        ]
+    );
+    assert_eq!(
+        check("[upstream]\ntarget = \"tcp:10.0.0.5:50051\"\n"),
+        ["gateway.toml:2:10: a `tcp:` upstream needs `secret_file`: \
+             the gpu-host refuses TCP clients without its bearer secret"]
+    );
+
+    folder.write("short-secret", "hunter2-hunter2\n"); // 15 bytes after the newline goes
+    let short = folder.path().join("short-secret");
+    let errors =
+        check("[upstream]\ntarget = \"tcp:10.0.0.5:50051\"\nsecret_file = \"short-secret\"\n");
+    assert_eq!(
+        errors,
+        [format!(
+            "gateway.toml:3:15: secret file {}: holds fewer than 16 bytes",
+            short.display()
+        )]
+    );
+    assert!(!errors[0].contains("hunter2"), "the secret is never shown");
+
+    assert_eq!(
+        check("[upstream]\ntarget = \"unix:/run/gpu.sock\"\n\n[local_gpu_host]\nworkers = 1\n"),
+        [
+            "gateway.toml:2:10: `[upstream]` and `[local_gpu_host]` are both set: \
+             use a remote gpu-host or a local one, not both"
+        ]
+    );
+}
+
+#[test]
+fn limits_must_be_positive_and_bodies_within_the_gateways() {
+    let folder = valid_folder();
+    folder.write(
+        "classes/standard.toml",
+        STANDARD.replace("burst = 20", "burst = 0\nmax_body_bytes = 3_000_000"),
+    );
+    folder.write(
+        "tenants/acme.toml",
+        ACME.replace("burst = 50", "tokens_per_min = 0\nmax_concurrent = 0"),
+    );
+    assert_eq!(
+        errors(&folder),
+        [
+            "classes/standard.toml:3:9: `burst` must be at least 1",
+            "classes/standard.toml:4:18: `max_body_bytes` is 3000000, \
+             above the gateway's max_body_bytes (2000000)",
+            "tenants/acme.toml:12:18: `tokens_per_min` must be at least 1",
+            "tenants/acme.toml:13:18: `max_concurrent` must be at least 1",
+        ]
+    );
+}
+
+#[test]
+fn errors_in_several_files_are_all_reported_sorted_by_file_then_position() {
+    let folder = valid_folder();
+    folder.write(
+        "gateway.toml",
+        GATEWAY.replace("workers = 2", "workers = 0"),
+    );
+    folder.write("tenants/beta.toml", plain_tenant("beta") + "rps = 5\n");
+    folder.write(
+        "tenants/acme.toml",
+        ACME.replace("\"standard\"", "\"gold\"")
+            .replace("burst = 50", "burst = 0"),
+    );
+    folder.write("classes/zero.toml", "[limits]\nmax_tokens = 0\n");
+    let errors = errors(&folder);
+    let locations: Vec<&str> = errors
+        .iter()
+        .map(|e| e.split(": ").next().unwrap())
+        .collect();
+    assert_eq!(
+        locations,
+        [
+            "classes/zero.toml:2:14",
+            "gateway.toml:5:11",
+            "tenants/acme.toml:2:9",
+            "tenants/acme.toml:12:9",
+            "tenants/beta.toml:8:1",
+        ],
+        "{errors:#?}"
+    );
+}
+
+#[test]
+fn the_repositorys_default_policies_are_valid() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+    let policy = load(&dir).unwrap_or_else(|e| panic!("{}", e.in_dir(&dir)));
+    let demo = &policy.tenants["demo"];
+    assert!(demo.models.contains("bulkhead-demo-tiny"));
+    let UpstreamSettings::Local(local) = &policy.gateway.upstream else {
+        panic!("the default policy runs a local gpu-host");
+    };
+    assert_eq!(local.models[0].0, "bulkhead-demo-tiny");
+    assert!(local.models[0].1.is_file());
+}
+
+#[test]
+fn the_example_tenant_is_a_valid_tenant_file() {
+    let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+    let read = |name: &str| fs::read_to_string(policies.join(name)).unwrap();
+    let model = fs::canonicalize(policies.join("../models/bulkhead-demo-tiny-q8_0.gguf")).unwrap();
+    let folder = TestFolder::new();
+    folder
+        .write(
+            "gateway.toml",
+            format!(
+                "[[local_gpu_host.models]]\nname = \"bulkhead-demo-tiny\"\npath = {:?}\n",
+                model.display().to_string()
+            ),
+        )
+        .write("classes/standard.toml", read("classes/standard.toml"))
+        .write("tenants/acme.toml", read("tenants/acme.toml.example"));
+    let policy = load_ok(&folder);
+    let acme = &policy.tenants["acme"];
+    assert_eq!(acme.limits.max_tokens, 2048);
+    assert!(acme.limits.per_sub);
+    assert!(acme.jwt.jwks.is_some());
+}

@@ -1,0 +1,578 @@
+//! Checks on the parsed policy files, each alone and across files, and their
+//! resolution into the runtime [`Policy`]: defaults applied, limits inherited
+//! (tenant over class over [`Limits::DEFAULT`]), paths made absolute.
+//!
+//! Every check pushes its error and goes on with a stand-in value, so one run
+//! reports everything; any error discards the whole result.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Display;
+use std::fs;
+use std::io::Read;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bulkhead_protocol::Target;
+use toml::Spanned;
+
+use super::files::{GatewayFile, LimitsFile, LocalGpuHostFile, ModelFile, UpstreamFile};
+use super::load::{Folder, Parsed, io_reason};
+use super::{
+    ClassFile, DEFAULT_LISTEN, GatewaySettings, Limits, LocalGpuHost, Policy, PolicyError,
+    SourceFile, TenantFile, TenantPolicy, UpstreamSettings,
+};
+
+const DEFAULT_MAX_BODY_BYTES: u64 = 1 << 20;
+const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 300_000;
+const DEFAULT_JWT_LEEWAY_S: u64 = 30;
+/// A longer leeway would keep expired tokens usable for too long.
+const MAX_JWT_LEEWAY_S: u64 = 300;
+const DEFAULT_WORKERS: usize = 1;
+const DEFAULT_QUEUE_CAPACITY: usize = 64;
+const DEFAULT_RESTART_BACKOFF_MAX_MS: u64 = 5_000;
+/// Shortest upstream bearer secret accepted: 128 bits if it is random.
+const MIN_SECRET_BYTES: usize = 16;
+/// A secret file is a line of text; anything bigger is the wrong file.
+const MAX_SECRET_FILE_BYTES: u64 = 64 << 10;
+/// Names listed in one error message before the rest is summarised.
+const MAX_LISTED_NAMES: usize = 20;
+
+/// Checks `folder` (read from `dir`, which is absolute) and resolves it.
+/// The result is meaningful only if `errors` stayed empty.
+pub(super) fn validate(dir: &Path, folder: Folder, errors: &mut Vec<PolicyError>) -> Policy {
+    let gateway = check_gateway(dir, folder.gateway.as_ref(), errors);
+    // trust.toml: parsing checked its shape; model registration reads it.
+    let classes = check_classes(&folder.classes, &gateway, errors);
+    let tenants = check_tenants(folder.tenants, &classes, &gateway, errors);
+    Policy {
+        dir: dir.to_path_buf(),
+        gateway: gateway.settings,
+        tenants,
+        files: folder.files,
+    }
+}
+
+/// `gateway.toml` resolved, plus what the other files are checked against.
+struct Gateway {
+    settings: GatewaySettings,
+    /// Models tenants may name; `None` when unknown (a remote upstream serves
+    /// whatever it serves, or gateway.toml itself is broken).
+    served_models: Option<BTreeSet<String>>,
+    /// The body size no tenant may exceed; `None` when gateway.toml is broken.
+    body_cap: Option<u64>,
+    /// Limits of a tenant and class that set none.
+    default_limits: Limits,
+}
+
+fn check_gateway(
+    dir: &Path,
+    parsed: Option<&Parsed<GatewayFile>>,
+    errors: &mut Vec<PolicyError>,
+) -> Gateway {
+    let blank = SourceFile::new("gateway.toml", "");
+    let defaults = GatewayFile::default();
+    let source = parsed.map_or(&blank, |p| &p.source);
+    // A broken gateway.toml was reported already; check the rest against
+    // defaults but skip the cross-file checks that would only echo it.
+    let known = parsed.is_none_or(|p| p.doc.is_some());
+    let file = parsed.and_then(|p| p.doc.as_ref()).unwrap_or(&defaults);
+
+    let default_listen: SocketAddr = DEFAULT_LISTEN
+        .parse()
+        .expect("DEFAULT_LISTEN is an address");
+    let listen = file.listen.as_ref().map_or(default_listen, |listen| {
+        listen.get_ref().parse().unwrap_or_else(|_| {
+            errors.push(source.error_at(
+                listen.span(),
+                format!(
+                    "`{}` is not a listen address: expected IP:PORT, e.g. {DEFAULT_LISTEN}",
+                    listen.get_ref()
+                ),
+            ));
+            default_listen
+        })
+    });
+    let max_body_bytes = at_least_one(source, "max_body_bytes", &file.max_body_bytes, errors)
+        .unwrap_or(DEFAULT_MAX_BODY_BYTES);
+    let request_timeout_ms = at_least_one(
+        source,
+        "request_timeout_ms",
+        &file.request_timeout_ms,
+        errors,
+    )
+    .unwrap_or(DEFAULT_REQUEST_TIMEOUT_MS);
+    let jwt_leeway_s = match &file.jwt_leeway_s {
+        None => DEFAULT_JWT_LEEWAY_S,
+        Some(leeway) if *leeway.get_ref() > MAX_JWT_LEEWAY_S => {
+            errors.push(source.error_at(
+                leeway.span(),
+                format!(
+                    "`jwt_leeway_s` is {}; at most {MAX_JWT_LEEWAY_S} is allowed \
+                     (a long leeway keeps expired tokens usable)",
+                    leeway.get_ref()
+                ),
+            ));
+            DEFAULT_JWT_LEEWAY_S
+        }
+        Some(leeway) => *leeway.get_ref(),
+    };
+
+    let local_defaults = LocalGpuHostFile::default();
+    let (upstream, served_models) = match (&file.upstream, &file.local_gpu_host) {
+        (Some(remote), local) => {
+            if local.is_some() {
+                errors.push(source.error_at(
+                    remote.target.span(),
+                    "`[upstream]` and `[local_gpu_host]` are both set: \
+                     use a remote gpu-host or a local one, not both",
+                ));
+            }
+            (check_upstream(dir, source, remote, errors), None)
+        }
+        (None, local) => {
+            let local = check_local(
+                dir,
+                source,
+                local.as_ref().unwrap_or(&local_defaults),
+                errors,
+            );
+            let served = local.models.iter().map(|(name, _)| name.clone()).collect();
+            (UpstreamSettings::Local(local), Some(served))
+        }
+    };
+
+    Gateway {
+        settings: GatewaySettings {
+            listen,
+            max_body_bytes,
+            request_timeout: Duration::from_millis(request_timeout_ms),
+            jwt_leeway: Duration::from_secs(jwt_leeway_s),
+            upstream,
+        },
+        served_models: served_models.filter(|_| known),
+        body_cap: known.then_some(max_body_bytes),
+        default_limits: Limits {
+            max_body_bytes: Limits::DEFAULT.max_body_bytes.min(max_body_bytes),
+            ..Limits::DEFAULT
+        },
+    }
+}
+
+fn check_upstream(
+    dir: &Path,
+    source: &SourceFile,
+    upstream: &UpstreamFile,
+    errors: &mut Vec<PolicyError>,
+) -> UpstreamSettings {
+    let written = upstream.target.get_ref();
+    let target = written.parse::<Target>().unwrap_or_else(|_| {
+        errors.push(source.error_at(
+            upstream.target.span(),
+            format!("`{written}` is not an upstream target: expected unix:PATH or tcp:IP:PORT"),
+        ));
+        Target::Unix(PathBuf::new()) // stand-in; the error discards it
+    });
+    if matches!(target, Target::Tcp(_)) && upstream.secret_file.is_none() {
+        errors.push(source.error_at(
+            upstream.target.span(),
+            "a `tcp:` upstream needs `secret_file`: the gpu-host refuses TCP clients \
+             without its bearer secret",
+        ));
+    }
+    let secret = upstream
+        .secret_file
+        .as_ref()
+        .and_then(|file| read_secret(dir, source, file, errors));
+    UpstreamSettings::Remote { target, secret }
+}
+
+/// The secret in `file`, without its trailing newline. Errors never show it.
+fn read_secret(
+    dir: &Path,
+    source: &SourceFile,
+    file: &Spanned<PathBuf>,
+    errors: &mut Vec<PolicyError>,
+) -> Option<String> {
+    let path = dir.join(file.get_ref());
+    read_secret_file(&path)
+        .map_err(|why| {
+            let message = format!("secret file {}: {why}", path.display());
+            errors.push(source.error_at(file.span(), message));
+        })
+        .ok()
+}
+
+/// The secret, or why not (in words that do not include it).
+fn read_secret_file(path: &Path) -> Result<String, String> {
+    let meta = fs::metadata(path).map_err(|e| io_reason(&e))?;
+    if !meta.is_file() || meta.len() > MAX_SECRET_FILE_BYTES {
+        return Err(format!(
+            "is not a secret file (a regular file of at most {MAX_SECRET_FILE_BYTES} bytes)"
+        ));
+    }
+    let mut bytes = Vec::new();
+    fs::File::open(path)
+        .and_then(|f| f.take(MAX_SECRET_FILE_BYTES).read_to_end(&mut bytes))
+        .map_err(|e| io_reason(&e))?;
+    let text = String::from_utf8(bytes).map_err(|_| "is not UTF-8 text".to_string())?;
+    let secret = text.trim_end_matches(['\n', '\r']);
+    if secret.len() < MIN_SECRET_BYTES {
+        return Err(format!("holds fewer than {MIN_SECRET_BYTES} bytes"));
+    }
+    Ok(secret.to_string())
+}
+
+fn check_local(
+    dir: &Path,
+    source: &SourceFile,
+    local: &LocalGpuHostFile,
+    errors: &mut Vec<PolicyError>,
+) -> LocalGpuHost {
+    let binary = local.binary.as_ref().map(|binary| {
+        let path = dir.join(binary.get_ref());
+        if let Err(why) = check_readable_file(&path) {
+            errors.push(source.error_at(
+                binary.span(),
+                format!("gpu-host binary {}: {why}", path.display()),
+            ));
+        }
+        path
+    });
+    let threads = at_least_one(source, "threads", &local.threads, errors);
+    let workers =
+        at_least_one(source, "workers", &local.workers, errors).unwrap_or(DEFAULT_WORKERS);
+    let queue_capacity = at_least_one(source, "queue_capacity", &local.queue_capacity, errors)
+        .unwrap_or(DEFAULT_QUEUE_CAPACITY);
+    let restart_backoff_max_ms = at_least_one(
+        source,
+        "restart_backoff_max_ms",
+        &local.restart_backoff_max_ms,
+        errors,
+    )
+    .unwrap_or(DEFAULT_RESTART_BACKOFF_MAX_MS);
+    LocalGpuHost {
+        binary,
+        threads,
+        workers,
+        queue_capacity,
+        restart_backoff_max: Duration::from_millis(restart_backoff_max_ms),
+        models: check_models(dir, source, &local.models, errors),
+    }
+}
+
+fn check_models(
+    dir: &Path,
+    source: &SourceFile,
+    models: &[ModelFile],
+    errors: &mut Vec<PolicyError>,
+) -> Vec<(String, PathBuf)> {
+    let mut first_seen: BTreeMap<&str, Range<usize>> = BTreeMap::new();
+    let mut resolved = Vec::new();
+    for model in models {
+        let name = model.name.get_ref();
+        if name.is_empty() {
+            errors.push(source.error_at(model.name.span(), "a model name must not be empty"));
+        } else if let Some(first) = first_seen.get(name.as_str()) {
+            let (line, _) = source.line_col(first.start);
+            errors.push(source.error_at(
+                model.name.span(),
+                format!("model `{name}` is already defined on line {line}"),
+            ));
+        } else {
+            first_seen.insert(name, model.name.span());
+        }
+        let path = dir.join(model.path.get_ref());
+        if let Err(why) = check_readable_file(&path) {
+            errors.push(source.error_at(
+                model.path.span(),
+                format!("model file {}: {why}", path.display()),
+            ));
+        }
+        // Absolute and free of `..` for the gpu-host, whatever its working folder.
+        let path = fs::canonicalize(&path).unwrap_or(path);
+        resolved.push((name.clone(), path));
+    }
+    resolved
+}
+
+/// Ok if `path` is a regular file (after symlinks) this process can open.
+fn check_readable_file(path: &Path) -> Result<(), String> {
+    let meta = fs::metadata(path).map_err(|e| io_reason(&e))?;
+    if !meta.is_file() {
+        return Err("is not a regular file".to_string());
+    }
+    fs::File::open(path).map_err(|e| io_reason(&e))?;
+    Ok(())
+}
+
+/// Class names (every `classes/*.toml`, parsed or not) and resolved limits
+/// (those that parsed).
+struct Classes {
+    names: BTreeSet<String>,
+    limits: BTreeMap<String, Limits>,
+}
+
+fn check_classes(
+    parsed: &[Parsed<ClassFile>],
+    gateway: &Gateway,
+    errors: &mut Vec<PolicyError>,
+) -> Classes {
+    let mut classes = Classes {
+        names: BTreeSet::new(),
+        limits: BTreeMap::new(),
+    };
+    for class in parsed {
+        let name = file_stem(&class.source);
+        if !is_valid_name(&name) {
+            errors.push(class.source.error(format!(
+                "class name `{name}` (the file name) is not valid: {NAME_RULE}"
+            )));
+        }
+        if let Some(doc) = &class.doc {
+            check_limits(&class.source, &doc.limits, gateway.body_cap, errors);
+            let limits = resolve_limits(&doc.limits, &gateway.default_limits);
+            classes.limits.insert(name.clone(), limits);
+        }
+        classes.names.insert(name);
+    }
+    classes
+}
+
+fn check_tenants(
+    parsed: Vec<Parsed<TenantFile>>,
+    classes: &Classes,
+    gateway: &Gateway,
+    errors: &mut Vec<PolicyError>,
+) -> BTreeMap<String, TenantPolicy> {
+    let mut tenants: BTreeMap<String, TenantPolicy> = BTreeMap::new();
+    // Issuer → the tenant file that claimed it first.
+    let mut issuers: BTreeMap<String, PathBuf> = BTreeMap::new();
+    for Parsed { source, doc } in parsed {
+        let Some(doc) = doc else { continue };
+        let id = doc.id.get_ref();
+        let stem = file_stem(&source);
+        if !is_valid_name(id) {
+            errors.push(source.error_at(
+                doc.id.span(),
+                format!("tenant id `{id}` is not valid: {NAME_RULE}"),
+            ));
+        } else if *id != stem {
+            errors.push(source.error_at(
+                doc.id.span(),
+                format!("tenant id `{id}` does not match the file name `{stem}.toml`"),
+            ));
+        }
+        if let Some(other) = tenants.get(id) {
+            errors.push(source.error_at(
+                doc.id.span(),
+                format!(
+                    "tenant id `{id}` is also used by {}",
+                    other.source.name.display()
+                ),
+            ));
+            continue;
+        }
+
+        let base = match &doc.class {
+            None => gateway.default_limits,
+            Some(class) => match classes.limits.get(class.get_ref()) {
+                Some(limits) => *limits,
+                None => {
+                    if !classes.names.contains(class.get_ref()) {
+                        errors.push(source.error_at(
+                            class.span(),
+                            format!(
+                                "class `{}` does not exist; {}",
+                                class.get_ref(),
+                                known_classes(&classes.names)
+                            ),
+                        ));
+                    }
+                    gateway.default_limits
+                }
+            },
+        };
+        check_limits(&source, &doc.limits, gateway.body_cap, errors);
+        let limits = resolve_limits(&doc.limits, &base);
+
+        let models = check_tenant_models(&source, &doc.models, gateway, errors);
+
+        let issuer = doc.jwt.issuer.get_ref();
+        match issuers.get(issuer) {
+            Some(other) => errors.push(source.error_at(
+                doc.jwt.issuer.span(),
+                format!(
+                    "issuer `{issuer}` is also used by {}: the issuer tells tenants apart, \
+                     so it must be unique",
+                    other.display()
+                ),
+            )),
+            None => {
+                issuers.insert(issuer.clone(), source.name.clone());
+            }
+        }
+
+        let id = id.clone();
+        tenants.insert(
+            id.clone(),
+            TenantPolicy {
+                id,
+                models,
+                jwt: doc.jwt,
+                limits,
+                source,
+            },
+        );
+    }
+    tenants
+}
+
+fn check_tenant_models(
+    source: &SourceFile,
+    models: &[Spanned<String>],
+    gateway: &Gateway,
+    errors: &mut Vec<PolicyError>,
+) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    for model in models {
+        let name = model.get_ref();
+        if !seen.insert(name.clone()) {
+            errors.push(source.error_at(model.span(), format!("model `{name}` is listed twice")));
+            continue;
+        }
+        match &gateway.served_models {
+            Some(served) if !served.contains(name) => errors.push(source.error_at(
+                model.span(),
+                format!(
+                    "model `{name}` is not served by this gateway; \
+                     gateway.toml [[local_gpu_host.models]] has {}",
+                    quoted_list(served)
+                ),
+            )),
+            // A remote gpu-host serves whatever it serves: only the name's shape is ours.
+            None if name.is_empty() => {
+                errors.push(source.error_at(model.span(), "a model name must not be empty"));
+            }
+            _ => {}
+        }
+    }
+    seen
+}
+
+/// Every numeric limit is at least 1, and bodies stay under the gateway's cap.
+fn check_limits(
+    source: &SourceFile,
+    limits: &LimitsFile,
+    body_cap: Option<u64>,
+    errors: &mut Vec<PolicyError>,
+) {
+    at_least_one(source, "requests_per_s", &limits.requests_per_s, errors);
+    at_least_one(source, "burst", &limits.burst, errors);
+    at_least_one(source, "tokens_per_min", &limits.tokens_per_min, errors);
+    at_least_one(source, "max_concurrent", &limits.max_concurrent, errors);
+    at_least_one(source, "max_tokens", &limits.max_tokens, errors);
+    if let Some(body) = at_least_one(source, "max_body_bytes", &limits.max_body_bytes, errors)
+        && let Some(cap) = body_cap
+        && body > cap
+    {
+        errors.push(source.error_at(
+            limits.max_body_bytes.as_ref().map_or(0..0, Spanned::span),
+            format!("`max_body_bytes` is {body}, above the gateway's max_body_bytes ({cap})"),
+        ));
+    }
+}
+
+/// Each limit `own` sets, else `base`'s.
+fn resolve_limits(own: &LimitsFile, base: &Limits) -> Limits {
+    fn pick<T: Copy>(own: &Option<Spanned<T>>, base: T) -> T {
+        own.as_ref().map_or(base, |v| *v.get_ref())
+    }
+    Limits {
+        requests_per_s: pick(&own.requests_per_s, base.requests_per_s),
+        burst: pick(&own.burst, base.burst),
+        tokens_per_min: pick(&own.tokens_per_min, base.tokens_per_min),
+        max_concurrent: pick(&own.max_concurrent, base.max_concurrent),
+        max_body_bytes: pick(&own.max_body_bytes, base.max_body_bytes),
+        max_tokens: pick(&own.max_tokens, base.max_tokens),
+        per_sub: own.per_sub.unwrap_or(base.per_sub),
+    }
+}
+
+/// The value if set; an error at it if it is 0 (the value is still returned,
+/// as the error discards the policy anyway).
+fn at_least_one<T: Copy + PartialOrd + From<u8> + Display>(
+    source: &SourceFile,
+    key: &str,
+    value: &Option<Spanned<T>>,
+    errors: &mut Vec<PolicyError>,
+) -> Option<T> {
+    let value = value.as_ref()?;
+    if *value.get_ref() < T::from(1) {
+        errors.push(source.error_at(value.span(), format!("`{key}` must be at least 1")));
+    }
+    Some(*value.get_ref())
+}
+
+const NAME_RULE: &str = "use 1 to 63 of a-z, 0-9, `_` and `-`, starting with a letter or digit";
+
+/// `[a-z0-9][a-z0-9_-]{0,62}`: safe in file names, URLs, metric labels.
+fn is_valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    first_ok
+        && name.len() <= 63
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+}
+
+/// The file name without `.toml` (file names are UTF-8: `load` checked).
+fn file_stem(source: &SourceFile) -> String {
+    source
+        .name
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+fn known_classes(names: &BTreeSet<String>) -> String {
+    if names.is_empty() {
+        "there are no classes/*.toml files".to_string()
+    } else {
+        format!("classes: {}", quoted_list(names))
+    }
+}
+
+/// "`a`, `b`", "none", or the first few and a count.
+fn quoted_list(names: &BTreeSet<String>) -> String {
+    if names.is_empty() {
+        return "none".to_string();
+    }
+    let mut list = names
+        .iter()
+        .take(MAX_LISTED_NAMES)
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > MAX_LISTED_NAMES {
+        list.push_str(&format!(" and {} more", names.len() - MAX_LISTED_NAMES));
+    }
+    list
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_id_rule() {
+        for good in ["a", "0", "acme", "acme-eu_1", &"a".repeat(63)] {
+            assert!(is_valid_name(good), "{good}");
+        }
+        for bad in ["", "-a", "_a", "Acme", "a.b", "a b", "é", &"a".repeat(64)] {
+            assert!(!is_valid_name(bad), "{bad}");
+        }
+    }
+}

@@ -11,5 +11,5 @@ mod metrics;
 pub mod policy;
 mod upstream;
 
-pub use api::{App, Snapshot};
+pub use api::{ApiError, App, Endpoint, InferenceRequest, Prompt, Snapshot};
 pub use app::{ServeError, ServeOptions, build_snapshot, serve};

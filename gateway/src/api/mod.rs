@@ -26,6 +26,7 @@ use crate::policy::Policy;
 use crate::upstream::{Upstream, UpstreamState};
 
 pub use error::ApiError;
+pub use openai::{Endpoint, InferenceRequest, Prompt};
 
 /// Everything a request reads from the control plane, published as one
 /// value so a request sees a consistent policy, keys and limits.

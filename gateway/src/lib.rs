@@ -3,6 +3,13 @@
 
 #![forbid(unsafe_code)]
 
+mod api;
+mod app;
 pub mod auth;
 pub mod limits;
+mod metrics;
 pub mod policy;
+mod upstream;
+
+pub use api::{ApiError, App, Endpoint, InferenceRequest, Prompt, Snapshot};
+pub use app::{ServeError, ServeOptions, build_snapshot, serve};

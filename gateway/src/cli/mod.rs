@@ -1,6 +1,7 @@
 //! Command-line interface of `bulkhead`.
 
 mod policy;
+mod serve;
 mod token;
 
 use std::process::ExitCode;
@@ -27,11 +28,15 @@ enum Command {
     },
     /// Development tokens and keys (real issuers mint their own tokens)
     Token(token::TokenArgs),
+    /// Serve the OpenAI-compatible API until SIGINT/SIGTERM (starting a local
+    /// gpu-host unless gateway.toml names an upstream).
+    Serve(serve::ServeArgs),
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
         Command::Policy { command } => policy::run(command),
         Command::Token(args) => token::run(args),
+        Command::Serve(a) => serve::run(a),
     }
 }

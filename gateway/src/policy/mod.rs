@@ -32,8 +32,10 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 
 /// Everything `bulkhead policy check` verifies about the folder `dir`.
 pub fn check(dir: &Path) -> Result<Policy, PolicyErrors> {
-    // Integration: also run `auth::Verifiers::build` here, so key files are checked too.
-    load(dir)
+    let policy = load(dir)?;
+    // Key files are read and checked by the module that uses them.
+    crate::auth::Verifiers::build(&policy).map_err(PolicyErrors)?;
+    Ok(policy)
 }
 
 /// A validated policy folder. Immutable: a reload builds a new one.

@@ -59,6 +59,29 @@ pub fn bearer_value(secret: &str) -> String {
     format!("Bearer {secret}")
 }
 
+/// A channel to a gpu-host that connects on first use and reconnects after
+/// the connection breaks (a restarted host on the same socket is found again);
+/// while nothing listens, calls fail with `UNAVAILABLE`.
+pub fn connect_lazy(target: &Target) -> Result<Channel, ConnectError> {
+    match target {
+        Target::Tcp(addr) => Ok(Endpoint::from_shared(format!("http://{addr}"))?.connect_lazy()),
+        Target::Unix(path) => {
+            let path = path.clone();
+            Ok(
+                Endpoint::from_static("http://gpu-host.invalid").connect_with_connector_lazy(
+                    tower::service_fn(move |_| {
+                        let path = path.clone();
+                        async move {
+                            let stream = tokio::net::UnixStream::connect(path).await?;
+                            Ok::<_, std::io::Error>(TokioIo::new(stream))
+                        }
+                    }),
+                ),
+            )
+        }
+    }
+}
+
 /// Opens a channel to a gpu-host (one connection attempt; callers retry).
 pub async fn connect(target: &Target) -> Result<Channel, ConnectError> {
     match target {

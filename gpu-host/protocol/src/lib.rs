@@ -12,4 +12,4 @@ pub mod v1 {
     tonic::include_proto!("bulkhead.gpu_host.v1");
 }
 
-pub use connect::{AUTHORIZATION, ConnectError, Target, bearer_value, connect};
+pub use connect::{AUTHORIZATION, ConnectError, Target, bearer_value, connect, connect_lazy};

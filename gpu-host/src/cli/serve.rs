@@ -27,6 +27,10 @@ pub struct ServeArgs {
     /// required on TCP, enforced on a Unix socket too when given.
     #[arg(long)]
     auth_token_file: Option<PathBuf>,
+    /// Shut down gracefully when stdin reaches end of file: a supervising
+    /// parent holds the pipe, so the host never outlives it.
+    #[arg(long)]
+    exit_with_parent: bool,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
@@ -50,7 +54,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async {
-        let shutdown = shutdown_signal()?;
+        let shutdown = shutdown_signal(a.exit_with_parent)?;
         server
             .run(
                 |target| {
@@ -65,15 +69,27 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
-/// Resolves on the first SIGINT or SIGTERM (handlers are installed before we listen).
-fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()>> {
+/// Resolves on the first SIGINT or SIGTERM (handlers are installed before we
+/// listen), or when stdin closes if `exit_with_parent`.
+fn shutdown_signal(exit_with_parent: bool) -> anyhow::Result<impl Future<Output = ()>> {
+    use tokio::io::AsyncReadExt;
     use tokio::signal::unix::{SignalKind, signal};
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let parent_gone = async move {
+        if !exit_with_parent {
+            return std::future::pending().await;
+        }
+        let mut stdin = tokio::io::stdin();
+        let mut buf = [0u8; 64];
+        // Anything written is ignored; end of file (or an error) means the parent is gone.
+        while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {}
+    };
     Ok(async move {
         tokio::select! {
             _ = interrupt.recv() => {}
             _ = terminate.recv() => {}
+            _ = parent_gone => {}
         }
         eprintln!("shutting down: no new connections, finishing streams in flight");
     })

@@ -1,0 +1,260 @@
+//! One generation in flight: the upstream event stream plus the tenant's
+//! admission (token reservation, concurrency slot), turned into either a
+//! whole response or an SSE stream.
+//!
+//! Dropping a [`Generation`] — the response finished, failed, or the client
+//! went away — drops the gRPC stream (the gpu-host cancels the sequence) and
+//! the admission (unused reserved tokens go back to the tenant's budget).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::response::sse::Event;
+use bulkhead_protocol::v1::{FinishReason, GenerateEvent, generate_event};
+use futures_util::{Stream, StreamExt};
+use tonic::Streaming;
+
+use super::error::ApiError;
+use super::respond::{Finish, ResponseMeta, Usage};
+use crate::limits::Admission;
+use crate::metrics::{Metrics, TenantLabels, TokenLabels};
+use crate::upstream::UpstreamError;
+
+/// A piece of the generation as the HTTP layer sees it.
+enum Piece {
+    Text(String),
+    Finished(Finish, Usage),
+}
+
+/// An admitted generation whose `Started` event has arrived.
+pub struct Generation {
+    events: Streaming<GenerateEvent>,
+    admission: Admission,
+    deadline: tokio::time::Instant,
+    max_tokens: u32,
+    pub meta: ResponseMeta,
+    prompt_tokens: u32,
+    completion_tokens: u32,
+    tenant: String,
+    metrics: Arc<Metrics>,
+    started_at: Instant,
+    first_text_seen: bool,
+}
+
+impl std::fmt::Debug for Generation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generation")
+            .field("id", &self.meta.id)
+            .field("tenant", &self.tenant)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What `Generation::start` needs besides the stream.
+#[derive(Debug)]
+pub struct GenerationContext {
+    pub admission: Admission,
+    pub deadline: tokio::time::Instant,
+    pub max_tokens: u32,
+    pub meta: ResponseMeta,
+    pub tenant: String,
+    pub metrics: Arc<Metrics>,
+    pub started_at: Instant,
+}
+
+impl Generation {
+    /// Waits for `Started` (so a host that fails before generating still
+    /// gets an honest HTTP status), then re-bases the token reservation on
+    /// the real prompt size.
+    pub async fn start(
+        mut events: Streaming<GenerateEvent>,
+        context: GenerationContext,
+    ) -> Result<Generation, ApiError> {
+        let started = match next_event(&mut events, context.deadline).await? {
+            Some(generate_event::Event::Started(started)) => started,
+            Some(_) => {
+                return Err(ApiError::from(UpstreamError::Protocol(
+                    "the first event was not Started".into(),
+                )));
+            }
+            None => return Err(ended_early()),
+        };
+        let admission = context.admission;
+        let prompt_tokens = started.prompt_tokens;
+        let tokens = admission.tokens();
+        tokens.set_reserved(u64::from(prompt_tokens) + u64::from(context.max_tokens));
+        tokens.record_used(u64::from(prompt_tokens));
+        context
+            .metrics
+            .tokens
+            .get_or_create(&TokenLabels {
+                tenant: context.tenant.clone(),
+                kind: "prompt",
+            })
+            .inc_by(u64::from(prompt_tokens));
+        Ok(Generation {
+            events,
+            admission,
+            deadline: context.deadline,
+            max_tokens: context.max_tokens,
+            meta: context.meta,
+            prompt_tokens,
+            completion_tokens: 0,
+            tenant: context.tenant,
+            metrics: context.metrics,
+            started_at: context.started_at,
+            first_text_seen: false,
+        })
+    }
+
+    /// The next text, or the end; deltas without text are folded in.
+    async fn next_piece(&mut self) -> Result<Piece, ApiError> {
+        loop {
+            match next_event(&mut self.events, self.deadline).await? {
+                Some(generate_event::Event::Delta(delta)) => {
+                    let n = delta.token_ids.len() as u32;
+                    self.completion_tokens += n;
+                    self.admission.tokens().record_used(u64::from(n));
+                    self.metrics
+                        .tokens
+                        .get_or_create(&TokenLabels {
+                            tenant: self.tenant.clone(),
+                            kind: "completion",
+                        })
+                        .inc_by(u64::from(n));
+                    if delta.text.is_empty() {
+                        continue;
+                    }
+                    if !self.first_text_seen {
+                        self.first_text_seen = true;
+                        self.metrics
+                            .time_to_first_token
+                            .get_or_create(&self.tenant_labels())
+                            .observe(self.started_at.elapsed().as_secs_f64());
+                    }
+                    return Ok(Piece::Text(delta.text));
+                }
+                Some(generate_event::Event::Finished(finished)) => {
+                    let finish = match finished.finish_reason() {
+                        FinishReason::Length => Finish::Length,
+                        _ => Finish::Stop,
+                    };
+                    let usage = finished.usage.map_or(
+                        Usage {
+                            prompt_tokens: self.prompt_tokens,
+                            completion_tokens: self.completion_tokens,
+                        },
+                        |u| Usage {
+                            prompt_tokens: u.prompt_tokens,
+                            completion_tokens: u.completion_tokens,
+                        },
+                    );
+                    if usage.completion_tokens > self.max_tokens {
+                        return Err(ApiError::from(UpstreamError::Protocol(format!(
+                            "{} tokens generated for max_tokens {}",
+                            usage.completion_tokens, self.max_tokens
+                        ))));
+                    }
+                    self.metrics
+                        .latency
+                        .get_or_create(&self.tenant_labels())
+                        .observe(self.started_at.elapsed().as_secs_f64());
+                    return Ok(Piece::Finished(finish, usage));
+                }
+                Some(generate_event::Event::Started(_)) => {
+                    return Err(ApiError::from(UpstreamError::Protocol(
+                        "a second Started event".into(),
+                    )));
+                }
+                None => return Err(ended_early()),
+            }
+        }
+    }
+
+    fn tenant_labels(&self) -> TenantLabels {
+        TenantLabels {
+            tenant: self.tenant.clone(),
+        }
+    }
+
+    /// Runs to the end and returns the whole response body.
+    pub async fn collect(mut self) -> Result<serde_json::Value, ApiError> {
+        let mut text = String::new();
+        loop {
+            match self.next_piece().await? {
+                Piece::Text(piece) => text.push_str(&piece),
+                Piece::Finished(finish, usage) => {
+                    return Ok(self.meta.complete(&text, finish, usage));
+                }
+            }
+        }
+    }
+
+    /// The SSE events: chunks, the usage chunk if asked, `[DONE]`; a failure
+    /// midway becomes one `{"error":…}` event and the stream ends without
+    /// `[DONE]` (the OpenAI SDKs raise it as an API error).
+    pub fn into_sse(self, include_usage: bool) -> impl Stream<Item = Result<Event, Infallible>> {
+        use super::openai::Endpoint;
+        enum State {
+            First(Generation),
+            Running(Generation),
+            Done,
+        }
+        let json = |v: serde_json::Value| Event::default().data(v.to_string());
+        futures_util::stream::unfold(State::First(self), move |state| async move {
+            let mut generation = match state {
+                State::Done => return None,
+                State::First(generation) if generation.meta.endpoint == Endpoint::Chat => {
+                    let chunk = generation.meta.chunk("", true, None, include_usage);
+                    return Some((vec![json(chunk)], State::Running(generation)));
+                }
+                State::First(generation) | State::Running(generation) => generation,
+            };
+            match generation.next_piece().await {
+                Ok(Piece::Text(text)) => {
+                    let chunk = generation.meta.chunk(&text, false, None, include_usage);
+                    Some((vec![json(chunk)], State::Running(generation)))
+                }
+                Ok(Piece::Finished(finish, usage)) => {
+                    let meta = &generation.meta;
+                    let mut events = vec![json(meta.chunk("", false, Some(finish), include_usage))];
+                    if include_usage {
+                        events.push(json(meta.usage_chunk(usage)));
+                    }
+                    events.push(Event::default().data("[DONE]"));
+                    Some((events, State::Done))
+                }
+                Err(error) => {
+                    generation.metrics.reject(&generation.tenant, error.code);
+                    Some((vec![json(error.body())], State::Done))
+                }
+            }
+        })
+        .flat_map(|events| futures_util::stream::iter(events.into_iter().map(Ok)))
+    }
+}
+
+fn ended_early() -> ApiError {
+    ApiError::from(UpstreamError::Unavailable(
+        "the stream ended before the generation finished".into(),
+    ))
+}
+
+/// The next upstream event before `deadline`; `None` when the stream ended.
+async fn next_event(
+    events: &mut Streaming<GenerateEvent>,
+    deadline: tokio::time::Instant,
+) -> Result<Option<generate_event::Event>, ApiError> {
+    match tokio::time::timeout_at(deadline, events.message()).await {
+        Err(_) => Err(ApiError::timeout(
+            "the request took longer than the gateway's request timeout",
+        )),
+        Ok(Err(status)) => Err(ApiError::from(UpstreamError::from(status))),
+        Ok(Ok(None)) => Ok(None),
+        Ok(Ok(Some(GenerateEvent { event: Some(event) }))) => Ok(Some(event)),
+        Ok(Ok(Some(GenerateEvent { event: None }))) => Err(ApiError::from(
+            UpstreamError::Protocol("an empty event".into()),
+        )),
+    }
+}

@@ -1,0 +1,261 @@
+//! `POST /v1/chat/completions` and `POST /v1/completions`.
+//!
+//! The request path is a sequence of typed stages; each either hands the next
+//! one its input or ends the request with an [`ApiError`]:
+//!
+//! ```text
+//! headers+body ─auth─▶ Authenticated ─shape,model─▶ Validated ─limits─▶ Admitted
+//!     ─gRPC─▶ Generation (Started seen) ─▶ JSON body | SSE stream
+//! ```
+//! Nothing reaches the gpu-host before `Admitted`, so a refused request costs
+//! no GPU work.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
+use axum::response::{IntoResponse, Response, Sse};
+use bulkhead_protocol::v1::{self, generate_request};
+
+use super::error::{ApiError, header_map};
+use super::generation::{Generation, GenerationContext};
+use super::openai::{COMPLETIONS_DEFAULT_MAX_TOKENS, Endpoint, InferenceRequest, Prompt};
+use super::respond::ResponseMeta;
+use super::{App, Snapshot, request_id};
+use crate::auth::{Identity, Scope, bearer_token};
+use crate::limits::Admission;
+use crate::metrics::RequestLabels;
+use crate::policy::TenantPolicy;
+
+pub async fn chat(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
+    handle(app, Endpoint::Chat, headers, body).await
+}
+
+pub async fn completions(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
+    handle(app, Endpoint::Completion, headers, body).await
+}
+
+async fn handle(app: App, endpoint: Endpoint, headers: HeaderMap, body: Bytes) -> Response {
+    let started_at = Instant::now();
+    let snapshot = app.snapshot.load_full();
+    let request_id = request_id();
+    let mut tenant = String::new();
+    let response = match serve(
+        &app,
+        &snapshot,
+        endpoint,
+        &headers,
+        body,
+        started_at,
+        &request_id,
+        &mut tenant,
+    )
+    .await
+    {
+        Ok(response) => response,
+        Err(error) => {
+            app.metrics.reject(&tenant, error.code);
+            error.into_response()
+        }
+    };
+    app.metrics
+        .requests
+        .get_or_create(&RequestLabels {
+            tenant,
+            endpoint: endpoint.name(),
+            status: response.status().as_u16(),
+        })
+        .inc();
+    let mut response = response;
+    if let Ok(value) = HeaderValue::from_str(&request_id) {
+        response
+            .headers_mut()
+            .insert(HeaderName::from_static("x-request-id"), value);
+    }
+    response
+}
+
+/// Stage 1: who is calling (verified token) and may they run inference.
+pub fn authenticate(snapshot: &Snapshot, headers: &HeaderMap) -> Result<Identity, ApiError> {
+    let header = headers
+        .get(header::AUTHORIZATION)
+        .map(|v| v.to_str().unwrap_or("\u{fffd}"));
+    let identity = bearer_token(header)
+        .and_then(|token| snapshot.verifiers.verify(token, SystemTime::now()))
+        .map_err(ApiError::from)?;
+    Ok(identity)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn serve(
+    app: &App,
+    snapshot: &Snapshot,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: Bytes,
+    started_at: Instant,
+    request_id: &str,
+    tenant_label: &mut String,
+) -> Result<Response, ApiError> {
+    // Authenticated.
+    let identity = authenticate(snapshot, headers)?;
+    *tenant_label = identity.tenant.clone();
+    identity.require(Scope::Inference).map_err(ApiError::from)?;
+    let tenant = snapshot
+        .policy
+        .tenants
+        .get(&identity.tenant)
+        .ok_or_else(|| ApiError::internal("a verified tenant is missing from the policy"))?;
+
+    // Validated: shape, model and size, before any budget is spent.
+    let (request, max_tokens) = validate(tenant, endpoint, &body)?;
+
+    // Admitted.
+    let estimate = request.prompt_token_bound() + u64::from(max_tokens);
+    let admission = snapshot
+        .limiters
+        .admit(&tenant.id, identity.sub.as_deref(), estimate)
+        .map_err(ApiError::from)?;
+    let rate_headers = header_map(admission.headers().to_header_pairs());
+
+    let deadline =
+        tokio::time::Instant::from_std(started_at + snapshot.policy.gateway.request_timeout);
+    let result = run(
+        app, tenant, request, max_tokens, admission, deadline, started_at, request_id,
+    )
+    .await;
+    Ok(match result {
+        Ok(mut response) => {
+            response.headers_mut().extend(rate_headers);
+            response
+        }
+        Err(error) => error.with_headers(rate_headers).into_response(),
+    })
+}
+
+/// Parses the body and applies the tenant's shape limits.
+fn validate(
+    tenant: &TenantPolicy,
+    endpoint: Endpoint,
+    body: &[u8],
+) -> Result<(InferenceRequest, u32), ApiError> {
+    let limits = &tenant.limits;
+    if body.len() as u64 > limits.max_body_bytes {
+        return Err(ApiError::too_large(format!(
+            "the body is {} bytes; tenant `{}` may send at most {}",
+            body.len(),
+            tenant.id,
+            limits.max_body_bytes
+        )));
+    }
+    let request = InferenceRequest::parse(endpoint, body)?;
+    if !tenant.models.contains(&request.model) {
+        return Err(ApiError::forbidden(
+            "model_not_allowed",
+            format!(
+                "tenant `{}` may not use model `{}`; GET /v1/models lists the models it may use",
+                tenant.id, request.model
+            ),
+        ));
+    }
+    let max_tokens = match request.max_tokens {
+        Some(n) if n > limits.max_tokens => {
+            return Err(ApiError::invalid_param(
+                if endpoint == Endpoint::Chat {
+                    "max_completion_tokens"
+                } else {
+                    "max_tokens"
+                },
+                format!(
+                    "max_tokens is {n}; tenant `{}` may ask for at most {}",
+                    tenant.id, limits.max_tokens
+                ),
+            ));
+        }
+        Some(n) => n,
+        None => match endpoint {
+            Endpoint::Chat => limits.max_tokens,
+            Endpoint::Completion => COMPLETIONS_DEFAULT_MAX_TOKENS.min(limits.max_tokens),
+        },
+    };
+    Ok((request, max_tokens))
+}
+
+/// Sends the admitted request upstream and builds the response.
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    app: &App,
+    tenant: &TenantPolicy,
+    request: InferenceRequest,
+    max_tokens: u32,
+    admission: Admission,
+    deadline: tokio::time::Instant,
+    started_at: Instant,
+    request_id: &str,
+) -> Result<Response, ApiError> {
+    let meta = ResponseMeta::new(request.endpoint, request_id, &request.model);
+    let (stream, include_usage) = (request.stream, request.include_usage);
+    let upstream_request = to_upstream(request, max_tokens, &tenant.id, request_id);
+    let events = tokio::time::timeout_at(deadline, app.upstream.generate(upstream_request))
+        .await
+        .map_err(|_| {
+            ApiError::timeout("the gpu-host did not answer before the request timeout")
+        })??;
+    let generation = Generation::start(
+        events,
+        GenerationContext {
+            admission,
+            deadline,
+            max_tokens,
+            meta,
+            tenant: tenant.id.clone(),
+            metrics: Arc::clone(&app.metrics),
+            started_at,
+        },
+    )
+    .await?;
+    if stream {
+        Ok(Sse::new(generation.into_sse(include_usage)).into_response())
+    } else {
+        Ok(Json(generation.collect().await?).into_response())
+    }
+}
+
+fn to_upstream(
+    request: InferenceRequest,
+    max_tokens: u32,
+    tenant: &str,
+    request_id: &str,
+) -> v1::GenerateRequest {
+    let prompt = match request.prompt {
+        Prompt::Chat(messages) => generate_request::Prompt::Chat(v1::ChatMessages {
+            messages: messages
+                .into_iter()
+                .map(|(role, content)| v1::ChatMessage { role, content })
+                .collect(),
+        }),
+        Prompt::Text(text) => generate_request::Prompt::Text(text),
+        Prompt::Tokens(ids) => generate_request::Prompt::Tokens(v1::TokenIds { ids }),
+    };
+    // Without a seed OpenAI's sampling is not reproducible; draw one.
+    let seed = request
+        .seed
+        .unwrap_or_else(|| rand_core::RngCore::next_u64(&mut rand_core::OsRng));
+    v1::GenerateRequest {
+        model: request.model,
+        prompt: Some(prompt),
+        max_tokens: Some(max_tokens),
+        temperature: Some(request.temperature),
+        top_p: Some(request.top_p),
+        top_k: request.top_k,
+        min_p: request.min_p,
+        repetition_penalty: request.repetition_penalty,
+        seed: Some(seed),
+        stop: request.stop,
+        tenant: tenant.to_string(),
+        request_id: request_id.to_string(),
+    }
+}

@@ -1,0 +1,132 @@
+//! The HTTP API: OpenAI-compatible inference, the model list, health and
+//! metrics. Handlers read one policy [`Snapshot`] per request and never wait
+//! on the control plane.
+
+mod error;
+mod generation;
+mod inference;
+mod openai;
+mod respond;
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use axum::Json;
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+
+use crate::auth::{Scope, Verifiers};
+use crate::limits::Limiters;
+use crate::metrics::Metrics;
+use crate::policy::Policy;
+use crate::upstream::{Upstream, UpstreamState};
+
+pub use error::ApiError;
+pub use openai::{Endpoint, InferenceRequest, Prompt};
+
+/// Everything a request reads from the control plane, published as one
+/// value so a request sees a consistent policy, keys and limits.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub policy: Policy,
+    pub verifiers: Verifiers,
+    pub limiters: Limiters,
+}
+
+/// Shared state of every handler.
+#[derive(Clone, Debug)]
+pub struct App {
+    pub snapshot: Arc<ArcSwap<Snapshot>>,
+    pub upstream: Upstream,
+    pub metrics: Arc<Metrics>,
+}
+
+/// The router. `max_body_bytes` is the gateway-wide cap, enforced while the
+/// body is read; tenants' lower caps are checked after auth.
+pub fn router(app: App, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(inference::chat))
+        .route("/v1/completions", post(inference::completions))
+        .route("/v1/models", get(models))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(app)
+}
+
+/// A random id for a request (hex, 24 chars).
+fn request_id() -> String {
+    let mut bytes = [0u8; 12];
+    rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `GET /v1/models`: the models this tenant may use (those the host serves,
+/// when it can be asked).
+async fn models(State(app): State<App>, headers: HeaderMap) -> Response {
+    let snapshot = app.snapshot.load_full();
+    let identity = match inference::authenticate(&snapshot, &headers).and_then(|id| {
+        id.require(Scope::Inference)
+            .map(|()| id)
+            .map_err(ApiError::from)
+    }) {
+        Ok(identity) => identity,
+        Err(error) => return error.into_response(),
+    };
+    let Some(tenant) = snapshot.policy.tenants.get(&identity.tenant) else {
+        return ApiError::internal("a verified tenant is missing from the policy").into_response();
+    };
+    let served = app.upstream.list_models().await.ok();
+    let data: Vec<_> = tenant
+        .models
+        .iter()
+        .filter(|name| {
+            served
+                .as_ref()
+                .is_none_or(|served| served.iter().any(|m| &m.name == *name))
+        })
+        .map(|name| json!({"id": name, "object": "model", "created": 0, "owned_by": "bulkhead"}))
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// Liveness: the process answers.
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// Readiness: a policy is loaded and the gpu-host takes requests.
+async fn readyz(State(app): State<App>) -> Response {
+    match app.upstream.state() {
+        UpstreamState::Ready => (StatusCode::OK, "ready\n").into_response(),
+        state => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: gpu-host {state:?}\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics(State(app): State<App>) -> Response {
+    app.metrics
+        .upstream_ready
+        .set(i64::from(app.upstream.state() == UpstreamState::Ready));
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        app.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("unknown_url", "no such endpoint")
+}

@@ -1,0 +1,190 @@
+//! `bulkhead serve`'s composition: load the policy, start (or reach) the
+//! gpu-host, watch the policy folder, serve HTTP until shutdown, then drain.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use bulkhead_protocol::Target;
+use tokio::sync::watch;
+
+use crate::api::{self, App, Snapshot};
+use crate::auth::Verifiers;
+use crate::limits::Limiters;
+use crate::metrics::{Metrics, ResultLabels};
+use crate::policy::{self, PolicyErrors, UpstreamSettings};
+use crate::upstream::{
+    ChildConfig, DEFAULT_READY_WAIT, Supervised, Supervisor, SupervisorError, Upstream,
+    UpstreamError, UpstreamState,
+};
+
+/// What `bulkhead serve` was asked to do.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub policies: PathBuf,
+    /// Overrides `listen` in `gateway.toml`.
+    pub listen: Option<SocketAddr>,
+}
+
+/// Why the gateway could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("the policy in {} is invalid:\n{errors}", dir.display())]
+    Policy { dir: PathBuf, errors: PolicyErrors },
+    #[error(transparent)]
+    Supervisor(#[from] SupervisorError),
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    #[error("listening on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("watching the policy folder: {0}")]
+    Watch(String),
+    #[error("serving HTTP: {0}")]
+    Http(std::io::Error),
+}
+
+/// Loads and validates a policy folder into a snapshot: the policy, its
+/// verifiers (key files read) and limiters (state carried over from
+/// `previous` for tenants whose limits did not change).
+pub fn build_snapshot(dir: &Path, previous: Option<&Snapshot>) -> Result<Snapshot, PolicyErrors> {
+    let policy = policy::load(dir)?;
+    let verifiers = Verifiers::build(&policy).map_err(PolicyErrors)?;
+    let limiters = match previous {
+        Some(previous) => previous.limiters.reconcile(&policy),
+        None => Limiters::new(&policy),
+    };
+    Ok(Snapshot {
+        policy,
+        verifiers,
+        limiters,
+    })
+}
+
+/// Runs the gateway until `shutdown` resolves, then stops accepting, lets
+/// streams in flight finish, and stops the local gpu-host.
+/// `on_listening` gets the bound address (the real port for `:0`).
+pub async fn serve(
+    options: ServeOptions,
+    on_listening: impl FnOnce(SocketAddr),
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let dir = options.policies.clone();
+    let first = build_snapshot(&dir, None).map_err(|errors| ServeError::Policy {
+        dir: dir.clone(),
+        errors,
+    })?;
+    let gateway = first.policy.gateway.clone();
+    for tenant in first.policy.tenants.values() {
+        if tenant.jwt.dev_signing_key.is_some() {
+            tracing::warn!(
+                tenant = %tenant.id,
+                "this tenant names a dev_signing_key: anyone who can read it can mint its tokens; \
+                 remove it outside development"
+            );
+        }
+    }
+    let metrics = Arc::new(Metrics::new());
+    let snapshot = Arc::new(ArcSwap::from_pointee(first));
+
+    let (upstream, supervisor) = match &gateway.upstream {
+        UpstreamSettings::Local(host) => {
+            let config = ChildConfig::new(host.clone())?;
+            let (state_tx, state_rx) = watch::channel(UpstreamState::Starting);
+            let target = Target::Unix(config.socket.clone());
+            let supervisor = Supervisor::start(config, state_tx, metrics.upstream_starts.clone());
+            let upstream =
+                Upstream::new(&target, None, state_rx, DEFAULT_READY_WAIT, Supervised::Yes)?;
+            (upstream, Some(supervisor))
+        }
+        UpstreamSettings::Remote { target, secret } => {
+            // Nobody supervises a remote host: it is assumed up, and a call
+            // that cannot reach it fails with 503.
+            let (state_tx, state_rx) = watch::channel(UpstreamState::Ready);
+            std::mem::forget(state_tx);
+            let upstream = Upstream::new(
+                target,
+                secret.as_deref(),
+                state_rx,
+                DEFAULT_READY_WAIT,
+                Supervised::No,
+            )?;
+            (upstream, None)
+        }
+    };
+
+    let reloads = {
+        let metrics = Arc::clone(&metrics);
+        let current = Arc::clone(&snapshot);
+        let started_with = gateway.clone();
+        policy::watch(
+            &dir,
+            move |dir| {
+                let previous = current.load();
+                let result = build_snapshot(dir, Some(&previous));
+                let label = ResultLabels {
+                    result: if result.is_ok() { "ok" } else { "failed" },
+                };
+                metrics.policy_reloads.get_or_create(&label).inc();
+                if let Ok(next) = &result {
+                    warn_restart_only_changes(&started_with, &next.policy.gateway);
+                }
+                result
+            },
+            Arc::clone(&snapshot),
+        )
+        .map_err(|e| ServeError::Watch(e.to_string()))?
+    };
+
+    let app = App {
+        snapshot,
+        upstream,
+        metrics,
+    };
+    let router = api::router(
+        app,
+        usize::try_from(gateway.max_body_bytes).unwrap_or(usize::MAX),
+    );
+    let addr = options.listen.unwrap_or(gateway.listen);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    on_listening(bound);
+    let served = axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(ServeError::Http);
+    drop(reloads);
+    if let Some(supervisor) = supervisor {
+        supervisor.stop().await;
+    }
+    served
+}
+
+/// Settings read once at start; a reload that changes them says so.
+fn warn_restart_only_changes(running: &policy::GatewaySettings, new: &policy::GatewaySettings) {
+    let upstream_changed = match (&running.upstream, &new.upstream) {
+        (UpstreamSettings::Local(a), UpstreamSettings::Local(b)) => a != b,
+        (
+            UpstreamSettings::Remote { target: a, .. },
+            UpstreamSettings::Remote { target: b, .. },
+        ) => a != b,
+        _ => true,
+    };
+    if upstream_changed
+        || running.listen != new.listen
+        || running.max_body_bytes != new.max_body_bytes
+    {
+        tracing::warn!(
+            "gateway.toml changed listen, max_body_bytes or the upstream; \
+             those take effect at the next restart (the rest is live)"
+        );
+    }
+}

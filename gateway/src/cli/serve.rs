@@ -1,0 +1,54 @@
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use bulkhead_gateway::{ServeOptions, serve};
+use clap::Args;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The policy folder (gateway.toml, trust.toml, classes/, tenants/).
+    #[arg(long, default_value = "policies")]
+    policies: PathBuf,
+    /// Address to listen on, `HOST:PORT`; overrides `listen` in gateway.toml.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+}
+
+pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let shutdown = shutdown_signal()?;
+        let options = ServeOptions {
+            policies: a.policies,
+            listen: a.listen,
+        };
+        serve(
+            options,
+            // One line on stdout: tests and scripts read the real address from it.
+            |addr| println!("listening on http://{addr}"),
+            shutdown,
+        )
+        .await?;
+        tracing::info!("drained; exiting");
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// Resolves on the first SIGINT or SIGTERM.
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+        tracing::info!("shutting down: no new connections, finishing streams in flight");
+    })
+}

@@ -1,0 +1,153 @@
+//! Prometheus metrics served at `GET /metrics`.
+//!
+//! Tenant labels come only from verified tokens (requests that fail auth are
+//! counted under `tenant=""`), so label cardinality is bounded by the policy.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub tenant: String,
+    pub endpoint: &'static str,
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectionLabels {
+    pub tenant: String,
+    /// The error `code` (e.g. `rate_limit_requests`, `token_expired`).
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TokenLabels {
+    pub tenant: String,
+    /// `prompt` or `completion`.
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabels {
+    pub tenant: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `ok` or `failed`.
+    pub result: &'static str,
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 1 ms … ~65 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// Every metric the gateway exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub rejections: Family<RejectionLabels, Counter>,
+    pub tokens: Family<TokenLabels, Counter>,
+    pub latency: Histograms<TenantLabels>,
+    pub time_to_first_token: Histograms<TenantLabels>,
+    pub policy_reloads: Family<ResultLabels, Counter>,
+    pub upstream_starts: Counter,
+    pub upstream_ready: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("bulkhead");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "Inference requests by tenant, endpoint and HTTP status",
+            requests.clone(),
+        );
+        let rejections = Family::<RejectionLabels, Counter>::default();
+        registry.register(
+            "rejections",
+            "Requests refused before or during generation, by reason",
+            rejections.clone(),
+        );
+        let tokens = Family::<TokenLabels, Counter>::default();
+        registry.register(
+            "tokens",
+            "Prompt and completion tokens by tenant",
+            tokens.clone(),
+        );
+        let latency: Histograms<TenantLabels> = Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "request_duration_seconds",
+            "Time from request to the last byte of the response",
+            latency.clone(),
+        );
+        let time_to_first_token: Histograms<TenantLabels> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "time_to_first_token_seconds",
+            "Time from request to the first generated text",
+            time_to_first_token.clone(),
+        );
+        let policy_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "policy_reloads",
+            "Policy reloads; `failed` ones left the previous policy serving",
+            policy_reloads.clone(),
+        );
+        let upstream_starts = Counter::default();
+        registry.register(
+            "upstream_starts",
+            "Local gpu-host processes started (restarts included)",
+            upstream_starts.clone(),
+        );
+        let upstream_ready = Gauge::default();
+        registry.register(
+            "upstream_ready",
+            "1 while the gpu-host accepts requests",
+            upstream_ready.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            rejections,
+            tokens,
+            latency,
+            time_to_first_token,
+            policy_reloads,
+            upstream_starts,
+            upstream_ready,
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    pub fn reject(&self, tenant: &str, reason: &'static str) {
+        self.rejections
+            .get_or_create(&RejectionLabels {
+                tenant: tenant.to_string(),
+                reason,
+            })
+            .inc();
+    }
+}

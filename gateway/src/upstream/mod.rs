@@ -1,0 +1,210 @@
+//! The gateway's side of the gRPC contract: a client for one gpu-host, whether
+//! a remote one or the local child [`supervisor`] keeps running.
+
+mod supervisor;
+
+use std::time::Duration;
+
+use bulkhead_protocol::v1::gpu_host_client::GpuHostClient;
+use bulkhead_protocol::v1::{
+    GenerateEvent, GenerateRequest, HealthRequest, HealthResponse, ListModelsRequest, ModelInfo,
+};
+use bulkhead_protocol::{AUTHORIZATION, Target, bearer_value, connect_lazy};
+use tokio::sync::watch;
+use tonic::codegen::InterceptedService;
+use tonic::metadata::MetadataValue;
+use tonic::service::Interceptor;
+use tonic::transport::Channel;
+use tonic::{Code, Status, Streaming};
+
+pub use supervisor::{ChildConfig, Supervisor, SupervisorError};
+
+/// Whether the gpu-host can take requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpstreamState {
+    /// The local child is starting (or restarting after a crash).
+    Starting,
+    /// Requests can be sent.
+    Ready,
+    /// The gateway is shutting down; the child will not come back.
+    Stopped,
+}
+
+/// Why a call to the gpu-host failed, in terms the HTTP layer can map.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// The host is down, restarting, or the connection broke mid-request.
+    #[error("the GPU host is unavailable: {0}")]
+    Unavailable(String),
+    /// The host's queue is full.
+    #[error("the GPU host is overloaded: {0}")]
+    Overloaded(String),
+    /// The host does not serve the model.
+    #[error("{0}")]
+    ModelNotFound(String),
+    /// The host refused an argument (the message names it).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The host broke the contract (events out of order, unknown codes).
+    #[error("the GPU host answered unexpectedly: {0}")]
+    Protocol(String),
+}
+
+impl From<Status> for UpstreamError {
+    fn from(status: Status) -> UpstreamError {
+        let message = status.message().to_string();
+        match status.code() {
+            Code::NotFound => UpstreamError::ModelNotFound(message),
+            Code::InvalidArgument | Code::OutOfRange => UpstreamError::InvalidArgument(message),
+            Code::ResourceExhausted => UpstreamError::Overloaded(message),
+            // A dropped connection shows up as UNAVAILABLE or UNKNOWN (h2 reset),
+            // a killed host mid-stream as CANCELLED or INTERNAL from h2.
+            Code::Unavailable | Code::Unknown | Code::Cancelled | Code::Internal => {
+                UpstreamError::Unavailable(message)
+            }
+            other => UpstreamError::Protocol(format!("{other:?}: {message}")),
+        }
+    }
+}
+
+/// Adds `authorization: Bearer <secret>` when the host needs one.
+#[derive(Clone, Debug)]
+pub struct Bearer(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl Interceptor for Bearer {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        if let Some(value) = &self.0 {
+            request.metadata_mut().insert(AUTHORIZATION, value.clone());
+        }
+        Ok(request)
+    }
+}
+
+type Client = GpuHostClient<InterceptedService<Channel, Bearer>>;
+
+/// A handle on one gpu-host, cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    client: Client,
+    state: watch::Receiver<UpstreamState>,
+    /// How long a new request waits for a (re)starting host before 503.
+    ready_wait: Duration,
+    /// A supervisor restarts this host when it dies (the local child).
+    supervised: Supervised,
+}
+
+/// Whether someone restarts the host when it dies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Supervised {
+    /// The local child: a failed connection means "restarting"; wait and retry.
+    Yes,
+    /// A remote host: a failed connection is reported at once.
+    No,
+}
+
+/// How long a failed call waits for the supervisor to notice that the child
+/// died (it learns from SIGCHLD, within milliseconds) before retrying anyway.
+const NOTICE_DEATH: Duration = Duration::from_secs(1);
+
+/// How long a request waits for a restarting gpu-host before giving up with
+/// 503: long enough to cover a crash-restart of a small model, short enough
+/// that clients are not left hanging.
+pub const DEFAULT_READY_WAIT: Duration = Duration::from_secs(10);
+
+impl Upstream {
+    /// A client for `target`. `state` says when the host is ready (for a
+    /// remote host, a channel that always says `Ready`).
+    pub fn new(
+        target: &Target,
+        secret: Option<&str>,
+        state: watch::Receiver<UpstreamState>,
+        ready_wait: Duration,
+        supervised: Supervised,
+    ) -> Result<Upstream, UpstreamError> {
+        let channel =
+            connect_lazy(target).map_err(|e| UpstreamError::Unavailable(e.to_string()))?;
+        let bearer = match secret {
+            Some(secret) => Some(
+                bearer_value(secret)
+                    .parse()
+                    .map_err(|_| UpstreamError::Protocol("the secret is not ASCII".into()))?,
+            ),
+            None => None,
+        };
+        Ok(Upstream {
+            client: GpuHostClient::with_interceptor(channel, Bearer(bearer)),
+            state,
+            ready_wait,
+            supervised,
+        })
+    }
+
+    /// The current state (for `/readyz`).
+    pub fn state(&self) -> UpstreamState {
+        *self.state.borrow()
+    }
+
+    /// Waits (bounded) until the host is ready.
+    async fn ready(&self) -> Result<(), UpstreamError> {
+        let mut state = self.state.clone();
+        let wait = state.wait_for(|s| *s != UpstreamState::Starting);
+        match tokio::time::timeout(self.ready_wait, wait).await {
+            Ok(Ok(s)) if *s == UpstreamState::Ready => Ok(()),
+            Ok(_) => Err(UpstreamError::Unavailable(
+                "the gateway is shutting down".into(),
+            )),
+            Err(_) => Err(UpstreamError::Unavailable(format!(
+                "it did not come back within {} s",
+                self.ready_wait.as_secs()
+            ))),
+        }
+    }
+
+    /// Starts a generation; the stream yields Started, Deltas, Finished.
+    pub async fn generate(
+        &self,
+        request: GenerateRequest,
+    ) -> Result<Streaming<GenerateEvent>, UpstreamError> {
+        self.ready().await?;
+        let mut client = self.client.clone();
+        match client.generate(request.clone()).await {
+            Ok(response) => Ok(response.into_inner()),
+            // The host died between the readiness check and the call: nothing
+            // ran, and the supervisor is about to restart it. Wait for that
+            // (bounded) and send the request once more.
+            Err(status)
+                if status.code() == Code::Unavailable && self.supervised == Supervised::Yes =>
+            {
+                let mut state = self.state.clone();
+                let _ = tokio::time::timeout(
+                    NOTICE_DEATH,
+                    state.wait_for(|s| *s != UpstreamState::Ready),
+                )
+                .await;
+                self.ready().await?;
+                Ok(client.generate(request).await?.into_inner())
+            }
+            Err(status) => Err(status.into()),
+        }
+    }
+
+    /// The models the host serves.
+    pub async fn list_models(&self) -> Result<Vec<ModelInfo>, UpstreamError> {
+        self.ready().await?;
+        let mut client = self.client.clone();
+        Ok(client
+            .list_models(ListModelsRequest {})
+            .await?
+            .into_inner()
+            .models)
+    }
+
+    /// The host's health, without waiting for a restart.
+    pub async fn health(&self) -> Result<HealthResponse, UpstreamError> {
+        if self.state() != UpstreamState::Ready {
+            return Err(UpstreamError::Unavailable("restarting".into()));
+        }
+        let mut client = self.client.clone();
+        Ok(client.health(HealthRequest {}).await?.into_inner())
+    }
+}

@@ -1,0 +1,242 @@
+//! The embedded default: a `bulkhead-gpu-host serve` child on a private Unix
+//! socket, restarted with exponential backoff whenever it exits.
+//!
+//! The child holds our end of a pipe on its stdin and exits gracefully when
+//! it closes (`--exit-with-parent`), so it never outlives the gateway, even
+//! one killed with SIGKILL.
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::counter::Counter;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::UpstreamState;
+use crate::policy::LocalGpuHost;
+
+/// First wait before restarting a child that exited.
+const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
+/// A child that stayed up this long had a real crash, not a crash loop:
+/// the next restart starts again from `INITIAL_BACKOFF`.
+const HEALTHY_UPTIME: Duration = Duration::from_secs(30);
+/// How long a child may take to drain after its stdin closes before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// What the child runs.
+#[derive(Clone, Debug)]
+pub struct ChildConfig {
+    pub binary: PathBuf,
+    pub socket: PathBuf,
+    pub host: LocalGpuHost,
+}
+
+/// Why the supervisor could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error(
+        "cannot find `bulkhead-gpu-host` next to {}; build it (`cargo build --release -p bulkhead-gpu-host`) or set `local_gpu_host.binary` in gateway.toml",
+        .0.display()
+    )]
+    BinaryNotFound(PathBuf),
+    #[error("creating the socket folder {}: {source}", path.display())]
+    SocketDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("locating the running executable: {0}")]
+    CurrentExe(std::io::Error),
+}
+
+impl ChildConfig {
+    /// Resolves the binary (configured, or next to the running executable) and
+    /// a socket in a fresh folder only this user can enter.
+    pub fn new(host: LocalGpuHost) -> Result<ChildConfig, SupervisorError> {
+        let binary = match &host.binary {
+            Some(binary) => binary.clone(),
+            None => {
+                let exe = std::env::current_exe().map_err(SupervisorError::CurrentExe)?;
+                let sibling = exe.with_file_name("bulkhead-gpu-host");
+                if !sibling.is_file() {
+                    return Err(SupervisorError::BinaryNotFound(exe));
+                }
+                sibling
+            }
+        };
+        let dir = std::env::temp_dir().join(format!("bulkhead-{}", std::process::id()));
+        private_dir(&dir).map_err(|source| SupervisorError::SocketDir {
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(ChildConfig {
+            binary,
+            socket: dir.join("gpu-host.sock"),
+            host,
+        })
+    }
+
+    fn command(&self) -> Command {
+        let mut command = Command::new(&self.binary);
+        command
+            .arg("serve")
+            .arg("--listen")
+            .arg(format!("unix:{}", self.socket.display()))
+            .arg("--workers")
+            .arg(self.host.workers.to_string())
+            .arg("--queue-capacity")
+            .arg(self.host.queue_capacity.to_string())
+            .arg("--exit-with-parent");
+        if let Some(threads) = self.host.threads {
+            command.arg("--threads").arg(threads.to_string());
+        }
+        for (name, path) in &self.host.models {
+            command
+                .arg("--model")
+                .arg(format!("{name}={}", path.display()));
+        }
+        command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        command
+    }
+}
+
+/// A folder with mode 0700; an existing one (a previous gateway with our pid)
+/// is reused only if it is ours to use.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Keeps the local gpu-host running until [`Supervisor::stop`].
+#[derive(Debug)]
+pub struct Supervisor {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    socket: PathBuf,
+}
+
+impl Supervisor {
+    /// Starts the first child; `state` follows its life, `starts` counts
+    /// the children started (the first one included).
+    pub fn start(
+        config: ChildConfig,
+        state: watch::Sender<UpstreamState>,
+        starts: Counter,
+    ) -> Supervisor {
+        let (stop, stop_rx) = watch::channel(false);
+        let socket = config.socket.clone();
+        let task = tokio::spawn(supervise(config, state, stop_rx, starts));
+        Supervisor { stop, task, socket }
+    }
+
+    /// Asks the child to drain and exit (SIGKILL after a grace period) and
+    /// stops restarting it.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+        if let Some(dir) = self.socket.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+async fn supervise(
+    config: ChildConfig,
+    state: watch::Sender<UpstreamState>,
+    mut stop: watch::Receiver<bool>,
+    starts: Counter,
+) {
+    let mut backoff = INITIAL_BACKOFF;
+    let max_backoff = config.host.restart_backoff_max.max(INITIAL_BACKOFF);
+    loop {
+        state.send_replace(UpstreamState::Starting);
+        let started = Instant::now();
+        match config.command().spawn() {
+            Ok(child) => {
+                starts.inc();
+                let pid = child.id().unwrap_or(0);
+                tracing::info!(pid, binary = %config.binary.display(), "gpu-host started");
+                if run_child(child, &state, &mut stop).await {
+                    break;
+                }
+            }
+            Err(e) => tracing::error!(
+                binary = %config.binary.display(),
+                "cannot start the gpu-host: {e}"
+            ),
+        }
+        if started.elapsed() >= HEALTHY_UPTIME {
+            backoff = INITIAL_BACKOFF;
+        }
+        state.send_replace(UpstreamState::Starting);
+        tracing::warn!("restarting the gpu-host in {} ms", backoff.as_millis());
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            () = stopped(&mut stop) => break,
+        }
+        backoff = (backoff * 2).min(max_backoff);
+    }
+    state.send_replace(UpstreamState::Stopped);
+}
+
+/// Runs one child until it exits (false) or we are told to stop (true).
+async fn run_child(
+    mut child: Child,
+    state: &watch::Sender<UpstreamState>,
+    stop: &mut watch::Receiver<bool>,
+) -> bool {
+    let stdin = child.stdin.take();
+    if let Some(stdout) = child.stdout.take() {
+        let state = state.clone();
+        // The host prints one `listening on …` line once its socket accepts;
+        // anything else on stdout is passed on to our log.
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.starts_with("listening on ") {
+                    tracing::info!("gpu-host {line}");
+                    state.send_replace(UpstreamState::Ready);
+                } else {
+                    tracing::info!("gpu-host: {line}");
+                }
+            }
+        });
+    }
+    tokio::select! {
+        status = child.wait() => {
+            state.send_replace(UpstreamState::Starting);
+            match status {
+                Ok(status) => tracing::error!("the gpu-host exited: {status}"),
+                Err(e) => tracing::error!("waiting for the gpu-host: {e}"),
+            }
+            false
+        }
+        () = stopped(stop) => {
+            // Closing its stdin asks the child to drain and exit.
+            drop(stdin);
+            if tokio::time::timeout(STOP_GRACE, child.wait()).await.is_err() {
+                tracing::warn!("the gpu-host did not exit within {} s; killing it", STOP_GRACE.as_secs());
+                let _ = child.kill().await;
+            }
+            true
+        }
+    }
+}
+
+/// Resolves once the supervisor is told to stop (or its handle is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    // The guard `wait_for` returns is not `Send`; drop it here.
+    let _ = stop.wait_for(|s| *s).await.map(|_| ());
+}

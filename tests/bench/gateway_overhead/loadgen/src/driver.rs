@@ -35,6 +35,8 @@ pub struct Samples {
     pub latencies_ns: Vec<u64>,
     /// Failed requests that completed in the window, by `Failure::kind`.
     pub errors: BTreeMap<String, u64>,
+    /// The first `Failure::detail` seen for each kind, to say what went wrong.
+    pub error_details: BTreeMap<String, String>,
 }
 
 /// Runs `workers` (one request in flight each) through `plan`. One request
@@ -63,6 +65,9 @@ pub async fn run<W: Worker>(mut workers: Vec<W>, plan: &Plan) -> anyhow::Result<
         for (kind, count) in samples.errors {
             *all.errors.entry(kind).or_default() += count;
         }
+        for (kind, detail) in samples.error_details {
+            all.error_details.entry(kind).or_insert(detail);
+        }
     }
     Ok(all)
 }
@@ -73,7 +78,7 @@ async fn work<W: Worker>(mut worker: W, measure_from: Instant, until: Instant) -
     let mut samples = Samples {
         // Enough for ~10 s at a few thousand requests/s without regrowing.
         latencies_ns: Vec::with_capacity(1 << 15),
-        errors: BTreeMap::new(),
+        ..Samples::default()
     };
     loop {
         let start = Instant::now();
@@ -92,7 +97,13 @@ async fn work<W: Worker>(mut worker: W, measure_from: Instant, until: Instant) -
             Ok(_) => samples
                 .latencies_ns
                 .push(u64::try_from((done - start).as_nanos()).unwrap_or(u64::MAX)),
-            Err(failure) => *samples.errors.entry(failure.kind).or_default() += 1,
+            Err(failure) => {
+                *samples.errors.entry(failure.kind.clone()).or_default() += 1;
+                samples
+                    .error_details
+                    .entry(failure.kind)
+                    .or_insert(failure.detail);
+            }
         }
     }
     samples

@@ -13,6 +13,7 @@ pub struct Summary {
     /// Sorted latencies of the successful requests, in ns.
     sorted_ns: Vec<u64>,
     errors: BTreeMap<String, u64>,
+    error_details: BTreeMap<String, String>,
     window: Duration,
 }
 
@@ -23,6 +24,7 @@ impl Summary {
         Summary {
             sorted_ns,
             errors: samples.errors,
+            error_details: samples.error_details,
             window,
         }
     }
@@ -46,7 +48,8 @@ impl Summary {
     }
 
     /// One line of JSON: successes per second over the window, latency
-    /// percentiles of the successes in ms, and failures by kind.
+    /// percentiles of the successes in ms, and failures by kind (with the
+    /// first message of each).
     pub fn to_json(&self, label: &str, mode: &str, concurrency: usize, plan: &Plan) -> String {
         let count = self.sorted_ns.len();
         json!({
@@ -63,6 +66,7 @@ impl Summary {
             "max_ms": self.sorted_ns.last().map(|&ns| ns_to_ms(ns)),
             "mean_ms": self.mean_ms(),
             "errors": self.errors,
+            "error_details": self.error_details,
         })
         .to_string()
     }
@@ -79,7 +83,7 @@ mod tests {
     fn summary(ms: &[u64]) -> Summary {
         let samples = Samples {
             latencies_ns: ms.iter().map(|m| m * 1_000_000).collect(),
-            errors: BTreeMap::new(),
+            ..Samples::default()
         };
         Summary::new(samples, Duration::from_secs(1))
     }

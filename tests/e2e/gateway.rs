@@ -105,6 +105,21 @@ fn chat_and_completions_answer_whole_and_streamed_with_usage() {
     assert_eq!(c["usage"]["completion_tokens"], 6);
     assert_eq!(c["choices"][0]["finish_reason"], "length");
 
+    // Without max_tokens: up to the tenant's max_tokens (512) or the end of
+    // the model's 512-token context, whichever comes first — not a 400.
+    let open_ended = gateway.request(
+        "POST",
+        "/v1/chat/completions",
+        Some(&token),
+        Some(
+            &json!({"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "seed": 2})
+                .to_string(),
+        ),
+    );
+    assert_eq!(open_ended.status, 200, "{}", open_ended.body);
+    let u = &open_ended.json()["usage"];
+    assert!(u["total_tokens"].as_u64().unwrap() <= 512, "{u}");
+
     // Metrics saw the tenant's requests and tokens.
     assert!(
         gateway.metric(

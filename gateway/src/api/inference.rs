@@ -240,6 +240,12 @@ fn to_upstream(
         Prompt::Text(text) => generate_request::Prompt::Text(text),
         Prompt::Tokens(ids) => generate_request::Prompt::Tokens(v1::TokenIds { ids }),
     };
+    // Without max_tokens OpenAI generates until the context is full; the
+    // tenant's maximum still caps it.
+    let (max_tokens, max_tokens_cap) = match request.max_tokens {
+        Some(_) => (Some(max_tokens), None),
+        None => (None, Some(max_tokens)),
+    };
     // Without a seed OpenAI's sampling is not reproducible; draw one.
     let seed = request
         .seed
@@ -247,7 +253,8 @@ fn to_upstream(
     v1::GenerateRequest {
         model: request.model,
         prompt: Some(prompt),
-        max_tokens: Some(max_tokens),
+        max_tokens,
+        max_tokens_cap,
         temperature: Some(request.temperature),
         top_p: Some(request.top_p),
         top_k: request.top_k,

@@ -199,12 +199,18 @@ async fn run(
     let meta = ResponseMeta::new(request.endpoint, request_id, &request.model);
     let (stream, include_usage) = (request.stream, request.include_usage);
     let upstream_request = to_upstream(request, max_tokens, &tenant.id, request_id);
-    let events = tokio::time::timeout_at(deadline, app.upstream.generate(upstream_request))
-        .await
-        .map_err(|_| {
-            ApiError::timeout("the gpu-host did not answer before the request timeout")
-        })??;
+    // Wait for Started before answering: a host that fails before
+    // generating still gets an honest HTTP status.
+    let (started, events) =
+        tokio::time::timeout_at(deadline, app.upstream.generate(upstream_request))
+            .await
+            .map_err(|_| {
+                ApiError::timeout(
+                    "the gpu-host did not start the generation before the request timeout",
+                )
+            })??;
     let generation = Generation::start(
+        started,
         events,
         GenerationContext {
             admission,
@@ -215,8 +221,7 @@ async fn run(
             metrics: Arc::clone(&app.metrics),
             started_at,
         },
-    )
-    .await?;
+    );
     if stream {
         Ok(Sse::new(generation.into_sse(include_usage)).into_response())
     } else {

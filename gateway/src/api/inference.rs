@@ -25,7 +25,7 @@ use super::error::{ApiError, header_map};
 use super::generation::{Generation, GenerationContext};
 use super::openai::{COMPLETIONS_DEFAULT_MAX_TOKENS, Endpoint, InferenceRequest, Prompt};
 use super::respond::ResponseMeta;
-use super::{App, Snapshot, request_id};
+use super::{App, Snapshot, random_seed, request_id};
 use crate::auth::{Identity, Scope, bearer_token};
 use crate::limits::Admission;
 use crate::metrics::RequestLabels;
@@ -285,9 +285,7 @@ fn to_upstream(
         None => (None, Some(max_tokens)),
     };
     // Without a seed OpenAI's sampling is not reproducible; draw one.
-    let seed = request
-        .seed
-        .unwrap_or_else(|| rand_core::RngCore::next_u64(&mut rand_core::OsRng));
+    let seed = request.seed.unwrap_or_else(random_seed);
     v1::GenerateRequest {
         model: request.model,
         prompt: Some(prompt),

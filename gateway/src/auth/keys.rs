@@ -110,6 +110,11 @@ impl VerifyKey {
 
 /// Reads at most `limit` bytes of `path`; a larger file is an error.
 pub(super) fn read_capped(path: &Path, limit: u64) -> Result<Vec<u8>, String> {
+    // Checked before opening: opening a FIFO would block the policy load.
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read it: {e}"))?;
+    if !meta.is_file() {
+        return Err("it is not a regular file".to_owned());
+    }
     let file = std::fs::File::open(path).map_err(|e| format!("cannot read it: {e}"))?;
     let mut bytes = Vec::new();
     file.take(limit + 1)

@@ -35,6 +35,25 @@ fn a_missing_key_file_is_named_at_its_path() {
 }
 
 #[test]
+fn a_key_path_that_is_not_a_regular_file_is_refused_without_opening_it() {
+    let dir = TempDir::new();
+    std::fs::create_dir_all(dir.path().join("keys/sub")).unwrap();
+    assert_eq!(
+        ed_tenant(&dir, "keys/sub"),
+        ["tenants/t.toml:7:16: public key `keys/sub`: it is not a regular file"]
+    );
+    // A FIFO would block a reader that opened it; it is refused the same way.
+    let fifo = dir.path().join("keys/fifo");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    if made.is_ok_and(|s| s.success()) {
+        assert_eq!(
+            ed_tenant(&dir, "keys/fifo"),
+            ["tenants/t.toml:7:16: public key `keys/fifo`: it is not a regular file"]
+        );
+    }
+}
+
+#[test]
 fn files_that_are_not_public_keys_say_what_they_are() {
     let dir = TempDir::new();
     dir.write("keys/text.pem", "not a key\n");

@@ -351,6 +351,27 @@ async fn chat_and_token_prompts_work() {
 }
 
 #[tokio::test]
+async fn max_tokens_cap_bounds_a_request_without_max_tokens() {
+    let mut host = start_unix("cap", &[]);
+    let mut client = host.client().await;
+    let mut req = text_request("llama", "Once upon a time", 1);
+    req.max_tokens = None;
+    req.max_tokens_cap = Some(5);
+    let got = run_stream(&mut client, req.clone()).await.unwrap();
+    assert!(got.tokens.len() <= 5 && !got.tokens.is_empty(), "{got:?}");
+    if got.tokens.len() < 5 {
+        assert_eq!(got.reason, FinishReason::Stop, "{got:?}");
+    }
+    // A cap beyond the context is clamped to it, not refused (max_tokens would be).
+    req.max_tokens_cap = Some(1_000_000);
+    req.stop = vec!["\u{0}never".into()];
+    assert!(run_stream(&mut client, req.clone()).await.is_ok());
+    req.max_tokens_cap = Some(0);
+    let err = run_stream(&mut client, req).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+}
+
+#[tokio::test]
 async fn list_models_and_health() {
     let mut host = start_unix("list", &[]);
     let mut client = host.client().await;

@@ -105,6 +105,21 @@ fn chat_and_completions_answer_whole_and_streamed_with_usage() {
     assert_eq!(c["usage"]["completion_tokens"], 6);
     assert_eq!(c["choices"][0]["finish_reason"], "length");
 
+    // Without max_tokens: up to the tenant's max_tokens (512) or the end of
+    // the model's 512-token context, whichever comes first — not a 400.
+    let open_ended = gateway.request(
+        "POST",
+        "/v1/chat/completions",
+        Some(&token),
+        Some(
+            &json!({"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "seed": 2})
+                .to_string(),
+        ),
+    );
+    assert_eq!(open_ended.status, 200, "{}", open_ended.body);
+    let u = &open_ended.json()["usage"];
+    assert!(u["total_tokens"].as_u64().unwrap() <= 512, "{u}");
+
     // Metrics saw the tenant's requests and tokens.
     assert!(
         gateway.metric(
@@ -154,6 +169,17 @@ fn bad_requests_are_400_naming_the_parameter_and_cost_nothing() {
     );
     let r = gateway.request("GET", "/v1/nope", Some(&token), None);
     assert_eq!(r.status, 404);
+    // Over the tenant's cap (256 KiB in the standard class) and over the
+    // gateway's (1 MiB): both 413 in OpenAI's shape.
+    for size in [300 << 10, 2 << 20] {
+        let big = chat_body(json!({"user": "x".repeat(size)}));
+        let r = gateway.request("POST", "/v1/chat/completions", Some(&token), Some(&big));
+        assert_eq!(
+            (r.status, r.error_code().as_str()),
+            (413, "request_too_large"),
+            "{size}"
+        );
+    }
     // Nothing above reached the gpu-host.
     assert_eq!(gateway.metric("bulkhead_tokens_total", &[]), 0.0);
 }

@@ -62,7 +62,7 @@ fn a_killed_gpu_host_fails_requests_in_flight_with_503_and_comes_back() {
         Some(&token),
         Some(&completion(4, false)),
     );
-    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.status, 200, "{}\n{}", r.body, gateway.log.text());
     let (at, new_pid) = gateway.gpu_host_pid(log_at + 1);
     assert_ne!(new_pid, pid);
     log_at = at;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::response::sse::Event;
-use bulkhead_protocol::v1::{FinishReason, GenerateEvent, generate_event};
+use bulkhead_protocol::v1::{FinishReason, GenerateEvent, Started, generate_event};
 use futures_util::{Stream, StreamExt};
 use tonic::Streaming;
 
@@ -64,22 +64,13 @@ pub struct GenerationContext {
 }
 
 impl Generation {
-    /// Waits for `Started` (so a host that fails before generating still
-    /// gets an honest HTTP status), then re-bases the token reservation on
-    /// the real prompt size.
-    pub async fn start(
-        mut events: Streaming<GenerateEvent>,
+    /// Takes over an upstream stream whose `Started` has arrived and
+    /// re-bases the token reservation on the real prompt size.
+    pub fn start(
+        started: Started,
+        events: Streaming<GenerateEvent>,
         context: GenerationContext,
-    ) -> Result<Generation, ApiError> {
-        let started = match next_event(&mut events, context.deadline).await? {
-            Some(generate_event::Event::Started(started)) => started,
-            Some(_) => {
-                return Err(ApiError::from(UpstreamError::Protocol(
-                    "the first event was not Started".into(),
-                )));
-            }
-            None => return Err(ended_early()),
-        };
+    ) -> Generation {
         let admission = context.admission;
         let prompt_tokens = started.prompt_tokens;
         let tokens = admission.tokens();
@@ -93,7 +84,7 @@ impl Generation {
                 kind: "prompt",
             })
             .inc_by(u64::from(prompt_tokens));
-        Ok(Generation {
+        Generation {
             events,
             admission,
             deadline: context.deadline,
@@ -105,7 +96,7 @@ impl Generation {
             metrics: context.metrics,
             started_at: context.started_at,
             first_text_seen: false,
-        })
+        }
     }
 
     /// The next text, or the end; deltas without text are folded in.

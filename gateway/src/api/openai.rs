@@ -393,7 +393,10 @@ fn message(index: usize, item: Value) -> Result<(String, String), ApiError> {
             other => {
                 return Err(ApiError::unsupported_param(
                     param("role"),
-                    format!("role `{other}` is not supported; use system, user or assistant"),
+                    format!(
+                        "{}: role `{other}` is not supported; use system, user or assistant",
+                        param("role")
+                    ),
                 ));
             }
         },
@@ -414,7 +417,9 @@ fn message(index: usize, item: Value) -> Result<(String, String), ApiError> {
                     _ => {
                         return Err(ApiError::unsupported_param(
                             format!("messages[{index}].content[{j}]"),
-                            "only text content parts are supported",
+                            format!(
+                                "messages[{index}].content[{j}]: only text content parts are supported"
+                            ),
                         ));
                     }
                 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use bulkhead_protocol::v1::gpu_host_client::GpuHostClient;
 use bulkhead_protocol::v1::{
     GenerateEvent, GenerateRequest, HealthRequest, HealthResponse, ListModelsRequest, ModelInfo,
+    Started, generate_event,
 };
 use bulkhead_protocol::{AUTHORIZATION, Target, bearer_value, connect_lazy};
 use tokio::sync::watch;
@@ -105,6 +106,10 @@ pub enum Supervised {
 /// How long a failed call waits for the supervisor to notice that the child
 /// died (it learns from SIGCHLD, within milliseconds) before retrying anyway.
 const NOTICE_DEATH: Duration = Duration::from_secs(1);
+/// Tries of a generation that fails before it starts on a supervised host:
+/// the first, one after the restart, and one more because a channel may
+/// report its broken connection once more before it reconnects.
+const ATTEMPTS: u32 = 3;
 
 /// How long a request waits for a restarting gpu-host before giving up with
 /// 503: long enough to cover a crash-restart of a small model, short enough
@@ -160,31 +165,59 @@ impl Upstream {
         }
     }
 
-    /// Starts a generation; the stream yields Started, Deltas, Finished.
+    /// Starts a generation and waits for its `Started` event; the returned
+    /// stream yields the Deltas and Finished that follow.
+    ///
+    /// A local host that dies before a generation starts cost the tenant
+    /// nothing yet: the call waits for the supervisor's restart (bounded)
+    /// and is sent again, up to [`ATTEMPTS`] times in all.
     pub async fn generate(
         &self,
         request: GenerateRequest,
-    ) -> Result<Streaming<GenerateEvent>, UpstreamError> {
-        self.ready().await?;
-        let mut client = self.client.clone();
-        match client.generate(request.clone()).await {
-            Ok(response) => Ok(response.into_inner()),
-            // The host died between the readiness check and the call: nothing
-            // ran, and the supervisor is about to restart it. Wait for that
-            // (bounded) and send the request once more.
-            Err(status)
-                if status.code() == Code::Unavailable && self.supervised == Supervised::Yes =>
-            {
-                let mut state = self.state.clone();
-                let _ = tokio::time::timeout(
-                    NOTICE_DEATH,
-                    state.wait_for(|s| *s != UpstreamState::Ready),
-                )
-                .await;
-                self.ready().await?;
-                Ok(client.generate(request).await?.into_inner())
+    ) -> Result<(Started, Streaming<GenerateEvent>), UpstreamError> {
+        let mut attempt = 1;
+        loop {
+            self.ready().await?;
+            match self.start_generation(request.clone()).await {
+                Err(UpstreamError::Unavailable(why))
+                    if self.supervised == Supervised::Yes && attempt < ATTEMPTS =>
+                {
+                    tracing::warn!(
+                        attempt,
+                        "the gpu-host failed before generating ({why}); retrying after its restart"
+                    );
+                    attempt += 1;
+                    // The supervisor learns of a death from SIGCHLD within
+                    // milliseconds; if the state never leaves Ready, the
+                    // host is up and the retry goes straight through.
+                    let mut state = self.state.clone();
+                    let _ = tokio::time::timeout(
+                        NOTICE_DEATH,
+                        state.wait_for(|s| *s != UpstreamState::Ready),
+                    )
+                    .await;
+                }
+                result => return result,
             }
-            Err(status) => Err(status.into()),
+        }
+    }
+
+    async fn start_generation(
+        &self,
+        request: GenerateRequest,
+    ) -> Result<(Started, Streaming<GenerateEvent>), UpstreamError> {
+        let mut client = self.client.clone();
+        let mut events = client.generate(request).await?.into_inner();
+        match events.message().await? {
+            Some(GenerateEvent {
+                event: Some(generate_event::Event::Started(started)),
+            }) => Ok((started, events)),
+            Some(_) => Err(UpstreamError::Protocol(
+                "the first event was not Started".into(),
+            )),
+            None => Err(UpstreamError::Unavailable(
+                "the stream ended before the generation started".into(),
+            )),
         }
     }
 

@@ -49,7 +49,15 @@ pub(crate) fn to_engine(
         )));
     }
     let max_tokens = match req.max_tokens {
-        None => context - prompt_len,
+        None => match req.max_tokens_cap {
+            Some(0) => {
+                return Err(Status::invalid_argument(
+                    "max_tokens_cap must be at least 1",
+                ));
+            }
+            Some(cap) => (context - prompt_len).min(cap as usize),
+            None => context - prompt_len,
+        },
         Some(0) => return Err(Status::invalid_argument("max_tokens must be at least 1")),
         Some(n) if prompt_len + n as usize > context => {
             return Err(Status::invalid_argument(format!(

@@ -355,3 +355,39 @@ impl CompiledPlugin {
         PluginCall::start(&self.inner.engine.engine, &self.inner.pre, call)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    #[test]
+    fn the_epoch_ticker_stops_when_dropped() {
+        let ticker = EpochTicker::start(Engine::default()).unwrap();
+        let started = Instant::now();
+        // Drop joins the thread: it returns once the thread has ended.
+        drop(ticker);
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn compile_slots_are_returned() {
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let first = CompileSlot::take(&in_flight, 1).unwrap();
+        assert!(matches!(
+            CompileSlot::take(&in_flight, 1),
+            Err(PluginError::CompileBusy { in_flight: 1 })
+        ));
+        drop(first);
+        assert!(CompileSlot::take(&in_flight, 1).is_ok());
+    }
+
+    #[test]
+    fn a_digest_prints_as_lowercase_hex() {
+        assert_eq!(
+            PluginDigest::of(b"").to_string(),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+}

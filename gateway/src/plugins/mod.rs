@@ -24,6 +24,8 @@ mod types;
 mod validate;
 mod wasi;
 
+#[cfg(test)]
+mod tests;
 
 pub use call::{CallContext, PluginCall};
 pub use engine::{CompiledPlugin, PluginDigest, PluginEngine, PluginEngineConfig};

@@ -1,0 +1,110 @@
+//! The plugin host against real components: Rust guests built for
+//! `wasm32-wasip2` from `gateway/tests/plugins/` (see `guests.rs`) and
+//! hand-written components in WAT.
+
+mod bench;
+mod calls;
+mod guests;
+mod hostile;
+mod upload;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use super::*;
+
+/// One engine for the tests that need no special engine settings.
+fn engine() -> &'static PluginEngine {
+    static ENGINE: OnceLock<PluginEngine> = OnceLock::new();
+    ENGINE.get_or_init(|| {
+        PluginEngine::new(PluginEngineConfig {
+            max_instances: 32,
+            ..PluginEngineConfig::default()
+        })
+        .expect("plugin engine")
+    })
+}
+
+/// A test guest, compiled once per process.
+fn compiled(name: &str) -> CompiledPlugin {
+    static CACHE: OnceLock<Mutex<HashMap<String, CompiledPlugin>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Mutex::default);
+    if let Some(plugin) = cache
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(name)
+    {
+        return plugin.clone();
+    }
+    let plugin = engine()
+        .validate_and_compile(&guests::guest(name))
+        .unwrap_or_else(|e| panic!("compiling {name}: {e}"));
+    cache
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(name.to_string(), plugin.clone());
+    plugin
+}
+
+/// Limits for well-behaved guests: a deadline no loaded test machine
+/// reaches, so only the hostile tests time out.
+fn relaxed_limits() -> PluginLimits {
+    PluginLimits {
+        deadline: Duration::from_secs(10),
+        ..PluginLimits::default()
+    }
+}
+
+fn context(plugin: &str, limits: PluginLimits) -> CallContext {
+    CallContext {
+        tenant: Arc::from("acme"),
+        plugin: Arc::from(plugin),
+        config: Arc::new(PluginConfig::new()),
+        limits,
+    }
+}
+
+/// A fresh instance of a test guest under relaxed limits.
+fn start(name: &str) -> PluginCall {
+    compiled(name)
+        .instantiate(context(name, relaxed_limits()))
+        .unwrap_or_else(|e| panic!("instantiating {name}: {e}"))
+}
+
+fn request(prompt: Prompt) -> Request {
+    Request {
+        model: "tiny-llama".to_string(),
+        prompt,
+        sampling: Sampling {
+            max_tokens: Some(16),
+            temperature: 0.7,
+            top_p: 0.9,
+            seed: Some(42),
+            stop: vec!["\n\n".to_string()],
+        },
+        metadata: vec![("request-id".to_string(), "r-1".to_string())],
+    }
+}
+
+fn text_request(text: &str) -> Request {
+    request(Prompt::Text(text.to_string()))
+}
+
+fn response(text: &str) -> Response {
+    Response {
+        model: "tiny-llama".to_string(),
+        text: text.to_string(),
+        finish_reason: "stop".to_string(),
+        prompt_tokens: 5,
+        completion_tokens: 7,
+    }
+}
+
+/// A metadata value the guest added.
+fn meta<'r>(req: &'r Request, key: &str) -> Option<&'r str> {
+    req.metadata
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}

@@ -284,6 +284,9 @@ impl PluginCall {
             });
         }
         self.store.set_epoch_deadline(self.limits.deadline_ticks());
+        // A limit refused in an earlier hook that the guest survived says
+        // nothing about this one.
+        self.store.data_mut().limiter.hit = None;
         let result = call(&self.plugin, &mut self.store);
         flush_stdio(&mut self.store, &self.stdout, &self.stderr);
         result.map_err(|e| {

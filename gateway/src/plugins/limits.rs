@@ -35,24 +35,25 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(1);
 /// reservation, which lets Cranelift drop bounds checks; virtual only).
 pub const DEFAULT_MAX_INSTANCES: u32 = 1_000;
 
-/// Linear memories per instance counted in the pool. Rust guests have one
+/// Linear memories per instance counted in the pool. Rust guests define one
 /// (the WASI adapter shares it); two leaves room for a guest with a second.
 pub const MEMORIES_PER_INSTANCE: u32 = 2;
 
-/// Tables per instance counted in the pool: a Rust guest has its function
-/// table plus the component's shim tables (2 to 3 in all).
+/// Tables per instance counted in the pool: a Rust guest defines two (its
+/// function table and the component's shim table).
 pub const TABLES_PER_INSTANCE: u32 = 4;
 
-/// Core instances per component: a Rust guest is its module, the WASI
-/// adapter and a few shim modules (4 to 6 in all).
+/// Core module instances per component: a Rust guest instantiates three
+/// (its module, the WASI adapter, the shim); 16 leaves room for guests
+/// composed from several.
 pub const CORE_INSTANCES_PER_COMPONENT: u32 = 16;
 
 /// The most linear memory any policy may grant one instance: the pool's slot
 /// size. Policy limits above it are clamped to it.
 pub const MAX_MEMORY_BYTES_CEILING: usize = 256 << 20;
 
-/// The most table elements any policy may grant: the pool's table size.
-/// Rust plugins have a few hundred to a few thousand indirect-call targets.
+/// The most table elements any policy may grant: the pool's table size
+/// (8 bytes of address space per element per table slot).
 pub const MAX_TABLE_ELEMENTS_CEILING: usize = 100_000;
 
 /// Native stack one plugin call may use. Deep recursion traps ("stack
@@ -71,8 +72,9 @@ pub const MAX_RANDOM_BYTES: u64 = 64 << 10;
 /// 4 MiB request a few times needs under 32 MiB.
 pub const DEFAULT_MAX_MEMORY_BYTES: usize = 64 << 20;
 
-/// Default [`PluginLimits::max_table_elements`]: ten times what the largest
-/// Rust plugin we build needs.
+/// Default [`PluginLimits::max_table_elements`]: the test guests' largest
+/// table has under 100 elements; a plugin with a large dependency tree
+/// (serde, regex) has a few thousand indirect-call targets.
 pub const DEFAULT_MAX_TABLE_ELEMENTS: usize = 20_000;
 
 /// Default [`PluginLimits::deadline`]: CPU time per hook call. A hook that
@@ -109,8 +111,9 @@ pub struct PluginLimits {
     /// Elements any one table may grow to (clamped to
     /// [`MAX_TABLE_ELEMENTS_CEILING`]).
     pub max_table_elements: usize,
-    /// Time each hook call may run, measured in epoch ticks
-    /// ([`EPOCH_TICK`]): a call is stopped at most one tick after it.
+    /// Time each hook call (and instantiation) may run: wall-clock time,
+    /// counted in epoch ticks ([`EPOCH_TICK`]); a call is stopped at most
+    /// one tick after it.
     pub deadline: Duration,
     /// Size of one hook's result (text plus [`OUTPUT_ITEM_OVERHEAD_BYTES`]
     /// per string or list element), in bytes.

@@ -146,7 +146,8 @@ pub(crate) struct Captured {
 #[derive(Debug)]
 struct CapturedBytes {
     kept: Vec<u8>,
-    capacity: usize,
+    /// Bytes this call may still write: taking what was kept frees none.
+    remaining: usize,
     dropped: usize,
 }
 
@@ -155,7 +156,7 @@ impl Captured {
         Captured {
             inner: Arc::new(Mutex::new(CapturedBytes {
                 kept: Vec::new(),
-                capacity,
+                remaining: capacity,
                 dropped: 0,
             })),
         }
@@ -163,12 +164,10 @@ impl Captured {
 
     fn append(&self, bytes: &[u8]) {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        let room = inner.capacity.saturating_sub(inner.kept.len());
-        let kept = bytes.len().min(room);
+        let kept = bytes.len().min(inner.remaining);
         inner.kept.extend_from_slice(&bytes[..kept]);
         inner.dropped += bytes.len() - kept;
-        // What was taken frees no room: the capacity bounds the whole call.
-        inner.capacity -= kept;
+        inner.remaining -= kept;
     }
 
     /// Takes what was written since the last take, and how many bytes were
@@ -428,10 +427,11 @@ mod tests {
     #[test]
     fn capture_keeps_up_to_its_capacity_for_the_whole_call() {
         let captured = Captured::new(10);
-        captured.append(b"hello ");
+        captured.append(b"hel");
+        captured.append(b"lo ");
         assert_eq!(captured.take(), (b"hello ".to_vec(), 0));
         captured.append(b"world, again");
-        // 4 bytes of room were left after the first take.
+        // Taking freed nothing: 4 bytes were left.
         assert_eq!(captured.take(), (b"worl".to_vec(), 8));
         captured.append(b"more");
         assert_eq!(captured.take(), (Vec::new(), 4));

@@ -108,3 +108,15 @@ fn meta<'r>(req: &'r Request, key: &str) -> Option<&'r str> {
         .find(|(k, _)| k == key)
         .map(|(_, v)| v.as_str())
 }
+
+/// The HTTP layer moves a call to a blocking thread and shares compiled
+/// plugins and the engine between requests.
+#[test]
+fn handles_cross_threads_as_the_http_layer_needs() {
+    fn send<T: Send>() {}
+    fn send_sync<T: Send + Sync>() {}
+    send::<PluginCall>();
+    send_sync::<CompiledPlugin>();
+    send_sync::<PluginEngine>();
+    send_sync::<PluginError>();
+}

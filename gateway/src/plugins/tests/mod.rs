@@ -20,31 +20,31 @@ fn engine() -> &'static PluginEngine {
     ENGINE.get_or_init(|| {
         PluginEngine::new(PluginEngineConfig {
             max_instances: 32,
-            ..PluginEngineConfig::default()
+            // Tests compile in parallel on a possibly loaded machine; the
+            // budget and the cap have tests of their own.
+            max_compiles_in_flight: 64,
+            compile_budget: Duration::from_secs(120),
         })
         .expect("plugin engine")
     })
 }
 
-/// A test guest, compiled once per process.
+/// A test guest, compiled once per process (the lock is held while
+/// compiling, so parallel tests do not compile the same guest twice).
 fn compiled(name: &str) -> CompiledPlugin {
     static CACHE: OnceLock<Mutex<HashMap<String, CompiledPlugin>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(Mutex::default);
-    if let Some(plugin) = cache
+    let mut cache = CACHE
+        .get_or_init(Mutex::default)
         .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get(name)
-    {
-        return plugin.clone();
-    }
-    let plugin = engine()
-        .validate_and_compile(&guests::guest(name))
-        .unwrap_or_else(|e| panic!("compiling {name}: {e}"));
+        .unwrap_or_else(PoisonError::into_inner);
     cache
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .insert(name.to_string(), plugin.clone());
-    plugin
+        .entry(name.to_string())
+        .or_insert_with(|| {
+            engine()
+                .validate_and_compile(&guests::guest(name))
+                .unwrap_or_else(|e| panic!("compiling {name}: {e}"))
+        })
+        .clone()
 }
 
 /// Limits for well-behaved guests: a deadline no loaded test machine

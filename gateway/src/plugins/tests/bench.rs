@@ -9,6 +9,7 @@ use super::*;
 #[test]
 #[ignore = "a measurement, not a check: run with --ignored --nocapture"]
 fn overhead_of_a_fresh_instance_and_two_no_op_hooks() {
+    require_guests!();
     let echo = compiled("echo");
     let req = text_request("hello");
     let resp = response("world");

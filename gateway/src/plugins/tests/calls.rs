@@ -5,6 +5,7 @@ use super::*;
 
 #[test]
 fn echo_returns_every_hook_input_unchanged() {
+    require_guests!();
     let mut call = start("echo");
     let chat = request(Prompt::Chat(vec![
         Message {
@@ -29,6 +30,7 @@ fn echo_returns_every_hook_input_unchanged() {
 
 #[test]
 fn rewrite_uppercases_and_rejects_forbidden_words() {
+    require_guests!();
     let mut call = start("rewrite");
     let out = call.on_request(text_request("hello")).unwrap().unwrap();
     assert_eq!(out.prompt, Prompt::Text("HELLO".to_string()));
@@ -47,6 +49,7 @@ fn rewrite_uppercases_and_rejects_forbidden_words() {
 
 #[test]
 fn stream_state_lives_exactly_one_instance() {
+    require_guests!();
     let mut call = start("rewrite");
     assert_eq!(call.on_chunk("a").unwrap(), Ok("A".to_string()));
     assert_eq!(call.on_chunk("b").unwrap(), Ok("B".to_string()));
@@ -60,6 +63,7 @@ fn stream_state_lives_exactly_one_instance() {
 
 #[test]
 fn statics_do_not_leak_between_instances() {
+    require_guests!();
     let mut first = start("hostile");
     let out = first.on_request(text_request("state")).unwrap().unwrap();
     assert_eq!(meta(&out, "calls"), Some("1"));
@@ -78,6 +82,7 @@ fn statics_do_not_leak_between_instances() {
 
 #[test]
 fn a_status_outside_4xx_is_sent_as_400() {
+    require_guests!();
     let mut call = start("hostile");
     let rejection = call
         .on_request(text_request("reject-500"))
@@ -94,6 +99,7 @@ fn a_status_outside_4xx_is_sent_as_400() {
 
 #[test]
 fn config_comes_from_the_call_context_sorted() {
+    require_guests!();
     let config: PluginConfig = [
         ("zeta", "last"),
         ("greeting", "bonjour"),
@@ -128,6 +134,7 @@ fn config_comes_from_the_call_context_sorted() {
 
 #[test]
 fn log_volume_is_bounded_and_the_call_still_succeeds() {
+    require_guests!();
     let limits = PluginLimits {
         max_log_bytes: 4096,
         ..relaxed_limits()
@@ -147,6 +154,7 @@ fn log_volume_is_bounded_and_the_call_still_succeeds() {
 
 #[test]
 fn the_sandbox_shows_nothing_from_outside_and_the_same_every_call() {
+    require_guests!();
     let observe = || {
         let mut call = start("observer");
         let out = call.on_request(text_request("look")).unwrap().unwrap();
@@ -173,6 +181,7 @@ fn the_sandbox_shows_nothing_from_outside_and_the_same_every_call() {
 
 #[test]
 fn calls_that_print_work_inside_an_async_runtime() {
+    require_guests!();
     // wasmtime-wasi's own synchronous stdio would enter a tokio runtime
     // here and panic; ours never blocks or needs one.
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -20,6 +20,7 @@ fn fail(command: &str, limits: PluginLimits) -> PluginError {
 
 #[test]
 fn an_infinite_loop_stops_at_the_deadline() {
+    require_guests!();
     let deadline = Duration::from_millis(50);
     let limits = PluginLimits {
         deadline,
@@ -57,6 +58,7 @@ fn an_infinite_loop_stops_at_the_deadline() {
 
 #[test]
 fn a_failed_instance_refuses_later_hooks() {
+    require_guests!();
     let mut call = hostile(PluginLimits {
         deadline: Duration::from_millis(20),
         ..PluginLimits::default()
@@ -78,6 +80,7 @@ fn a_failed_instance_refuses_later_hooks() {
 
 #[test]
 fn a_memory_bomb_hits_the_memory_limit() {
+    require_guests!();
     let limits = PluginLimits {
         max_memory_bytes: 16 << 20,
         ..relaxed_limits()
@@ -93,6 +96,7 @@ fn a_memory_bomb_hits_the_memory_limit() {
 
 #[test]
 fn memory_below_what_the_guest_starts_with_fails_instantiation() {
+    require_guests!();
     let limits = PluginLimits {
         max_memory_bytes: 64 << 10,
         ..relaxed_limits()
@@ -114,6 +118,7 @@ fn memory_below_what_the_guest_starts_with_fails_instantiation() {
 
 #[test]
 fn deep_recursion_traps_with_a_stack_overflow() {
+    require_guests!();
     let e = fail("recurse", relaxed_limits());
     assert!(
         matches!(&e, PluginError::Trap { hook: Hook::OnRequest, detail, .. }
@@ -125,6 +130,7 @@ fn deep_recursion_traps_with_a_stack_overflow() {
 
 #[test]
 fn a_panic_traps_and_its_message_goes_to_the_log() {
+    require_guests!();
     let mut call = hostile(relaxed_limits());
     let e = call.on_request(text_request("panic")).unwrap_err();
     assert!(matches!(e, PluginError::Trap { .. }), "{e:?}");
@@ -136,6 +142,7 @@ fn a_panic_traps_and_its_message_goes_to_the_log() {
 
 #[test]
 fn oversized_results_are_refused() {
+    require_guests!();
     let limits = PluginLimits {
         max_output_bytes: 1 << 20,
         ..relaxed_limits()
@@ -153,6 +160,7 @@ fn oversized_results_are_refused() {
 
 #[test]
 fn a_full_pool_fails_fast_and_frees_with_the_call() {
+    require_guests!();
     let engine = PluginEngine::new(PluginEngineConfig {
         max_instances: 1,
         ..PluginEngineConfig::default()

@@ -2,6 +2,21 @@
 //! `wasm32-wasip2` from `gateway/tests/plugins/` (see `guests.rs`) and
 //! hand-written components in WAT.
 
+/// Returns from a test that needs the Rust guests when they cannot be
+/// built here, saying why (see `guests::available`).
+macro_rules! require_guests {
+    () => {
+        if !guests::available() {
+            eprintln!(
+                "skipped: the wasm32-wasip2 target is not installed \
+                 (`rustup target add wasm32-wasip2`); \
+                 set BULKHEAD_REQUIRE_WASM_GUESTS=1 to fail instead"
+            );
+            return;
+        }
+    };
+}
+
 mod bench;
 mod calls;
 mod guests;

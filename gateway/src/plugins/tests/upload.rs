@@ -35,6 +35,7 @@ const RUST_GUEST_IMPORTS: &[&str] = &[
 
 #[test]
 fn a_rust_guest_is_accepted_with_its_digest_and_imports() {
+    require_guests!();
     let bytes = guests::guest("rewrite");
     let plugin = engine().validate_and_compile(&bytes).unwrap();
     assert_eq!(plugin.digest(), PluginDigest::of(&bytes));
@@ -49,6 +50,7 @@ fn a_rust_guest_is_accepted_with_its_digest_and_imports() {
 
 #[test]
 fn a_guest_using_std_time_and_hashmap_imports_clocks_and_random() {
+    require_guests!();
     let plugin = compiled("observer");
     for import in [
         "wasi:clocks/wall-clock@0.2.6",
@@ -65,6 +67,7 @@ fn a_guest_using_std_time_and_hashmap_imports_clocks_and_random() {
 
 #[test]
 fn a_guest_using_the_filesystem_is_refused_naming_the_import() {
+    require_guests!();
     let e = refuse(&guests::guest("fs-user"));
     assert!(
         matches!(&e, PluginError::ForbiddenImport { import, reason }
@@ -209,9 +212,7 @@ fn a_compile_past_its_budget_is_refused() {
         ..PluginEngineConfig::default()
     })
     .unwrap();
-    let e = engine
-        .validate_and_compile(&guests::guest("echo"))
-        .unwrap_err();
+    let e = engine.validate_and_compile(&wat(WRONG_TYPES)).unwrap_err();
     assert!(matches!(e, PluginError::CompileTimeout { .. }), "{e:?}");
     assert_eq!(e.code(), "plugin_compile_timeout");
 }
@@ -224,9 +225,7 @@ fn compiles_beyond_the_in_flight_cap_are_refused() {
         ..PluginEngineConfig::default()
     })
     .unwrap();
-    let e = engine
-        .validate_and_compile(&guests::guest("echo"))
-        .unwrap_err();
+    let e = engine.validate_and_compile(&wat(WRONG_TYPES)).unwrap_err();
     assert!(matches!(e, PluginError::CompileBusy { .. }), "{e:?}");
     assert!(e.retryable());
 }

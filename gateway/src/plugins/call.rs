@@ -10,13 +10,13 @@ use std::sync::Arc;
 
 use wasmtime::component::ResourceTable;
 use wasmtime::{
-    Engine, PoolConcurrencyLimitError, ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder,
-    Trap,
+    PoolConcurrencyLimitError, ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder, Trap,
 };
 use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::bulkhead::plugin::types as wit;
 use super::bindings::{Plugin, PluginPre};
+use super::engine::EngineInner;
 use super::error::{Hook, PluginError};
 use super::host::{HostState, LogSource, LogStats, PluginConfig};
 use super::limits::{MAX_INSTANCES_PER_STORE, PluginLimits};
@@ -148,6 +148,8 @@ impl ResourceLimiter for CallLimiter {
 /// deadline, memory, output size): that fails this request only, and every
 /// later hook on this instance returns `plugin_already_failed`.
 pub struct PluginCall {
+    /// Keeps the epoch ticker running while this call can still run.
+    _engine: Arc<EngineInner>,
     store: Store<CallState>,
     plugin: Plugin,
     name: Arc<str>,
@@ -169,7 +171,7 @@ impl fmt::Debug for PluginCall {
 
 impl PluginCall {
     pub(crate) fn start(
-        engine: &Engine,
+        engine: &Arc<EngineInner>,
         pre: &PluginPre<CallState>,
         call: CallContext,
     ) -> Result<Self, PluginError> {
@@ -187,7 +189,7 @@ impl PluginCall {
                 limits.max_log_bytes,
             ),
         };
-        let mut store = Store::new(engine, state);
+        let mut store = Store::new(&engine.engine, state);
         store.limiter(|state| &mut state.limiter);
         store.epoch_deadline_trap();
         // Instantiation runs the guest's initializers: same deadline.
@@ -207,6 +209,7 @@ impl PluginCall {
             }
         };
         Ok(PluginCall {
+            _engine: Arc::clone(engine),
             store,
             plugin,
             name: call.plugin,

@@ -352,7 +352,7 @@ impl CompiledPlugin {
     /// limits: nothing is shared with any other call. Fails with
     /// `plugin_busy` when every pool slot is taken.
     pub fn instantiate(&self, call: CallContext) -> Result<PluginCall, PluginError> {
-        PluginCall::start(&self.inner.engine.engine, &self.inner.pre, call)
+        PluginCall::start(&self.inner.engine, &self.inner.pre, call)
     }
 }
 

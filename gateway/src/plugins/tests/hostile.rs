@@ -180,3 +180,29 @@ fn a_full_pool_fails_fast_and_frees_with_the_call() {
     let mut call = echo.instantiate(context("echo", relaxed_limits())).unwrap();
     assert!(call.on_stream_end().is_ok());
 }
+
+#[test]
+fn a_call_keeps_its_deadline_after_the_engine_is_dropped() {
+    require_guests!();
+    let engine = PluginEngine::new(PluginEngineConfig {
+        max_instances: 1,
+        ..PluginEngineConfig::default()
+    })
+    .unwrap();
+    let plugin = engine
+        .validate_and_compile(&guests::guest("hostile"))
+        .unwrap();
+    let mut call = plugin
+        .instantiate(context(
+            "hostile",
+            PluginLimits {
+                deadline: Duration::from_millis(20),
+                ..PluginLimits::default()
+            },
+        ))
+        .unwrap();
+    // The call alone keeps the epoch ticker going.
+    drop((plugin, engine));
+    let e = call.on_request(text_request("loop")).unwrap_err();
+    assert!(matches!(e, PluginError::Timeout { .. }), "{e:?}");
+}

@@ -363,6 +363,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_default_engine_starts() {
+        // Reserves the default pool's address space (virtual only).
+        let engine = PluginEngine::new(PluginEngineConfig::default()).unwrap();
+        assert_eq!(engine.config().max_instances, DEFAULT_MAX_INSTANCES);
+    }
+
+    #[test]
     fn the_epoch_ticker_stops_when_dropped() {
         let ticker = EpochTicker::start(Engine::default()).unwrap();
         let started = Instant::now();

@@ -29,11 +29,13 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(1);
 /// Plugin instances alive at once across the gateway (the pooling
 /// allocator's slots). A request holds one instance per plugin in its chain
 /// for as long as it streams; past this, instantiation fails fast with
-/// `plugin_busy` (503, retry) instead of queueing. Worst-case resident plugin
-/// memory is this times the memory limit; the address space reserved is this
-/// times [`MEMORIES_PER_INSTANCE`] times 4 GiB (wasmtime's default slot
+/// `plugin_busy` (503, retry) instead of queueing. This bounds resident
+/// plugin memory: 256 instances at the default 64 MiB is 16 GiB at worst,
+/// within a 24 GiB host; the GPU behind one gateway serves far fewer
+/// concurrent streams. The address space reserved is this times
+/// [`MEMORIES_PER_INSTANCE`] times 4 GiB (wasmtime's default slot
 /// reservation, which lets Cranelift drop bounds checks; virtual only).
-pub const DEFAULT_MAX_INSTANCES: u32 = 1_000;
+pub const DEFAULT_MAX_INSTANCES: u32 = 256;
 
 /// Linear memories per instance counted in the pool. Rust guests define one
 /// (the WASI adapter shares it); two leaves room for a guest with a second.

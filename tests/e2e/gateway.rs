@@ -169,6 +169,17 @@ fn bad_requests_are_400_naming_the_parameter_and_cost_nothing() {
     );
     let r = gateway.request("GET", "/v1/nope", Some(&token), None);
     assert_eq!(r.status, 404);
+    // Over the tenant's cap (256 KiB in the standard class) and over the
+    // gateway's (1 MiB): both 413 in OpenAI's shape.
+    for size in [300 << 10, 2 << 20] {
+        let big = chat_body(json!({"user": "x".repeat(size)}));
+        let r = gateway.request("POST", "/v1/chat/completions", Some(&token), Some(&big));
+        assert_eq!(
+            (r.status, r.error_code().as_str()),
+            (413, "request_too_large"),
+            "{size}"
+        );
+    }
     // Nothing above reached the gpu-host.
     assert_eq!(gateway.metric("bulkhead_tokens_total", &[]), 0.0);
 }

@@ -16,7 +16,8 @@ use std::time::{Instant, SystemTime};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response, Sse};
 use bulkhead_protocol::v1::{self, generate_request};
 
@@ -24,18 +25,50 @@ use super::error::{ApiError, header_map};
 use super::generation::{Generation, GenerationContext};
 use super::openai::{COMPLETIONS_DEFAULT_MAX_TOKENS, Endpoint, InferenceRequest, Prompt};
 use super::respond::ResponseMeta;
-use super::{App, Snapshot, request_id};
+use super::{App, Snapshot, random_seed, request_id};
 use crate::auth::{Identity, Scope, bearer_token};
 use crate::limits::Admission;
 use crate::metrics::RequestLabels;
 use crate::policy::TenantPolicy;
 
-pub async fn chat(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
-    handle(app, Endpoint::Chat, headers, body).await
+pub async fn chat(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+    match body {
+        Ok(body) => handle(app, Endpoint::Chat, headers, body).await,
+        Err(rejection) => body_error(&app, Endpoint::Chat, rejection),
+    }
 }
 
-pub async fn completions(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
-    handle(app, Endpoint::Completion, headers, body).await
+pub async fn completions(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+    match body {
+        Ok(body) => handle(app, Endpoint::Completion, headers, body).await,
+        Err(rejection) => body_error(&app, Endpoint::Completion, rejection),
+    }
+}
+
+/// The body, or why it could not be read (too large for the gateway's cap,
+/// or the connection failed while sending it).
+type Body = Result<Bytes, BytesRejection>;
+
+/// A body that could not be read, as an OpenAI error (the request is not
+/// authenticated yet, so it counts under no tenant).
+fn body_error(app: &App, endpoint: Endpoint, rejection: BytesRejection) -> Response {
+    let error = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::too_large(
+            "the body is larger than the gateway accepts (gateway.toml max_body_bytes)",
+        )
+    } else {
+        ApiError::invalid_body(format!("the body could not be read: {rejection}"))
+    };
+    app.metrics.reject("", error.code);
+    app.metrics
+        .requests
+        .get_or_create(&RequestLabels {
+            tenant: String::new(),
+            endpoint: endpoint.name(),
+            status: error.status.as_u16(),
+        })
+        .inc();
+    error.into_response()
 }
 
 async fn handle(app: App, endpoint: Endpoint, headers: HeaderMap, body: Bytes) -> Response {
@@ -252,9 +285,7 @@ fn to_upstream(
         None => (None, Some(max_tokens)),
     };
     // Without a seed OpenAI's sampling is not reproducible; draw one.
-    let seed = request
-        .seed
-        .unwrap_or_else(|| rand_core::RngCore::next_u64(&mut rand_core::OsRng));
+    let seed = request.seed.unwrap_or_else(random_seed);
     v1::GenerateRequest {
         model: request.model,
         prompt: Some(prompt),

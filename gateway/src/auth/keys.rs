@@ -25,6 +25,8 @@ pub(super) const MAX_JWKS_BYTES: u64 = 1024 * 1024;
 pub(super) const MAX_JWKS_KEYS: usize = 32;
 /// Shortest HMAC secret: RFC 7518 §3.2 wants at least the hash size.
 pub(super) const MIN_HS_SECRET_BYTES: usize = 32;
+/// A raw Ed25519 public key (RFC 8032 §5.1.5; JWK `x`, RFC 8037 §2).
+const ED25519_KEY_BYTES: usize = 32;
 /// RSA moduli below this are breakable or nearly so.
 const MIN_RSA_BITS: usize = 2048;
 /// The largest modulus the RSA verifier accepts.
@@ -108,6 +110,11 @@ impl VerifyKey {
 
 /// Reads at most `limit` bytes of `path`; a larger file is an error.
 pub(super) fn read_capped(path: &Path, limit: u64) -> Result<Vec<u8>, String> {
+    // Checked before opening: opening a FIFO would block the policy load.
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read it: {e}"))?;
+    if !meta.is_file() {
+        return Err("it is not a regular file".to_owned());
+    }
     let file = std::fs::File::open(path).map_err(|e| format!("cannot read it: {e}"))?;
     let mut bytes = Vec::new();
     file.take(limit + 1)
@@ -173,6 +180,14 @@ fn public_key_from_spki(der: &[u8]) -> Result<VerifyKey, String> {
 /// An EC or Ed25519 key from its raw public bytes, checked by building a
 /// verifier (which parses the point).
 fn checked_curve_key(kind: KeyKind, bits: &[u8]) -> Result<VerifyKey, String> {
+    // jsonwebtoken's EdDSA verifier takes the first 32 bytes without checking
+    // the length: a shorter key panics it, and bytes past 32 would be ignored.
+    if kind == KeyKind::Ed25519 && bits.len() != ED25519_KEY_BYTES {
+        return Err(format!(
+            "an Ed25519 public key is {ED25519_KEY_BYTES} bytes, this one is {}",
+            bits.len()
+        ));
+    }
     let (key, alg) = match kind {
         KeyKind::Ed25519 => (DecodingKey::from_ed_der(bits), Algorithm::EdDSA),
         KeyKind::EcP256 => (DecodingKey::from_ec_der(bits), Algorithm::ES256),

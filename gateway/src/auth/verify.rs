@@ -237,7 +237,9 @@ fn json_part<T: DeserializeOwned>(b64: &str) -> Option<T> {
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return None;
     }
-    serde_json::from_slice(&bytes).ok()
+    // JSON is UTF-8 (RFC 7519 §7.2), but `from_slice` skips the members we
+    // ignore without checking theirs; `from_str` takes checked text.
+    serde_json::from_str(std::str::from_utf8(&bytes).ok()?).ok()
 }
 
 fn string_claim<'a>(

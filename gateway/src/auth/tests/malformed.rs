@@ -107,6 +107,44 @@ fn garbage_is_a_malformed_token() {
     assert_eq!(f.reject(&format!("{signed}.c2ln")), AuthError::BadSignature);
 }
 
+/// Found by the `jwt_verify` fuzz target: serde_json skips an unknown member
+/// without checking its UTF-8, so a signed header or payload that was not
+/// UTF-8 (so not JSON, RFC 7519 §7.2) was accepted.
+#[test]
+fn parts_that_are_not_utf8_are_malformed_even_when_signed() {
+    let f = fixture();
+    let not_utf8 = |json: &Value| {
+        let mut bytes = json.to_string().into_bytes();
+        bytes.pop();
+        bytes.extend_from_slice(b",\"x-note\":\"caf\xe9\"}");
+        b64(bytes)
+    };
+    let signed = |header: String, payload: String| {
+        let input = format!("{header}.{payload}");
+        let signature =
+            jsonwebtoken::crypto::sign(input.as_bytes(), &f.ed.key, Algorithm::EdDSA).unwrap();
+        format!("{input}.{signature}")
+    };
+    let header = json!({ "alg": "EdDSA" });
+    let valid = signed(b64(header.to_string()), b64(claims(ED_ISS).to_string()));
+    assert!(f.verify(&valid).is_ok());
+
+    let token = signed(b64(header.to_string()), not_utf8(&claims(ED_ISS)));
+    assert_eq!(
+        f.reject(&token),
+        AuthError::MalformedToken {
+            reason: "the payload is not a base64url JSON object"
+        }
+    );
+    let token = signed(not_utf8(&header), b64(claims(ED_ISS).to_string()));
+    assert_eq!(
+        f.reject(&token),
+        AuthError::MalformedToken {
+            reason: "the header is not base64url JSON with a string `alg`"
+        }
+    );
+}
+
 #[test]
 fn oversized_tokens_are_refused_before_parsing() {
     let f = fixture();

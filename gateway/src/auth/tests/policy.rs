@@ -35,6 +35,25 @@ fn a_missing_key_file_is_named_at_its_path() {
 }
 
 #[test]
+fn a_key_path_that_is_not_a_regular_file_is_refused_without_opening_it() {
+    let dir = TempDir::new();
+    std::fs::create_dir_all(dir.path().join("keys/sub")).unwrap();
+    assert_eq!(
+        ed_tenant(&dir, "keys/sub"),
+        ["tenants/t.toml:7:16: public key `keys/sub`: it is not a regular file"]
+    );
+    // A FIFO would block a reader that opened it; it is refused the same way.
+    let fifo = dir.path().join("keys/fifo");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    if made.is_ok_and(|s| s.success()) {
+        assert_eq!(
+            ed_tenant(&dir, "keys/fifo"),
+            ["tenants/t.toml:7:16: public key `keys/fifo`: it is not a regular file"]
+        );
+    }
+}
+
+#[test]
 fn files_that_are_not_public_keys_say_what_they_are() {
     let dir = TempDir::new();
     dir.write("keys/text.pem", "not a key\n");
@@ -76,6 +95,45 @@ fn files_that_are_not_public_keys_say_what_they_are() {
         errors[0].ends_with("rsa1024.pub.pem`: RSA key is 1024 bits; 2048 to 8192 are accepted"),
         "{errors:?}"
     );
+}
+
+/// Found by the `policy_load` fuzz target: an Ed25519 key of the wrong length
+/// panicked jsonwebtoken's verifier (it slices `[..32]`) instead of being an error.
+#[test]
+fn ed25519_keys_of_the_wrong_length_are_errors_not_panics() {
+    let dir = TempDir::new();
+    for len in [0usize, 1, 31, 33] {
+        let x = vec![7u8; len];
+        dir.write(
+            "keys/set.json",
+            json!({ "keys": [{ "kty": "OKP", "crv": "Ed25519", "x": b64(&x) }] }).to_string(),
+        );
+        assert_eq!(
+            errors_for(&dir, "algorithms = [\"EdDSA\"]\njwks = \"keys/set.json\"\n"),
+            [format!(
+                "tenants/t.toml:7:8: JWKS `keys/set.json`: key 0: an Ed25519 public key is 32 \
+                 bytes, this one is {len}"
+            )]
+        );
+
+        // The same bytes as an SPKI `PUBLIC KEY` (OID 1.3.101.112) in a PEM file.
+        let bit_string = [&[0x03, len as u8 + 1, 0x00][..], &x].concat();
+        let algorithm = [0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70];
+        let body = [&algorithm[..], &bit_string].concat();
+        let der = [&[0x30, body.len() as u8][..], &body].concat();
+        let pem = format!(
+            "-----BEGIN PUBLIC KEY-----\n{}\n-----END PUBLIC KEY-----\n",
+            base64::engine::general_purpose::STANDARD.encode(der)
+        );
+        dir.write("keys/short.pem", pem);
+        assert_eq!(
+            ed_tenant(&dir, "keys/short.pem"),
+            [format!(
+                "tenants/t.toml:7:16: public key `keys/short.pem`: an Ed25519 public key is 32 \
+                 bytes, this one is {len}"
+            )]
+        );
+    }
 }
 
 #[test]

@@ -264,3 +264,31 @@ fn debug_output_holds_no_key_material() {
     assert!(debug.contains("https://hs.example/"), "{debug}");
     assert!(!debug.contains("0123456789abcdef"), "{debug}");
 }
+
+#[test]
+fn a_remembered_token_still_expires() {
+    let f = fixture();
+    let token = f.ed.sign(&claims(ED_ISS));
+    let at = |s: u64| std::time::UNIX_EPOCH + std::time::Duration::from_secs(s);
+    let first = f.verifiers.verify(&token, at(NOW)).unwrap();
+    // Served from the cache: the same identity.
+    assert_eq!(f.verifiers.verify(&token, at(NOW + 1)), Ok(first.clone()));
+    // Past `exp` + leeway the cached token is refused like a fresh one.
+    let late = first.expires_at + LEEWAY_S;
+    assert_eq!(
+        f.verifiers.verify(&token, at(late)),
+        Err(AuthError::Expired {
+            exp: first.expires_at,
+            now: late
+        })
+    );
+    // A token that differs in one signature character is verified afresh.
+    let mut forged = token.into_bytes();
+    let i = forged.len() - 10;
+    forged[i] = if forged[i] == b'A' { b'B' } else { b'A' };
+    let forged = String::from_utf8(forged).unwrap();
+    assert_eq!(
+        f.verifiers.verify(&forged, at(NOW)),
+        Err(AuthError::BadSignature)
+    );
+}

@@ -8,6 +8,7 @@ mod app;
 pub mod auth;
 pub mod limits;
 mod metrics;
+pub mod plugins;
 pub mod policy;
 mod upstream;
 

@@ -1,0 +1,400 @@
+//! The plugin engine, one per gateway: a wasmtime `Engine` (Cranelift,
+//! components, the pooling allocator, epoch interruption), the epoch
+//! ticker, and the `Linker` with every allowed import, built once. Uploads
+//! are validated and compiled here, once each, into a [`CompiledPlugin`]
+//! that instantiates cheaply per call.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use sha2::{Digest as _, Sha256};
+use wasmtime::component::{Component, HasData, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig};
+
+use super::bindings::{Plugin, PluginPre};
+use super::call::{CallContext, CallState, PluginCall};
+use super::error::PluginError;
+use super::host::HostState;
+use super::limits::{
+    COMPILE_BUDGET, CORE_INSTANCES_PER_COMPONENT, DEFAULT_MAX_INSTANCES, EPOCH_TICK,
+    MAX_COMPILES_IN_FLIGHT, MAX_COMPONENT_BYTES, MAX_MEMORY_BYTES_CEILING,
+    MAX_TABLE_ELEMENTS_CEILING, MAX_WASM_STACK_BYTES, MEMORIES_PER_INSTANCE, TABLES_PER_INSTANCE,
+};
+use super::{validate, wasi};
+
+/// Engine-wide settings; the defaults are the named constants in `limits`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PluginEngineConfig {
+    /// Plugin instances alive at once across the gateway (pool slots).
+    pub max_instances: u32,
+    /// Wall-clock budget for compiling one upload.
+    pub compile_budget: Duration,
+    /// Compiles running at once, including ones past their budget.
+    pub max_compiles_in_flight: usize,
+}
+
+impl Default for PluginEngineConfig {
+    fn default() -> Self {
+        PluginEngineConfig {
+            max_instances: DEFAULT_MAX_INSTANCES,
+            compile_budget: COMPILE_BUDGET,
+            max_compiles_in_flight: MAX_COMPILES_IN_FLIGHT,
+        }
+    }
+}
+
+/// The gateway's plugin runtime. Cheap to clone (shared); the epoch ticker
+/// stops when the last clone and the last [`CompiledPlugin`] are dropped.
+#[derive(Clone)]
+pub struct PluginEngine {
+    inner: Arc<EngineInner>,
+}
+
+pub(crate) struct EngineInner {
+    pub(crate) engine: Engine,
+    linker: Linker<CallState>,
+    config: PluginEngineConfig,
+    compiles_in_flight: Arc<AtomicUsize>,
+    _ticker: EpochTicker,
+}
+
+impl fmt::Debug for PluginEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PluginEngine")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `host` imports read and write the store's [`HostState`].
+struct HostData;
+
+impl HasData for HostData {
+    type Data<'a> = &'a mut HostState;
+}
+
+impl PluginEngine {
+    /// Starts the engine (reserving the pool's address space) and its epoch
+    /// ticker, and links the allowed imports.
+    pub fn new(config: PluginEngineConfig) -> Result<Self, PluginError> {
+        let engine = Engine::new(&wasmtime_config(&config)).map_err(engine_error)?;
+        let mut linker = Linker::new(&engine);
+        Plugin::add_to_linker::<CallState, HostData>(&mut linker, |state| &mut state.host)
+            .map_err(engine_error)?;
+        wasi::add_to_linker(&mut linker).map_err(engine_error)?;
+        let ticker = EpochTicker::start(engine.clone()).map_err(|e| PluginError::Engine {
+            reason: format!("cannot start the epoch ticker: {e}"),
+        })?;
+        Ok(PluginEngine {
+            inner: Arc::new(EngineInner {
+                engine,
+                linker,
+                config,
+                compiles_in_flight: Arc::new(AtomicUsize::new(0)),
+                _ticker: ticker,
+            }),
+        })
+    }
+
+    /// The settings this engine was started with.
+    pub fn config(&self) -> &PluginEngineConfig {
+        &self.inner.config
+    }
+
+    /// Checks an upload and compiles it, once: at most
+    /// [`MAX_COMPONENT_BYTES`]; a component, not a core module; every import
+    /// on the allow-list (`validate::ALLOWED_IMPORTS`); every hook exported
+    /// with the ABI's types; compiled within the engine's compile budget.
+    ///
+    /// Compilation runs on its own thread. When it runs past the budget the
+    /// upload is refused (`plugin_compile_timeout`) but the thread cannot be
+    /// stopped: it runs to completion in the background and its result is
+    /// dropped. Such threads count toward `max_compiles_in_flight`, so slow
+    /// uploads cannot pile up.
+    ///
+    /// Blocks for up to the compile budget: call it from a blocking thread.
+    pub fn validate_and_compile(&self, bytes: &[u8]) -> Result<CompiledPlugin, PluginError> {
+        if bytes.len() > MAX_COMPONENT_BYTES {
+            return Err(PluginError::TooLarge {
+                size: bytes.len(),
+                max: MAX_COMPONENT_BYTES,
+            });
+        }
+        let surface = validate::check_surface(bytes)?;
+        let digest = PluginDigest::of(bytes);
+        let component = self.compile(bytes)?;
+        let instance_pre = self
+            .inner
+            .linker
+            .instantiate_pre(&component)
+            .map_err(incompatible)?;
+        let pre = PluginPre::new(instance_pre).map_err(incompatible)?;
+        Ok(CompiledPlugin {
+            inner: Arc::new(CompiledInner {
+                digest,
+                size_bytes: bytes.len(),
+                imports: surface.imports,
+                pre,
+                engine: Arc::clone(&self.inner),
+            }),
+        })
+    }
+
+    #[cfg(test)]
+    pub(crate) fn inner_engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    #[cfg(test)]
+    pub(crate) fn linker(&self) -> &Linker<CallState> {
+        &self.inner.linker
+    }
+
+    fn compile(&self, bytes: &[u8]) -> Result<Component, PluginError> {
+        let slot = CompileSlot::take(
+            &self.inner.compiles_in_flight,
+            self.inner.config.max_compiles_in_flight,
+        )?;
+        let (done, result) = mpsc::sync_channel(1);
+        let engine = self.inner.engine.clone();
+        let bytes = bytes.to_vec();
+        thread::Builder::new()
+            .name("plugin-compile".to_string())
+            .spawn(move || {
+                let compiled = Component::from_binary(&engine, &bytes);
+                // The waiter may have given up: then nobody reads this.
+                let _ = done.send(compiled);
+                drop(slot);
+            })
+            .map_err(|e| PluginError::Compile {
+                reason: format!("cannot start the compiler thread: {e}"),
+            })?;
+        match result.recv_timeout(self.inner.config.compile_budget) {
+            Ok(Ok(component)) => Ok(component),
+            Ok(Err(e)) => Err(PluginError::Compile {
+                reason: format!("{e:#}"),
+            }),
+            Err(RecvTimeoutError::Timeout) => Err(PluginError::CompileTimeout {
+                budget: self.inner.config.compile_budget,
+            }),
+            Err(RecvTimeoutError::Disconnected) => Err(PluginError::Compile {
+                reason: "the compiler stopped without a result".to_string(),
+            }),
+        }
+    }
+}
+
+fn wasmtime_config(config: &PluginEngineConfig) -> Config {
+    let instances = config.max_instances;
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(instances)
+        .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
+        .total_core_instances(instances.saturating_mul(CORE_INSTANCES_PER_COMPONENT))
+        .max_memories_per_component(MEMORIES_PER_INSTANCE)
+        .total_memories(instances.saturating_mul(MEMORIES_PER_INSTANCE))
+        .max_memory_size(MAX_MEMORY_BYTES_CEILING)
+        .max_tables_per_component(TABLES_PER_INSTANCE)
+        .total_tables(instances.saturating_mul(TABLES_PER_INSTANCE))
+        .table_elements(MAX_TABLE_ELEMENTS_CEILING)
+        // Fiber stacks are for async calls; plugin calls are synchronous.
+        .total_stacks(0);
+    let mut wasm = Config::new();
+    wasm.cranelift_opt_level(OptLevel::Speed)
+        .wasm_component_model(true)
+        .epoch_interruption(true)
+        .max_wasm_stack(MAX_WASM_STACK_BYTES)
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    wasm
+}
+
+fn engine_error(e: wasmtime::Error) -> PluginError {
+    PluginError::Engine {
+        reason: format!("{e:#}"),
+    }
+}
+
+fn incompatible(e: wasmtime::Error) -> PluginError {
+    PluginError::Incompatible {
+        reason: format!("{e:#}"),
+    }
+}
+
+/// One of the engine's `max_compiles_in_flight` slots, held by a compiler
+/// thread until it finishes.
+struct CompileSlot(Arc<AtomicUsize>);
+
+impl CompileSlot {
+    fn take(in_flight: &Arc<AtomicUsize>, max: usize) -> Result<Self, PluginError> {
+        in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .map_err(|in_flight| PluginError::CompileBusy { in_flight })?;
+        Ok(CompileSlot(Arc::clone(in_flight)))
+    }
+}
+
+impl Drop for CompileSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Advances the engine's epoch every [`EPOCH_TICK`] until dropped.
+struct EpochTicker {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EpochTicker {
+    fn start(engine: Engine) -> std::io::Result<Self> {
+        let (stop, stopped) = mpsc::channel::<()>();
+        let thread = thread::Builder::new()
+            .name("plugin-epoch".to_string())
+            .spawn(move || {
+                // Ends when the sender is dropped (Disconnected).
+                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(EPOCH_TICK) {
+                    engine.increment_epoch();
+                }
+            })?;
+        Ok(EpochTicker {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The SHA-256 of an upload's bytes: what compiled plugins are cached and
+/// audited by.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PluginDigest([u8; 32]);
+
+impl PluginDigest {
+    /// The digest of `bytes`.
+    pub fn of(bytes: &[u8]) -> Self {
+        PluginDigest(Sha256::digest(bytes).into())
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Display for PluginDigest {
+    /// Lowercase hex.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+impl fmt::Debug for PluginDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PluginDigest({self})")
+    }
+}
+
+/// A validated, compiled plugin, ready to instantiate. Cheap to clone;
+/// holds its engine (and so the epoch ticker) alive.
+#[derive(Clone)]
+pub struct CompiledPlugin {
+    inner: Arc<CompiledInner>,
+}
+
+struct CompiledInner {
+    digest: PluginDigest,
+    size_bytes: usize,
+    imports: Vec<String>,
+    pre: PluginPre<CallState>,
+    engine: Arc<EngineInner>,
+}
+
+impl fmt::Debug for CompiledPlugin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompiledPlugin")
+            .field("digest", &self.inner.digest)
+            .field("size_bytes", &self.inner.size_bytes)
+            .field("imports", &self.inner.imports)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CompiledPlugin {
+    /// SHA-256 of the uploaded bytes.
+    pub fn digest(&self) -> PluginDigest {
+        self.inner.digest
+    }
+
+    /// Size of the upload.
+    pub fn size_bytes(&self) -> usize {
+        self.inner.size_bytes
+    }
+
+    /// The component's imports as written in it (`wasi:cli/stdout@0.2.6`),
+    /// all on the allow-list.
+    pub fn imports(&self) -> &[String] {
+        &self.inner.imports
+    }
+
+    /// A fresh instance for one request, in a fresh store with `call`'s
+    /// limits: nothing is shared with any other call. Fails with
+    /// `plugin_busy` when every pool slot is taken.
+    pub fn instantiate(&self, call: CallContext) -> Result<PluginCall, PluginError> {
+        PluginCall::start(&self.inner.engine, &self.inner.pre, call)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    #[test]
+    fn the_default_engine_starts() {
+        // Reserves the default pool's address space (virtual only).
+        let engine = PluginEngine::new(PluginEngineConfig::default()).unwrap();
+        assert_eq!(engine.config().max_instances, DEFAULT_MAX_INSTANCES);
+    }
+
+    #[test]
+    fn the_epoch_ticker_stops_when_dropped() {
+        let ticker = EpochTicker::start(Engine::default()).unwrap();
+        let started = Instant::now();
+        // Drop joins the thread: it returns once the thread has ended.
+        drop(ticker);
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn compile_slots_are_returned() {
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let first = CompileSlot::take(&in_flight, 1).unwrap();
+        assert!(matches!(
+            CompileSlot::take(&in_flight, 1),
+            Err(PluginError::CompileBusy { in_flight: 1 })
+        ));
+        drop(first);
+        assert!(CompileSlot::take(&in_flight, 1).is_ok());
+    }
+
+    #[test]
+    fn a_digest_prints_as_lowercase_hex() {
+        assert_eq!(
+            PluginDigest::of(b"").to_string(),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+}

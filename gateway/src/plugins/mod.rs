@@ -1,0 +1,36 @@
+//! Tenant plugins: WebAssembly components run in wasmtime under hard
+//! limits. The lifecycle is split by cost (STYLE rule 8):
+//!
+//! - once per gateway, [`PluginEngine::new`]: the engine (pooling
+//!   allocator, epoch interruption and its ticker thread) and the linker
+//!   with every allowed import ([`ALLOWED_IMPORTS`]);
+//! - once per upload, [`PluginEngine::validate_and_compile`]: size cap,
+//!   component check, import allow-list, exports, compile with a time
+//!   budget → [`CompiledPlugin`] (keyed by its [`PluginDigest`]);
+//! - per request, [`CompiledPlugin::instantiate`] → [`PluginCall`]: a fresh
+//!   store and instance with the call's [`PluginLimits`], then the hooks.
+//!
+//! The HTTP layer sees only the plain types here ([`Request`],
+//! [`Response`], [`Rejection`], …); the generated bindings stay inside.
+//! Calls are synchronous: run them on a blocking thread.
+
+mod bindings;
+mod call;
+mod engine;
+mod error;
+mod host;
+mod limits;
+mod types;
+mod validate;
+mod wasi;
+
+#[cfg(test)]
+mod tests;
+
+pub use call::{CallContext, PluginCall};
+pub use engine::{CompiledPlugin, PluginDigest, PluginEngine, PluginEngineConfig};
+pub use error::{Hook, PluginError};
+pub use host::{LogStats, PluginConfig};
+pub use limits::*;
+pub use types::{Message, Prompt, Rejection, Request, Response, Sampling};
+pub use validate::{ALLOWED_IMPORTS, AllowedImport, REQUIRED_EXPORTS};

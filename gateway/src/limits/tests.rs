@@ -346,6 +346,7 @@ fn builds_from_a_policy() {
         models: BTreeSet::new(),
         jwt,
         limits: LIMITS,
+        plugins: Default::default(),
         source: Arc::new(SourceFile::new("tenants/acme.toml", "")),
     };
     let mut policy = Policy {

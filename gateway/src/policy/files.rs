@@ -3,6 +3,7 @@
 //! Fields that later checks point at are `Spanned`, so errors carry
 //! `file:line:col`.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::Deserialize;
@@ -82,6 +83,48 @@ pub struct TenantFile {
     /// Limits; each one set here overrides the class's.
     #[serde(default)]
     pub limits: LimitsFile,
+    /// The tenant's plugin chains.
+    #[serde(default)]
+    pub plugins: TenantPluginsFile,
+}
+
+/// `[plugins]` in a tenant file: which uploaded plugins run on each hook, in
+/// order, and each plugin's config and limits.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantPluginsFile {
+    /// Plugins whose `on-request` runs, in order, before the request reaches
+    /// the model.
+    #[serde(default)]
+    pub on_request: Vec<Spanned<String>>,
+    /// Plugins whose `on-response` runs on whole responses, in order; on
+    /// streams the same plugins run `on-chunk` per delta and `on-stream-end`.
+    #[serde(default)]
+    pub on_response: Vec<Spanned<String>>,
+    /// `[plugins.config.NAME]`: the values `host.config` returns to plugin
+    /// NAME (strings; numbers and booleans are passed as their TOML text).
+    #[serde(default)]
+    pub config: BTreeMap<String, Spanned<BTreeMap<String, Spanned<toml::Value>>>>,
+    /// `[plugins.limits.NAME]`: plugin NAME's limits, each at most the
+    /// gateway's maximum.
+    #[serde(default)]
+    pub limits: BTreeMap<String, Spanned<PluginLimitsFile>>,
+}
+
+/// `[plugins.limits.NAME]` in a tenant file; unset fields take the defaults.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginLimitsFile {
+    /// Time each hook call may run, in milliseconds.
+    pub deadline_ms: Option<Spanned<u64>>,
+    /// Linear memory the instance may grow to, in MiB.
+    pub max_memory_mib: Option<Spanned<u64>>,
+    /// Size of one hook's result, in bytes.
+    pub max_output_bytes: Option<Spanned<u64>>,
+    /// Log volume for one request's instance, in bytes.
+    pub max_log_bytes: Option<Spanned<u64>>,
+    /// Elements any one table may grow to.
+    pub max_table_elements: Option<Spanned<u64>>,
 }
 
 /// `[jwt]` in a tenant file.

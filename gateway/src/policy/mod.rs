@@ -5,6 +5,7 @@
 
 mod files;
 mod load;
+mod plugins;
 mod source;
 #[cfg(test)]
 mod test_folder;
@@ -19,11 +20,17 @@ use std::time::Duration;
 
 use bulkhead_protocol::Target;
 
+use crate::plugins::{PluginConfig, PluginLimits};
+
 pub use files::{
-    ClassFile, GatewayFile, JwtFile, LimitsFile, LocalGpuHostFile, ModelFile, TenantFile,
-    TrustFile, UpstreamFile,
+    ClassFile, GatewayFile, JwtFile, LimitsFile, LocalGpuHostFile, ModelFile, PluginLimitsFile,
+    TenantFile, TenantPluginsFile, TrustFile, UpstreamFile,
 };
 pub use load::{MAX_CLASS_FILES, MAX_FILE_BYTES, MAX_TENANT_FILES, load};
+pub use plugins::{
+    MAX_CHAIN_PLUGINS, MAX_CONFIG_ENTRIES, MAX_CONFIG_KEY_BYTES, MAX_CONFIG_VALUE_BYTES,
+    MAX_PLUGIN_DEADLINE, MAX_PLUGIN_LOG_BYTES, MAX_PLUGIN_OUTPUT_BYTES,
+};
 pub use source::{PolicyError, PolicyErrors, SourceFile};
 pub use watch::{PolicyWatcher, RELOAD_DEBOUNCE, RELOAD_MAX_DELAY, ReloadStats, watch};
 
@@ -99,8 +106,37 @@ pub struct TenantPolicy {
     /// errors into `source`.
     pub jwt: JwtFile,
     pub limits: Limits,
+    /// Plugin chains (empty: no plugin runs).
+    pub plugins: TenantPlugins,
     /// The tenant file, for error locations.
     pub source: Arc<SourceFile>,
+}
+
+/// A tenant's `[plugins]`: the chains, and the settings of every plugin in
+/// them.
+#[derive(Clone, Debug, Default)]
+pub struct TenantPlugins {
+    /// `on-request` hooks, in the order they run.
+    pub on_request: Vec<Arc<str>>,
+    /// `on-response` (whole) or `on-chunk` + `on-stream-end` (streams) hooks,
+    /// in the order they run.
+    pub on_response: Vec<Arc<str>>,
+    /// Config and limits of every plugin named in a chain.
+    pub settings: BTreeMap<Arc<str>, PluginSettings>,
+}
+
+impl TenantPlugins {
+    /// Whether any plugin runs for this tenant.
+    pub fn is_empty(&self) -> bool {
+        self.on_request.is_empty() && self.on_response.is_empty()
+    }
+}
+
+/// One plugin's settings in a tenant's policy.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PluginSettings {
+    pub config: Arc<PluginConfig>,
+    pub limits: PluginLimits,
 }
 
 /// A tenant's effective limits.

@@ -398,6 +398,7 @@ fn check_tenants(
         let limits = resolve_limits(&doc.limits, &base);
 
         let models = check_tenant_models(&source, &doc.models, gateway, errors);
+        let plugins = super::plugins::check(&source, &doc.plugins, errors);
 
         let issuer = doc.jwt.issuer.get_ref();
         match issuers.get(issuer) {
@@ -422,6 +423,7 @@ fn check_tenants(
                 models,
                 jwt: doc.jwt,
                 limits,
+                plugins,
                 source,
             },
         );
@@ -515,10 +517,11 @@ fn at_least_one<T: Copy + PartialOrd + From<u8> + Display>(
     Some(*value.get_ref())
 }
 
-const NAME_RULE: &str = "use 1 to 63 of a-z, 0-9, `_` and `-`, starting with a letter or digit";
+pub(crate) const NAME_RULE: &str =
+    "use 1 to 63 of a-z, 0-9, `_` and `-`, starting with a letter or digit";
 
 /// `[a-z0-9][a-z0-9_-]{0,62}`: safe in file names, URLs, metric labels.
-fn is_valid_name(name: &str) -> bool {
+pub(crate) fn is_valid_name(name: &str) -> bool {
     let mut chars = name.chars();
     let first_ok = chars
         .next()

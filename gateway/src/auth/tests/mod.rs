@@ -198,6 +198,7 @@ fn tenant(id: &str, toml_text: &str) -> TenantPolicy {
         models: Default::default(),
         jwt: file.jwt,
         limits: Limits::DEFAULT,
+        plugins: Default::default(),
         source: Arc::new(SourceFile::new(format!("tenants/{id}.toml"), toml_text)),
     }
 }

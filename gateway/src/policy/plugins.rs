@@ -1,0 +1,368 @@
+//! A tenant's `[plugins]` table: the hook chains, and each chained
+//! plugin's config and limits, checked against the limits the plugin host
+//! can enforce.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::files::{PluginLimitsFile, TenantPluginsFile};
+use super::validate::{NAME_RULE, is_valid_name};
+use super::{PluginSettings, PolicyError, SourceFile, TenantPlugins};
+use crate::plugins::{
+    MAX_MEMORY_BYTES_CEILING, MAX_TABLE_ELEMENTS_CEILING, PluginConfig, PluginLimits,
+};
+
+/// Plugins in one chain. Each one adds an instance per request and a hop
+/// per hook; eight covers a guard, a rewriter and a redactor with room to
+/// spare while bounding what one request can cost.
+pub const MAX_CHAIN_PLUGINS: usize = 8;
+
+/// Longest deadline a policy may give one hook call. A hook rewrites text;
+/// a second of CPU per call is already far past any real plugin and holds a
+/// blocking thread that long.
+pub const MAX_PLUGIN_DEADLINE: Duration = Duration::from_secs(1);
+
+/// Largest `max_output_bytes` a policy may set: four times the largest
+/// request body the default limits allow, well under the memory ceiling.
+pub const MAX_PLUGIN_OUTPUT_BYTES: u64 = 16 << 20;
+
+/// Largest `max_log_bytes` a policy may set: a plugin that needs more log
+/// than this per request is flooding the gateway's log.
+pub const MAX_PLUGIN_LOG_BYTES: u64 = 1 << 20;
+
+/// Config entries per plugin, and their sizes: config is a handful of
+/// settings, copied into every instance that asks for it.
+pub const MAX_CONFIG_ENTRIES: usize = 256;
+pub const MAX_CONFIG_KEY_BYTES: usize = 256;
+pub const MAX_CONFIG_VALUE_BYTES: usize = 64 << 10;
+
+/// Checks `[plugins]` and resolves every chained plugin's settings.
+pub(super) fn check(
+    source: &SourceFile,
+    file: &TenantPluginsFile,
+    errors: &mut Vec<PolicyError>,
+) -> TenantPlugins {
+    let on_request = check_chain(source, "on_request", &file.on_request, errors);
+    let on_response = check_chain(source, "on_response", &file.on_response, errors);
+    let chained: BTreeSet<&Arc<str>> = on_request.iter().chain(&on_response).collect();
+
+    for (name, table) in &file.config {
+        if !chained.iter().any(|c| ***c == **name) {
+            errors.push(source.error_at(table.span(), unchained("config", name)));
+        }
+    }
+    for (name, table) in &file.limits {
+        if !chained.iter().any(|c| ***c == **name) {
+            errors.push(source.error_at(table.span(), unchained("limits", name)));
+        }
+    }
+
+    let settings = chained
+        .into_iter()
+        .map(|name| {
+            let config = file
+                .config
+                .get(&**name)
+                .map(|table| check_config(source, name, table, errors))
+                .unwrap_or_default();
+            let limits = file
+                .limits
+                .get(&**name)
+                .map(|table| check_limits(source, table.get_ref(), errors))
+                .unwrap_or_default();
+            let settings = PluginSettings {
+                config: Arc::new(config),
+                limits,
+            };
+            (Arc::clone(name), settings)
+        })
+        .collect();
+    TenantPlugins {
+        on_request,
+        on_response,
+        settings,
+    }
+}
+
+fn unchained(table: &str, name: &str) -> String {
+    format!(
+        "`[plugins.{table}.{name}]` is for plugin `{name}`, which is in neither \
+         `on_request` nor `on_response`"
+    )
+}
+
+fn check_chain(
+    source: &SourceFile,
+    key: &str,
+    names: &[Spanned<String>],
+    errors: &mut Vec<PolicyError>,
+) -> Vec<Arc<str>> {
+    if names.len() > MAX_CHAIN_PLUGINS {
+        errors.push(source.error_at(
+            names[MAX_CHAIN_PLUGINS].span(),
+            format!(
+                "`{key}` lists {} plugins; a chain holds at most {MAX_CHAIN_PLUGINS}",
+                names.len()
+            ),
+        ));
+    }
+    let mut chain: Vec<Arc<str>> = Vec::with_capacity(names.len());
+    for name in names {
+        let text = name.get_ref();
+        if !is_valid_name(text) {
+            errors.push(source.error_at(
+                name.span(),
+                format!("plugin name `{text}` in `{key}` is not valid: {NAME_RULE}"),
+            ));
+        } else if chain.iter().any(|c| **c == **text) {
+            errors.push(source.error_at(
+                name.span(),
+                format!("plugin `{text}` is listed twice in `{key}`"),
+            ));
+        } else {
+            chain.push(Arc::from(text.as_str()));
+        }
+    }
+    chain
+}
+
+fn check_config(
+    source: &SourceFile,
+    plugin: &str,
+    table: &Spanned<BTreeMap<String, Spanned<toml::Value>>>,
+    errors: &mut Vec<PolicyError>,
+) -> PluginConfig {
+    let entries = table.get_ref();
+    if entries.len() > MAX_CONFIG_ENTRIES {
+        errors.push(source.error_at(
+            table.span(),
+            format!(
+                "plugin `{plugin}` has {} config entries; at most {MAX_CONFIG_ENTRIES}",
+                entries.len()
+            ),
+        ));
+    }
+    let mut config = PluginConfig::new();
+    for (key, value) in entries {
+        let text = match value.get_ref() {
+            toml::Value::String(s) => s.clone(),
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            toml::Value::Datetime(d) => d.to_string(),
+            toml::Value::Array(_) | toml::Value::Table(_) => {
+                errors.push(source.error_at(
+                    value.span(),
+                    format!(
+                        "config `{key}` of plugin `{plugin}` must be a string, number or \
+                         boolean (plugins read config as text)"
+                    ),
+                ));
+                continue;
+            }
+        };
+        if key.len() > MAX_CONFIG_KEY_BYTES {
+            errors.push(source.error_at(
+                value.span(),
+                format!(
+                    "a config key of plugin `{plugin}` is {} bytes; at most {MAX_CONFIG_KEY_BYTES}",
+                    key.len()
+                ),
+            ));
+        }
+        if text.len() > MAX_CONFIG_VALUE_BYTES {
+            errors.push(source.error_at(
+                value.span(),
+                format!(
+                    "config `{key}` of plugin `{plugin}` is {} bytes; at most \
+                     {MAX_CONFIG_VALUE_BYTES}",
+                    text.len()
+                ),
+            ));
+        }
+        config.insert(key.clone(), text);
+    }
+    config
+}
+
+fn check_limits(
+    source: &SourceFile,
+    file: &PluginLimitsFile,
+    errors: &mut Vec<PolicyError>,
+) -> PluginLimits {
+    let mut limits = PluginLimits::default();
+    let max_deadline_ms = MAX_PLUGIN_DEADLINE.as_millis() as u64;
+    let max_memory_mib = (MAX_MEMORY_BYTES_CEILING >> 20) as u64;
+    if let Some(ms) = within(
+        source,
+        "deadline_ms",
+        &file.deadline_ms,
+        max_deadline_ms,
+        errors,
+    ) {
+        limits.deadline = Duration::from_millis(ms);
+    }
+    if let Some(mib) = within(
+        source,
+        "max_memory_mib",
+        &file.max_memory_mib,
+        max_memory_mib,
+        errors,
+    ) {
+        limits.max_memory_bytes = (mib as usize) << 20;
+    }
+    if let Some(bytes) = within(
+        source,
+        "max_output_bytes",
+        &file.max_output_bytes,
+        MAX_PLUGIN_OUTPUT_BYTES,
+        errors,
+    ) {
+        limits.max_output_bytes = bytes as usize;
+    }
+    if let Some(bytes) = within(
+        source,
+        "max_log_bytes",
+        &file.max_log_bytes,
+        MAX_PLUGIN_LOG_BYTES,
+        errors,
+    ) {
+        limits.max_log_bytes = bytes as usize;
+    }
+    if let Some(n) = within(
+        source,
+        "max_table_elements",
+        &file.max_table_elements,
+        MAX_TABLE_ELEMENTS_CEILING as u64,
+        errors,
+    ) {
+        limits.max_table_elements = n as usize;
+    }
+    limits
+}
+
+/// The value if it is in `1..=max`; otherwise an error at it and `None`.
+fn within(
+    source: &SourceFile,
+    key: &str,
+    value: &Option<Spanned<u64>>,
+    max: u64,
+    errors: &mut Vec<PolicyError>,
+) -> Option<u64> {
+    let value = value.as_ref()?;
+    let n = *value.get_ref();
+    if (1..=max).contains(&n) {
+        Some(n)
+    } else {
+        errors.push(source.error_at(
+            value.span(),
+            format!("`{key}` is {n}; it must be between 1 and {max}"),
+        ));
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::files::TenantFile;
+
+    fn check_text(plugins: &str) -> (TenantPlugins, Vec<String>) {
+        let text = format!(
+            "id = \"t\"\n[jwt]\nissuer = \"i\"\naudience = [\"a\"]\nalgorithms = [\"EdDSA\"]\n{plugins}"
+        );
+        let source = SourceFile::new("tenants/t.toml", text.clone());
+        let doc: TenantFile = toml::from_str(&text).expect("parses");
+        let mut errors = Vec::new();
+        let plugins = check(&source, &doc.plugins, &mut errors);
+        (plugins, errors.iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn chains_config_and_limits_resolve() {
+        let (plugins, errors) = check_text(
+            "[plugins]\non_request = [\"system-prompt\", \"pii-redact\"]\n\
+             on_response = [\"pii-redact\"]\n\
+             [plugins.config.system-prompt]\nprompt = \"Be brief.\"\nrepeat = 2\nloud = false\n\
+             [plugins.limits.pii-redact]\ndeadline_ms = 20\nmax_memory_mib = 32\n",
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            plugins.on_request,
+            vec![Arc::from("system-prompt"), Arc::from("pii-redact")]
+        );
+        assert_eq!(plugins.on_response, vec![Arc::from("pii-redact")]);
+        assert_eq!(plugins.settings.len(), 2);
+        let prompt = &plugins.settings["system-prompt"];
+        assert_eq!(prompt.config["prompt"], "Be brief.");
+        assert_eq!(prompt.config["repeat"], "2");
+        assert_eq!(prompt.config["loud"], "false");
+        assert_eq!(prompt.limits, PluginLimits::default());
+        let pii = &plugins.settings["pii-redact"];
+        assert!(pii.config.is_empty());
+        assert_eq!(pii.limits.deadline, Duration::from_millis(20));
+        assert_eq!(pii.limits.max_memory_bytes, 32 << 20);
+        assert_eq!(
+            pii.limits.max_output_bytes,
+            PluginLimits::default().max_output_bytes
+        );
+    }
+
+    #[test]
+    fn no_plugins_table_means_no_chain() {
+        let (plugins, errors) = check_text("");
+        assert!(errors.is_empty());
+        assert!(plugins.is_empty());
+        assert!(plugins.settings.is_empty());
+    }
+
+    #[test]
+    fn every_mistake_is_named_with_its_place() {
+        let (_, errors) = check_text(
+            "[plugins]\non_request = [\"a\", \"a\", \"Bad_Name\"]\n\
+             [plugins.config.ghost]\nx = \"1\"\n\
+             [plugins.config.a]\nlist = [1, 2]\n\
+             [plugins.limits.a]\ndeadline_ms = 0\nmax_memory_mib = 100000\n",
+        );
+        let all = errors.join("\n");
+        for expected in [
+            "tenants/t.toml:2:20: plugin `a` is listed twice in `on_request`",
+            "plugin name `Bad_Name` in `on_request` is not valid",
+            "`[plugins.config.ghost]` is for plugin `ghost`, which is in neither",
+            "config `list` of plugin `a` must be a string, number or boolean",
+            "`deadline_ms` is 0; it must be between 1 and 1000",
+            "`max_memory_mib` is 100000; it must be between 1 and 256",
+        ] {
+            assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+        }
+        assert_eq!(errors.len(), 6, "{all}");
+    }
+
+    #[test]
+    fn chains_are_bounded() {
+        let names: Vec<String> = (0..=MAX_CHAIN_PLUGINS)
+            .map(|i| format!("\"p{i}\""))
+            .collect();
+        let (_, errors) = check_text(&format!(
+            "[plugins]\non_response = [{}]\n",
+            names.join(", ")
+        ));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].contains("a chain holds at most 8"), "{errors:?}");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let text = "id = \"t\"\n[jwt]\nissuer = \"i\"\naudience = [\"a\"]\nalgorithms = [\"EdDSA\"]\n\
+                    [plugins]\non_requests = [\"a\"]\n";
+        let err = toml::from_str::<TenantFile>(text).unwrap_err().to_string();
+        assert!(err.contains("on_requests"), "{err}");
+        let text = "id = \"t\"\n[jwt]\nissuer = \"i\"\naudience = [\"a\"]\nalgorithms = [\"EdDSA\"]\n\
+                    [plugins]\non_request = [\"a\"]\n[plugins.limits.a]\ndeadline = 5\n";
+        let err = toml::from_str::<TenantFile>(text).unwrap_err().to_string();
+        assert!(err.contains("deadline"), "{err}");
+    }
+}

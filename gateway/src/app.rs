@@ -144,6 +144,7 @@ pub async fn serve(
         snapshot,
         upstream,
         metrics,
+        plugins: crate::plugins::PluginRegistry::default(),
     };
     let router = api::router(
         app,

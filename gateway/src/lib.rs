@@ -12,5 +12,8 @@ pub mod plugins;
 pub mod policy;
 mod upstream;
 
-pub use api::{ApiError, App, Endpoint, InferenceRequest, Prompt, Snapshot};
+pub use api::{
+    ApiError, App, Endpoint, InferenceRequest, LocalReport, LocalRun, LocalRunError, Prompt,
+    Snapshot, request_json, run_locally,
+};
 pub use app::{ServeError, ServeOptions, build_snapshot, serve};

@@ -131,6 +131,29 @@ impl ApiError {
         )
     }
 
+    /// A tenant plugin refused the request or response: its status
+    /// (400–499) and its message, as the tenant wrote it.
+    pub fn plugin_rejected(status: u16, message: String) -> Self {
+        Self::new(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
+            "invalid_request_error",
+            "plugin_rejected",
+            message,
+        )
+    }
+
+    /// A tenant plugin failed (trap, deadline, memory, output size, an
+    /// invalid rewrite): 502, or 503 when every instance slot was busy.
+    /// `code` names the limit or fault (`plugin_timeout`, …).
+    pub fn plugin_failed(code: &'static str, retryable: bool, message: String) -> Self {
+        let status = if retryable {
+            StatusCode::SERVICE_UNAVAILABLE
+        } else {
+            StatusCode::BAD_GATEWAY
+        };
+        Self::new(status, "plugin_error", code, message)
+    }
+
     /// 500 for a bug of ours; the detail goes to the log, not the client.
     pub fn internal(detail: impl std::fmt::Display) -> Self {
         tracing::error!("internal error: {detail}");

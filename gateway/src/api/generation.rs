@@ -16,6 +16,7 @@ use futures_util::{Stream, StreamExt};
 use tonic::Streaming;
 
 use super::error::ApiError;
+use super::hooks::Hooks;
 use super::respond::{Finish, ResponseMeta, Usage};
 use crate::limits::Admission;
 use crate::metrics::{Metrics, TenantLabels, TokenLabels};
@@ -169,57 +170,107 @@ impl Generation {
         }
     }
 
-    /// Runs to the end and returns the whole response body.
-    pub async fn collect(mut self) -> Result<serde_json::Value, ApiError> {
+    /// Runs to the end and returns the whole response body, after the
+    /// tenant's `on-response` chain if it has one.
+    pub async fn collect(mut self, hooks: Option<Hooks>) -> Result<serde_json::Value, ApiError> {
         let mut text = String::new();
-        loop {
+        let (finish, usage) = loop {
             match self.next_piece().await? {
                 Piece::Text(piece) => text.push_str(&piece),
-                Piece::Finished(finish, usage) => {
-                    return Ok(self.meta.complete(&text, finish, usage));
-                }
+                Piece::Finished(finish, usage) => break (finish, usage),
             }
-        }
+        };
+        let (text, finish) = match hooks {
+            Some(hooks) => {
+                let response = crate::plugins::Response {
+                    model: self.meta.model.clone(),
+                    text,
+                    finish_reason: finish.as_str().to_string(),
+                    prompt_tokens: usage.prompt_tokens,
+                    completion_tokens: usage.completion_tokens,
+                };
+                hooks.on_response(response).await?.1
+            }
+            None => (text, finish),
+        };
+        Ok(self.meta.complete(&text, finish, usage))
     }
 
     /// The SSE events: chunks, the usage chunk if asked, `[DONE]`; a failure
     /// midway becomes one `{"error":…}` event and the stream ends without
-    /// `[DONE]` (the OpenAI SDKs raise it as an API error).
-    pub fn into_sse(self, include_usage: bool) -> impl Stream<Item = Result<Event, Infallible>> {
+    /// `[DONE]` (the OpenAI SDKs raise it as an API error). With `hooks`,
+    /// each delta goes through the tenant's `on-chunk` chain (a delta the
+    /// plugins hold back sends nothing) and what they held back at the end
+    /// comes out of `on-stream-end` as one last text chunk.
+    pub fn into_sse(
+        self,
+        include_usage: bool,
+        hooks: Option<Hooks>,
+    ) -> impl Stream<Item = Result<Event, Infallible>> {
         use super::openai::Endpoint;
         enum State {
-            First(Generation),
-            Running(Generation),
+            First(Generation, Option<Hooks>),
+            Running(Generation, Option<Hooks>),
             Done,
         }
         let json = |v: serde_json::Value| Event::default().data(v.to_string());
-        futures_util::stream::unfold(State::First(self), move |state| async move {
-            let mut generation = match state {
+        let failed = move |generation: &Generation, error: ApiError| {
+            generation.metrics.reject(&generation.tenant, error.code);
+            Some((vec![json(error.body())], State::Done))
+        };
+        futures_util::stream::unfold(State::First(self, hooks), move |state| async move {
+            let (mut generation, hooks) = match state {
                 State::Done => return None,
-                State::First(generation) if generation.meta.endpoint == Endpoint::Chat => {
+                State::First(generation, hooks) if generation.meta.endpoint == Endpoint::Chat => {
                     let chunk = generation.meta.chunk("", true, None, include_usage);
-                    return Some((vec![json(chunk)], State::Running(generation)));
+                    return Some((vec![json(chunk)], State::Running(generation, hooks)));
                 }
-                State::First(generation) | State::Running(generation) => generation,
+                State::First(generation, hooks) | State::Running(generation, hooks) => {
+                    (generation, hooks)
+                }
             };
             match generation.next_piece().await {
                 Ok(Piece::Text(text)) => {
-                    let chunk = generation.meta.chunk(&text, false, None, include_usage);
-                    Some((vec![json(chunk)], State::Running(generation)))
+                    let (hooks, text) = match hooks {
+                        Some(hooks) => match hooks.on_chunk(text).await {
+                            Ok((hooks, text)) => (Some(hooks), text),
+                            Err(error) => return failed(&generation, error),
+                        },
+                        None => (None, text),
+                    };
+                    let events = if text.is_empty() {
+                        Vec::new()
+                    } else {
+                        vec![json(generation.meta.chunk(
+                            &text,
+                            false,
+                            None,
+                            include_usage,
+                        ))]
+                    };
+                    Some((events, State::Running(generation, hooks)))
                 }
                 Ok(Piece::Finished(finish, usage)) => {
+                    let mut events = Vec::new();
+                    if let Some(hooks) = hooks {
+                        match hooks.on_stream_end().await {
+                            Ok((_, tail)) if !tail.is_empty() => {
+                                let meta = &generation.meta;
+                                events.push(json(meta.chunk(&tail, false, None, include_usage)));
+                            }
+                            Ok(_) => {}
+                            Err(error) => return failed(&generation, error),
+                        }
+                    }
                     let meta = &generation.meta;
-                    let mut events = vec![json(meta.chunk("", false, Some(finish), include_usage))];
+                    events.push(json(meta.chunk("", false, Some(finish), include_usage)));
                     if include_usage {
                         events.push(json(meta.usage_chunk(usage)));
                     }
                     events.push(Event::default().data("[DONE]"));
                     Some((events, State::Done))
                 }
-                Err(error) => {
-                    generation.metrics.reject(&generation.tenant, error.code);
-                    Some((vec![json(error.body())], State::Done))
-                }
+                Err(error) => failed(&generation, error),
             }
         })
         .flat_map(|events| futures_util::stream::iter(events.into_iter().map(Ok)))

@@ -5,10 +5,12 @@
 //!
 //! ```text
 //! headers+body ─auth─▶ Authenticated ─shape,model─▶ Validated ─limits─▶ Admitted
-//!     ─gRPC─▶ Generation (Started seen) ─▶ JSON body | SSE stream
+//!     ─on-request plugins─▶ ─gRPC─▶ Generation (Started seen)
+//!     ─on-response / on-chunk plugins─▶ JSON body | SSE stream
 //! ```
 //! Nothing reaches the gpu-host before `Admitted`, so a refused request costs
-//! no GPU work.
+//! no GPU work; plugins run after admission, so the tenant's rate limits
+//! bound the plugin work it can cause (see `hooks`).
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -23,6 +25,7 @@ use bulkhead_protocol::v1::{self, generate_request};
 
 use super::error::{ApiError, header_map};
 use super::generation::{Generation, GenerationContext};
+use super::hooks::{Hooks, TenantRules, effective_max_tokens};
 use super::openai::{COMPLETIONS_DEFAULT_MAX_TOKENS, Endpoint, InferenceRequest, Prompt};
 use super::respond::ResponseMeta;
 use super::{App, Snapshot, random_seed, request_id};
@@ -145,6 +148,12 @@ async fn serve(
 
     // Validated: shape, model and size, before any budget is spent.
     let (request, max_tokens) = validate(tenant, endpoint, &body)?;
+    let hooks = Hooks::resolve(
+        &tenant.id,
+        &tenant.plugins,
+        |name| app.plugins.get(&tenant.id, name),
+        &app.metrics,
+    )?;
 
     // Admitted.
     let estimate = request.prompt_token_bound() + u64::from(max_tokens);
@@ -156,9 +165,26 @@ async fn serve(
 
     let deadline =
         tokio::time::Instant::from_std(started_at + snapshot.policy.gateway.request_timeout);
-    let result = run(
-        app, tenant, request, max_tokens, admission, deadline, started_at, request_id,
-    )
+    let result = async {
+        let (hooks, request) = match hooks {
+            Some(hooks) if hooks.has_request_chain() => {
+                let rules = Arc::new(TenantRules::of(tenant));
+                let (hooks, request) = hooks
+                    .on_request(request, rules, request_id.to_string())
+                    .await?;
+                (Some(hooks), request)
+            }
+            hooks => (hooks, request),
+        };
+        let max_tokens = match hooks {
+            Some(_) => effective_max_tokens(&request, tenant.limits.max_tokens),
+            None => max_tokens,
+        };
+        run(
+            app, tenant, request, max_tokens, admission, hooks, deadline, started_at, request_id,
+        )
+        .await
+    }
     .await;
     Ok(match result {
         Ok(mut response) => {
@@ -225,6 +251,7 @@ async fn run(
     request: InferenceRequest,
     max_tokens: u32,
     admission: Admission,
+    hooks: Option<Hooks>,
     deadline: tokio::time::Instant,
     started_at: Instant,
     request_id: &str,
@@ -255,10 +282,12 @@ async fn run(
             started_at,
         },
     );
+    // Only plugins with response hooks see the output.
+    let hooks = hooks.filter(Hooks::has_response_chain);
     if stream {
-        Ok(Sse::new(generation.into_sse(include_usage)).into_response())
+        Ok(Sse::new(generation.into_sse(include_usage, hooks)).into_response())
     } else {
-        Ok(Json(generation.collect().await?).into_response())
+        Ok(Json(generation.collect(hooks).await?).into_response())
     }
 }
 

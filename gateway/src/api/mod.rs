@@ -4,7 +4,9 @@
 
 mod error;
 mod generation;
+mod hooks;
 mod inference;
+mod local_run;
 mod openai;
 mod respond;
 
@@ -26,6 +28,7 @@ use crate::policy::Policy;
 use crate::upstream::{Upstream, UpstreamState};
 
 pub use error::ApiError;
+pub use local_run::{LocalReport, LocalRun, LocalRunError, request_json, run_locally};
 pub use openai::{Endpoint, InferenceRequest, Prompt};
 
 /// Everything a request reads from the control plane, published as one
@@ -43,6 +46,8 @@ pub struct App {
     pub snapshot: Arc<ArcSwap<Snapshot>>,
     pub upstream: Upstream,
     pub metrics: Arc<Metrics>,
+    /// Tenants' uploaded plugins.
+    pub plugins: crate::plugins::PluginRegistry,
 }
 
 /// The router. `max_body_bytes` is the gateway-wide cap, enforced while the

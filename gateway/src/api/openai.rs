@@ -57,12 +57,12 @@ pub struct InferenceRequest {
 /// OpenAI's default `max_tokens` for the legacy completions endpoint.
 pub const COMPLETIONS_DEFAULT_MAX_TOKENS: u32 = 16;
 /// OpenAI allows up to four stop sequences.
-const MAX_STOP: usize = 4;
+pub(crate) const MAX_STOP: usize = 4;
 /// A stop sequence longer than this cannot be meant seriously and costs
 /// matching time on every token.
-const MAX_STOP_BYTES: usize = 256;
+pub(crate) const MAX_STOP_BYTES: usize = 256;
 /// Messages per chat request (the body limit bounds their size).
-const MAX_MESSAGES: usize = 4096;
+pub(crate) const MAX_MESSAGES: usize = 4096;
 
 impl InferenceRequest {
     /// Parses and validates a request body for `endpoint`.

@@ -10,6 +10,8 @@ use super::openai::Endpoint;
 pub enum Finish {
     Stop,
     Length,
+    /// A tenant plugin withheld or cut the text.
+    ContentFilter,
 }
 
 impl Finish {
@@ -17,6 +19,7 @@ impl Finish {
         match self {
             Finish::Stop => "stop",
             Finish::Length => "length",
+            Finish::ContentFilter => "content_filter",
         }
     }
 }

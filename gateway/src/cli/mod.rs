@@ -1,5 +1,6 @@
 //! Command-line interface of `bulkhead`.
 
+mod plugin;
 mod policy;
 mod serve;
 mod token;
@@ -26,6 +27,8 @@ enum Command {
         #[command(subcommand)]
         command: policy::PolicyCommand,
     },
+    /// Check and run plugin components locally (for plugin authors)
+    Plugin(plugin::PluginArgs),
     /// Development tokens and keys (real issuers mint their own tokens)
     Token(token::TokenArgs),
     /// Serve the OpenAI-compatible API until SIGINT/SIGTERM (starting a local
@@ -36,6 +39,7 @@ enum Command {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
         Command::Policy { command } => policy::run(command),
+        Command::Plugin(args) => plugin::run(args),
         Command::Token(args) => token::run(args),
         Command::Serve(a) => serve::run(a),
     }

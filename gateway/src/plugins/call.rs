@@ -64,10 +64,12 @@ enum LimitHit {
     Table,
 }
 
-/// `StoreLimits`, remembering the first limit it refused.
+/// `StoreLimits`, remembering the first limit it refused and the most
+/// memory it granted.
 struct CallLimiter {
     limits: StoreLimits,
     hit: Option<LimitHit>,
+    peak_memory_bytes: usize,
 }
 
 impl CallLimiter {
@@ -79,6 +81,7 @@ impl CallLimiter {
                 .instances(MAX_INSTANCES_PER_STORE)
                 .build(),
             hit: None,
+            peak_memory_bytes: 0,
         }
     }
 
@@ -95,7 +98,9 @@ impl ResourceLimiter for CallLimiter {
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         let allowed = self.limits.memory_growing(current, desired, maximum)?;
-        if !allowed {
+        if allowed {
+            self.peak_memory_bytes = self.peak_memory_bytes.max(desired);
+        } else {
             self.note(LimitHit::Memory);
         }
         Ok(allowed)
@@ -223,6 +228,11 @@ impl PluginCall {
     /// The plugin's name, as errors give it.
     pub fn plugin(&self) -> &str {
         &self.name
+    }
+
+    /// The largest linear memory this instance has grown to, in bytes.
+    pub fn peak_memory_bytes(&self) -> usize {
+        self.store.data().limiter.peak_memory_bytes
     }
 
     /// How much this instance has logged so far.

@@ -20,17 +20,19 @@ mod engine;
 mod error;
 mod host;
 mod limits;
+mod registry;
 mod types;
 mod validate;
 mod wasi;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use call::{CallContext, PluginCall};
 pub use engine::{CompiledPlugin, PluginDigest, PluginEngine, PluginEngineConfig};
 pub use error::{Hook, PluginError};
 pub use host::{LogStats, PluginConfig};
 pub use limits::*;
+pub use registry::PluginRegistry;
 pub use types::{Message, Prompt, Rejection, Request, Response, Sampling};
 pub use validate::{ALLOWED_IMPORTS, AllowedImport, REQUIRED_EXPORTS};

@@ -31,7 +31,22 @@ pub(crate) fn available() -> bool {
 /// Where the guests' `.wasm` files are, after building them on first use.
 fn wasm_dir() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| build().unwrap_or_else(|e| panic!("building the test plugins: {e}")))
+    BUILT.get_or_init(|| {
+        build("tests/plugins", "test-plugins")
+            .unwrap_or_else(|e| panic!("building the test plugins: {e}"))
+    })
+}
+
+/// The bytes of one of the guest SDK's example plugins (`pii-redact`, …),
+/// built on first use into the target dir, where `tests/run-all` (via
+/// `guest-sdk/build`) already built them.
+pub(crate) fn example(name: &str) -> Vec<u8> {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| {
+        build("../guest-sdk", "").unwrap_or_else(|e| panic!("building the examples: {e}"))
+    });
+    let file = dir.join(format!("{}.wasm", name.replace('-', "_")));
+    std::fs::read(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()))
 }
 
 /// The bytes of one guest (`echo`, `rewrite`, `hostile`, `observer`,
@@ -41,13 +56,15 @@ pub(crate) fn guest(name: &str) -> Vec<u8> {
     std::fs::read(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()))
 }
 
-fn build() -> Result<PathBuf, String> {
+/// Builds the workspace at `workspace` (relative to the gateway crate) into
+/// the target dir's `subdir`.
+fn build(workspace: &str, subdir: &str) -> Result<PathBuf, String> {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let manifest = crate_dir.join("tests/plugins/Cargo.toml");
+    let manifest = crate_dir.join(workspace).join("Cargo.toml");
     let target_dir = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| crate_dir.join("../target"))
-        .join("test-plugins");
+        .join(subdir);
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let output = Command::new(cargo)
         .args([

@@ -16,10 +16,11 @@ macro_rules! require_guests {
         }
     };
 }
+pub(crate) use require_guests;
 
 mod bench;
 mod calls;
-mod guests;
+pub(crate) mod guests;
 mod hostile;
 mod upload;
 
@@ -46,7 +47,7 @@ fn engine() -> &'static PluginEngine {
 
 /// A test guest, compiled once per process (the lock is held while
 /// compiling, so parallel tests do not compile the same guest twice).
-fn compiled(name: &str) -> CompiledPlugin {
+pub(crate) fn compiled(name: &str) -> CompiledPlugin {
     static CACHE: OnceLock<Mutex<HashMap<String, CompiledPlugin>>> = OnceLock::new();
     let mut cache = CACHE
         .get_or_init(Mutex::default)

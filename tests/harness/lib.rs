@@ -70,6 +70,56 @@ fn newest_mtime(dir: &Path) -> Option<std::time::SystemTime> {
     newest
 }
 
+/// A plugin component built from Rust for `wasm32-wasip2`: `crate_name`
+/// of the guest SDK's examples (`guest-sdk/`, e.g. `pii-redact`) or of the
+/// test guests (`gateway/tests/plugins/`, e.g. `test-plugin-mirror`). Each
+/// workspace is built (release) once per test process into the target
+/// dir's `wasm32-wasip2/` (where `tests/run-all` already built the
+/// examples, so that build is a no-op in CI).
+pub fn plugin_wasm(workspace: &str, crate_name: &str) -> Vec<u8> {
+    use std::collections::HashMap;
+    use std::sync::OnceLock;
+    static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let dir = {
+        let mut built = BUILT.get_or_init(Mutex::default).lock().unwrap();
+        built
+            .entry(workspace.to_string())
+            .or_insert_with(|| build_plugins(workspace))
+            .clone()
+    };
+    let file = dir.join(format!("{}.wasm", crate_name.replace('-', "_")));
+    std::fs::read(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()))
+}
+
+fn build_plugins(workspace: &str) -> PathBuf {
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target"));
+    // The test guests keep their own dir, as the gateway's unit tests build them.
+    let target_dir = match workspace {
+        "guest-sdk" => target_dir,
+        _ => target_dir.join("test-plugins"),
+    };
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["build", "--release", "--locked", "--target", "wasm32-wasip2"])
+        .arg("--manifest-path")
+        .arg(repo().join(workspace).join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("CARGO_BUILD_TARGET")
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "building the plugins of {workspace} failed (`rustup target add wasm32-wasip2`?):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    target_dir.join("wasm32-wasip2/release")
+}
+
 /// The demo model every e2e test serves.
 pub fn demo_model() -> PathBuf {
     repo()
@@ -365,6 +415,35 @@ impl Client {
         stream.write_all(head.as_bytes())?;
         stream.write_all(body.as_bytes())?;
         Ok(stream)
+    }
+
+    /// A request with a binary body (a plugin upload).
+    pub fn request_bytes(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        content_type: &str,
+        body: &[u8],
+    ) -> Response {
+        let mut stream = TcpStream::connect(self.addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(120)))
+            .unwrap();
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n",
+            self.addr,
+            body.len()
+        );
+        if let Some(token) = token {
+            head.push_str(&format!("authorization: Bearer {token}\r\n"));
+        }
+        head.push_str("\r\n");
+        stream.write_all(head.as_bytes()).unwrap();
+        stream.write_all(body).unwrap();
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).unwrap();
+        Response::parse(&raw)
     }
 
     /// Opens a streaming request; read its events with [`EventStream::next_event`].

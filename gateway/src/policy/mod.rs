@@ -20,8 +20,8 @@ use std::time::Duration;
 use bulkhead_protocol::Target;
 
 pub use files::{
-    ClassFile, GatewayFile, JwtFile, LimitsFile, LocalGpuHostFile, ModelFile, TenantFile,
-    TrustFile, UpstreamFile,
+    ClassFile, GatewayFile, JwtFile, LimitsFile, LocalGpuHostFile, ModelFile, PluginsGatewayFile,
+    TenantFile, TrustFile, UpstreamFile,
 };
 pub use load::{MAX_CLASS_FILES, MAX_FILE_BYTES, MAX_TENANT_FILES, load};
 pub use source::{PolicyError, PolicyErrors, SourceFile};
@@ -61,6 +61,14 @@ pub struct GatewaySettings {
     pub request_timeout: Duration,
     pub jwt_leeway: Duration,
     pub upstream: UpstreamSettings,
+    pub plugins: PluginSettings,
+}
+
+/// `[plugins]` of `gateway.toml`, with paths resolved.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PluginSettings {
+    /// The plugin store folder (absolute); `None`: uploads are off.
+    pub store: Option<PathBuf>,
 }
 
 /// How the gateway reaches its gpu-host.

@@ -17,11 +17,13 @@ use std::time::Duration;
 use bulkhead_protocol::Target;
 use toml::Spanned;
 
-use super::files::{GatewayFile, LimitsFile, LocalGpuHostFile, ModelFile, UpstreamFile};
+use super::files::{
+    GatewayFile, LimitsFile, LocalGpuHostFile, ModelFile, PluginsGatewayFile, UpstreamFile,
+};
 use super::load::{Folder, Parsed, io_reason};
 use super::{
-    ClassFile, DEFAULT_LISTEN, GatewaySettings, Limits, LocalGpuHost, Policy, PolicyError,
-    SourceFile, TenantFile, TenantPolicy, UpstreamSettings,
+    ClassFile, DEFAULT_LISTEN, GatewaySettings, Limits, LocalGpuHost, PluginSettings, Policy,
+    PolicyError, SourceFile, TenantFile, TenantPolicy, UpstreamSettings,
 };
 
 const DEFAULT_MAX_BODY_BYTES: u64 = 1 << 20;
@@ -143,6 +145,8 @@ fn check_gateway(
         }
     };
 
+    let plugins = check_plugins(dir, source, file.plugins.as_ref(), errors);
+
     Gateway {
         settings: GatewaySettings {
             listen,
@@ -150,6 +154,7 @@ fn check_gateway(
             request_timeout: Duration::from_millis(request_timeout_ms),
             jwt_leeway: Duration::from_secs(jwt_leeway_s),
             upstream,
+            plugins,
         },
         served_models: served_models.filter(|_| known),
         body_cap: known.then_some(max_body_bytes),
@@ -158,6 +163,53 @@ fn check_gateway(
             ..Limits::DEFAULT
         },
     }
+}
+
+/// `[plugins]`: the store folder, resolved against the policy folder. It
+/// must lie outside it: the policy folder is watched, and every store write
+/// would wake a reload.
+fn check_plugins(
+    dir: &Path,
+    source: &SourceFile,
+    plugins: Option<&PluginsGatewayFile>,
+    errors: &mut Vec<PolicyError>,
+) -> PluginSettings {
+    let Some(store) = plugins.and_then(|p| p.store.as_ref()) else {
+        return PluginSettings::default();
+    };
+    let path = lexically_normal(&dir.join(store.get_ref()));
+    if store.get_ref().as_os_str().is_empty() {
+        errors.push(source.error_at(
+            store.span(),
+            "`store` is empty: name a folder for the plugin store, e.g. \"../var/plugins\"",
+        ));
+    } else if path.starts_with(lexically_normal(dir)) {
+        errors.push(source.error_at(
+            store.span(),
+            format!(
+                "the plugin store {} is inside the policy folder, which is watched for \
+                 changes: put it outside, e.g. \"../var/plugins\"",
+                path.display()
+            ),
+        ));
+    }
+    PluginSettings { store: Some(path) }
+}
+
+/// `path` with `.` and `..` resolved by name (symlinks are not followed).
+fn lexically_normal(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 fn check_upstream(

@@ -21,6 +21,7 @@ mod bench;
 mod calls;
 mod guests;
 mod hostile;
+mod store;
 mod upload;
 
 use std::collections::HashMap;

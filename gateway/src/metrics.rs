@@ -42,6 +42,14 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginUploadLabels {
+    pub tenant: String,
+    /// `created`, `replaced`, `unchanged`, or the error `code` that refused
+    /// it (`plugin_forbidden_import`, `plugin_too_large`, …).
+    pub result: &'static str,
+}
+
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -61,6 +69,7 @@ pub struct Metrics {
     pub policy_reloads: Family<ResultLabels, Counter>,
     pub upstream_starts: Counter,
     pub upstream_ready: Gauge,
+    pub plugin_uploads: Family<PluginUploadLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -121,6 +130,12 @@ impl Metrics {
             "1 while the gpu-host accepts requests",
             upstream_ready.clone(),
         );
+        let plugin_uploads = Family::<PluginUploadLabels, Counter>::default();
+        registry.register(
+            "plugin_uploads",
+            "Plugin uploads by tenant and result (the error code when refused)",
+            plugin_uploads.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -131,6 +146,7 @@ impl Metrics {
             policy_reloads,
             upstream_starts,
             upstream_ready,
+            plugin_uploads,
         }
     }
 

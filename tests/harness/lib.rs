@@ -79,20 +79,34 @@ pub fn demo_model() -> PathBuf {
 }
 
 /// A policy folder in a fresh temp dir, starting as a copy of `policies/`
-/// with a `gateway.toml` pointing at the demo model by absolute path.
+/// with a `gateway.toml` pointing at the demo model by absolute path, and a
+/// plugin store of its own beside it (outside the watched folder).
 #[derive(Debug)]
 pub struct PolicyDir {
     pub path: PathBuf,
+    /// The plugin store `gateway.toml` names (`[plugins] store`).
+    pub store: PathBuf,
 }
 
 impl PolicyDir {
     pub fn new(name: &str) -> PolicyDir {
         let path = std::env::temp_dir().join(format!("bulkhead-e2e-{name}-{}", std::process::id()));
+        let store =
+            path.with_file_name(format!("bulkhead-e2e-{name}-{}-store", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
+        let _ = std::fs::remove_dir_all(&store);
         copy_dir(&repo().join("policies"), &path);
-        let dir = PolicyDir { path };
-        dir.write("gateway.toml", &gateway_toml(""));
+        let dir = PolicyDir { path, store };
+        dir.write(
+            "gateway.toml",
+            &format!("{}{}", gateway_toml(""), dir.plugins_table()),
+        );
         dir
+    }
+
+    /// The `[plugins]` table naming this folder's own store.
+    pub fn plugins_table(&self) -> String {
+        format!("\n[plugins]\nstore = \"{}\"\n", self.store.display())
     }
 
     /// Writes (atomically: temp file + rename) a file of the folder.
@@ -131,6 +145,7 @@ impl PolicyDir {
 impl Drop for PolicyDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
+        let _ = std::fs::remove_dir_all(&self.store);
     }
 }
 
@@ -342,6 +357,22 @@ impl Client {
         Ok(Response::parse(&raw))
     }
 
+    /// A request with a binary body of `content_type` (plugin uploads).
+    pub fn request_bytes(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        content_type: &str,
+        body: &[u8],
+    ) -> Response {
+        let mut raw = Vec::new();
+        self.send_bytes(method, path, token, content_type, body)
+            .and_then(|mut stream| stream.read_to_end(&mut raw))
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        Response::parse(&raw)
+    }
+
     /// Sends a request and returns the open connection (for streaming).
     pub fn send(
         &self,
@@ -350,11 +381,22 @@ impl Client {
         token: Option<&str>,
         body: Option<&str>,
     ) -> std::io::Result<TcpStream> {
+        let body = body.unwrap_or("");
+        self.send_bytes(method, path, token, "application/json", body.as_bytes())
+    }
+
+    fn send_bytes(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        content_type: &str,
+        body: &[u8],
+    ) -> std::io::Result<TcpStream> {
         let mut stream = TcpStream::connect(self.addr)?;
         stream.set_read_timeout(Some(Duration::from_secs(120)))?;
-        let body = body.unwrap_or("");
         let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+            "{method} {path} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n",
             self.addr,
             body.len()
         );
@@ -363,7 +405,7 @@ impl Client {
         }
         head.push_str("\r\n");
         stream.write_all(head.as_bytes())?;
-        stream.write_all(body.as_bytes())?;
+        stream.write_all(body)?;
         Ok(stream)
     }
 

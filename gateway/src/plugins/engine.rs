@@ -283,13 +283,13 @@ fn deserialize_verified(
 ) -> Result<Component, PluginError> {
     // SAFETY: `Component::deserialize` requires bytes that wasmtime itself
     // produced with `serialize`. A `VerifiedArtifact` exists only after its
-    // HMAC-SHA256 checked out under the store's 32-byte random key (0600,
-    // never leaves the store), and that MAC is written only over the output
-    // of `CompiledPlugin::serialize` on a component this gateway compiled
-    // from the same digest with the same engine settings. Forging one needs
-    // the key; anyone who can read the key can already write the gateway's
-    // files. wasmtime still checks the header's version and engine settings
-    // and refuses a mismatch with an error.
+    // HMAC-SHA256 checked out under the store's 32-byte random key, and that
+    // MAC is written only over the output of `CompiledPlugin::serialize` on
+    // a component this gateway compiled from the same digest with the same
+    // engine settings. Forging one needs the key, a 0600 file in a 0700
+    // folder: only the gateway's own user (or root) can read it, and they
+    // can change the gateway's code anyway. wasmtime still checks the
+    // header's version and engine settings and refuses a mismatch.
     unsafe { Component::deserialize(engine, artifact.bytes()) }.map_err(|e| PluginError::Compile {
         reason: format!("the cached artifact does not load: {e:#}"),
     })

@@ -14,7 +14,8 @@ use crate::api::{self, App, Snapshot};
 use crate::auth::Verifiers;
 use crate::limits::Limiters;
 use crate::metrics::{Metrics, ResultLabels};
-use crate::policy::{self, PolicyErrors, UpstreamSettings};
+use crate::plugins::{PluginEngine, PluginEngineConfig, PluginError, PluginRegistry, StoreError};
+use crate::policy::{self, GatewayPlugins, PolicyErrors, UpstreamSettings};
 use crate::upstream::{
     ChildConfig, DEFAULT_READY_WAIT, Supervised, Supervisor, SupervisorError, Upstream,
     UpstreamError, UpstreamState,
@@ -46,6 +47,10 @@ pub enum ServeError {
     Watch(String),
     #[error("serving HTTP: {0}")]
     Http(std::io::Error),
+    #[error("starting the plugin engine: {0}")]
+    PluginEngine(#[from] PluginError),
+    #[error(transparent)]
+    PluginStore(#[from] StoreError),
 }
 
 /// Loads and validates a policy folder into a snapshot: the policy, its
@@ -90,6 +95,7 @@ pub async fn serve(
     }
     let metrics = Arc::new(Metrics::new());
     let snapshot = Arc::new(ArcSwap::from_pointee(first));
+    let plugins = open_plugins(&gateway.plugins).await?;
 
     let (upstream, supervisor) = match &gateway.upstream {
         UpstreamSettings::Local(host) => {
@@ -144,7 +150,7 @@ pub async fn serve(
         snapshot,
         upstream,
         metrics,
-        plugins: crate::plugins::PluginRegistry::default(),
+        plugins,
     };
     let router = api::router(
         app,
@@ -169,6 +175,24 @@ pub async fn serve(
     served
 }
 
+/// The plugin registry: the store loaded (every plugin compiled or read
+/// from its cache, failures logged), or none when `[plugins] store` is
+/// unset. The engine is created here, once, and the registry owns it.
+async fn open_plugins(settings: &GatewayPlugins) -> Result<PluginRegistry, ServeError> {
+    let Some(store) = settings.store.clone() else {
+        tracing::info!("plugin uploads are off: no `[plugins] store` in gateway.toml");
+        return Ok(PluginRegistry::disabled());
+    };
+    let opened = tokio::task::spawn_blocking(move || {
+        let engine = PluginEngine::new(PluginEngineConfig::default())?;
+        Ok::<_, ServeError>(PluginRegistry::open(&store, engine)?)
+    })
+    .await
+    // A panic while loading is a bug: let it surface as one.
+    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
+    Ok(opened.0)
+}
+
 /// Settings read once at start; a reload that changes them says so.
 fn warn_restart_only_changes(running: &policy::GatewaySettings, new: &policy::GatewaySettings) {
     let upstream_changed = match (&running.upstream, &new.upstream) {
@@ -182,9 +206,10 @@ fn warn_restart_only_changes(running: &policy::GatewaySettings, new: &policy::Ga
     if upstream_changed
         || running.listen != new.listen
         || running.max_body_bytes != new.max_body_bytes
+        || running.plugins.store != new.plugins.store
     {
         tracing::warn!(
-            "gateway.toml changed listen, max_body_bytes or the upstream; \
+            "gateway.toml changed listen, max_body_bytes, the upstream or the plugin store; \
              those take effect at the next restart (the rest is live)"
         );
     }

@@ -57,6 +57,14 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginUploadLabels {
+    pub tenant: String,
+    /// `created`, `replaced`, `unchanged`, or the error `code` that refused
+    /// it (`plugin_forbidden_import`, `plugin_too_large`, …).
+    pub result: &'static str,
+}
+
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn plugin_histogram() -> Histogram {
@@ -83,6 +91,7 @@ pub struct Metrics {
     pub plugin_duration: Histograms<HookLabels>,
     pub upstream_starts: Counter,
     pub upstream_ready: Gauge,
+    pub plugin_uploads: Family<PluginUploadLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -156,6 +165,12 @@ impl Metrics {
             "1 while the gpu-host accepts requests",
             upstream_ready.clone(),
         );
+        let plugin_uploads = Family::<PluginUploadLabels, Counter>::default();
+        registry.register(
+            "plugin_uploads",
+            "Plugin uploads by tenant and result (the error code when refused)",
+            plugin_uploads.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -168,6 +183,7 @@ impl Metrics {
             plugin_duration,
             upstream_starts,
             upstream_ready,
+            plugin_uploads,
         }
     }
 

@@ -111,7 +111,11 @@ fn request_plugins_rewrite_what_the_model_sees_and_guards_refuse_with_the_tenant
     );
     assert_eq!(missing.status, 502, "{}", missing.body);
     assert_eq!(missing.error_code(), "plugin_not_found");
-    assert!(missing.body.contains("plugin `prompt-guard`"), "{}", missing.body);
+    assert!(
+        missing.body.contains("plugin `prompt-guard`"),
+        "{}",
+        missing.body
+    );
 
     for name in ["prompt-guard", "system-prompt", "pii-redact"] {
         upload(&gateway, &admin, name, &example(name));
@@ -136,11 +140,20 @@ fn request_plugins_rewrite_what_the_model_sees_and_guards_refuse_with_the_tenant
         "{text}"
     );
     assert!(!text.contains("bob.smith"), "{text}");
-    assert!(text.contains("model=bulkhead-demo-tiny max_tokens=Some(12)"), "{text}");
-    assert!(text.contains("tenant=demo endpoint=chat.completions"), "{text}");
+    assert!(
+        text.contains("model=bulkhead-demo-tiny max_tokens=Some(12)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tenant=demo endpoint=chat.completions"),
+        "{text}"
+    );
     // Token counts stay the gateway's, whatever the plugin's text.
     let usage = &seen.json()["usage"];
-    assert!(usage["completion_tokens"].as_u64().unwrap() <= 12, "{usage}");
+    assert!(
+        usage["completion_tokens"].as_u64().unwrap() <= 12,
+        "{usage}"
+    );
 
     // The same through a stream: `mirror` holds every delta and sends what
     // it saw at the end.
@@ -181,7 +194,11 @@ fn request_plugins_rewrite_what_the_model_sees_and_guards_refuse_with_the_tenant
     assert!(
         gateway.metric(
             "bulkhead_plugin_calls_total",
-            &[("plugin", "mirror"), ("hook", "on-request"), ("result", "ok")]
+            &[
+                ("plugin", "mirror"),
+                ("hook", "on-request"),
+                ("result", "ok")
+            ]
         ) >= 2.0
     );
 }
@@ -191,7 +208,8 @@ fn pii_is_redacted_in_outputs_also_when_a_match_spans_stream_chunks() {
     let policies = PolicyDir::new("chain-stream");
     // `script` turns the model's deltas into pieces that split an email, a
     // card number (Luhn-valid) and a phone number across chunks.
-    let script = "Mail ali|ce@exam|ple.com, card 4111 1111 |1111 1111, phone +1 (415) 5|55-0100. Bye";
+    let script =
+        "Mail ali|ce@exam|ple.com, card 4111 1111 |1111 1111, phone +1 (415) 5|55-0100. Bye";
     policies.write(
         "tenants/demo.toml",
         &demo_tenant(&format!(
@@ -258,8 +276,16 @@ fn a_failing_plugin_fails_only_its_request_with_502_naming_the_plugin_and_limit(
         )
     };
     for (prompt, code, says) in [
-        ("loop", "plugin_timeout", "ran past its deadline of 30ms in on-request"),
-        ("grow", "plugin_memory", "reached its memory limit of 50331648 bytes"),
+        (
+            "loop",
+            "plugin_timeout",
+            "ran past its deadline of 30ms in on-request",
+        ),
+        (
+            "grow",
+            "plugin_memory",
+            "reached its memory limit of 50331648 bytes",
+        ),
         ("panic", "plugin_trap", "trapped in on-request"),
         ("huge", "plugin_output_too_large", "returned"),
     ] {
@@ -281,4 +307,69 @@ fn a_failing_plugin_fails_only_its_request_with_502_naming_the_plugin_and_limit(
         ),
         1.0
     );
+}
+
+#[test]
+fn json_guard_passes_json_with_the_required_keys_and_refuses_the_rest() {
+    let policies = PolicyDir::new("chain-json");
+    let tenant = |required: &str| {
+        demo_tenant(&format!(
+            "[plugins]\non_response = [\"script\", \"json-guard\"]\n\
+             [plugins.config.script]\nscript = '{{\"answer\": |42}}'\n\
+             [plugins.config.json-guard]\nrequired_keys = \"{required}\"\n"
+        ))
+    };
+    policies.write("tenants/demo.toml", &tenant("answer"));
+    let gateway = Gateway::start(&policies);
+    let token = policies.token("demo", &[]);
+    let admin = policies.token("demo", &["--scope", "plugins:write"]);
+    upload(&gateway, &admin, "script", &guest("script"));
+    upload(&gateway, &admin, "json-guard", &example("json-guard"));
+
+    let whole = gateway.request(
+        "POST",
+        "/v1/chat/completions",
+        Some(&token),
+        Some(&chat("JSON please.", json!({}))),
+    );
+    assert_eq!(whole.status, 200, "{}", whole.body);
+    assert_eq!(text_of(&whole.json()), "{\"answer\": 42}");
+    // json-guard holds a stream back until it can check the whole text.
+    let (texts, done, _) = stream_texts(
+        &gateway,
+        &token,
+        &chat("JSON please.", json!({"stream": true})),
+    );
+    assert!(done);
+    assert_eq!(texts, vec!["{\"answer\": 42}".to_string()]);
+
+    // Require a key the answer lacks (a hot reload of the tenant's policy).
+    let oks = gateway.metric("bulkhead_policy_reloads_total", &[("result", "ok")]);
+    policies.write("tenants/demo.toml", &tenant("answer, source"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while gateway.metric("bulkhead_policy_reloads_total", &[("result", "ok")]) <= oks {
+        assert!(std::time::Instant::now() < deadline, "the edit was not loaded");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let refused = gateway.request(
+        "POST",
+        "/v1/chat/completions",
+        Some(&token),
+        Some(&chat("JSON please.", json!({}))),
+    );
+    assert_eq!(refused.status, 422, "{}", refused.body);
+    assert_eq!(refused.error_code(), "plugin_rejected");
+    assert!(refused.body.contains("source"), "{}", refused.body);
+    assert_eq!(refused.header("x-bulkhead-plugin"), Some("json-guard"));
+    // Streamed: the 200 is already sent, so the refusal is an error event
+    // and the stream ends without [DONE]; nothing of the answer leaks.
+    let (texts, done, events) = stream_texts(
+        &gateway,
+        &token,
+        &chat("JSON please.", json!({"stream": true})),
+    );
+    assert!(!done);
+    assert!(texts.is_empty(), "{texts:?}");
+    let last = events.last().expect("an error event");
+    assert_eq!(last["error"]["code"], "plugin_rejected", "{last}");
 }

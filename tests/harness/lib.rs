@@ -102,7 +102,13 @@ fn build_plugins(workspace: &str) -> PathBuf {
     };
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = Command::new(cargo)
-        .args(["build", "--release", "--locked", "--target", "wasm32-wasip2"])
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "--target",
+            "wasm32-wasip2",
+        ])
         .arg("--manifest-path")
         .arg(repo().join(workspace).join("Cargo.toml"))
         .arg("--target-dir")
@@ -129,20 +135,34 @@ pub fn demo_model() -> PathBuf {
 }
 
 /// A policy folder in a fresh temp dir, starting as a copy of `policies/`
-/// with a `gateway.toml` pointing at the demo model by absolute path.
+/// with a `gateway.toml` pointing at the demo model by absolute path, and a
+/// plugin store of its own beside it (outside the watched folder).
 #[derive(Debug)]
 pub struct PolicyDir {
     pub path: PathBuf,
+    /// The plugin store `gateway.toml` names (`[plugins] store`).
+    pub store: PathBuf,
 }
 
 impl PolicyDir {
     pub fn new(name: &str) -> PolicyDir {
         let path = std::env::temp_dir().join(format!("bulkhead-e2e-{name}-{}", std::process::id()));
+        let store =
+            path.with_file_name(format!("bulkhead-e2e-{name}-{}-store", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
+        let _ = std::fs::remove_dir_all(&store);
         copy_dir(&repo().join("policies"), &path);
-        let dir = PolicyDir { path };
-        dir.write("gateway.toml", &gateway_toml(""));
+        let dir = PolicyDir { path, store };
+        dir.write(
+            "gateway.toml",
+            &format!("{}{}", gateway_toml(""), dir.plugins_table()),
+        );
         dir
+    }
+
+    /// The `[plugins]` table naming this folder's own store.
+    pub fn plugins_table(&self) -> String {
+        format!("\n[plugins]\nstore = \"{}\"\n", self.store.display())
     }
 
     /// Writes (atomically: temp file + rename) a file of the folder.
@@ -181,6 +201,7 @@ impl PolicyDir {
 impl Drop for PolicyDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
+        let _ = std::fs::remove_dir_all(&self.store);
     }
 }
 
@@ -392,32 +413,7 @@ impl Client {
         Ok(Response::parse(&raw))
     }
 
-    /// Sends a request and returns the open connection (for streaming).
-    pub fn send(
-        &self,
-        method: &str,
-        path: &str,
-        token: Option<&str>,
-        body: Option<&str>,
-    ) -> std::io::Result<TcpStream> {
-        let mut stream = TcpStream::connect(self.addr)?;
-        stream.set_read_timeout(Some(Duration::from_secs(120)))?;
-        let body = body.unwrap_or("");
-        let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
-            self.addr,
-            body.len()
-        );
-        if let Some(token) = token {
-            head.push_str(&format!("authorization: Bearer {token}\r\n"));
-        }
-        head.push_str("\r\n");
-        stream.write_all(head.as_bytes())?;
-        stream.write_all(body.as_bytes())?;
-        Ok(stream)
-    }
-
-    /// A request with a binary body (a plugin upload).
+    /// A request with a binary body of `content_type` (plugin uploads).
     pub fn request_bytes(
         &self,
         method: &str,
@@ -426,10 +422,35 @@ impl Client {
         content_type: &str,
         body: &[u8],
     ) -> Response {
-        let mut stream = TcpStream::connect(self.addr).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(120)))
-            .unwrap();
+        let mut raw = Vec::new();
+        self.send_bytes(method, path, token, content_type, body)
+            .and_then(|mut stream| stream.read_to_end(&mut raw))
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        Response::parse(&raw)
+    }
+
+    /// Sends a request and returns the open connection (for streaming).
+    pub fn send(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&str>,
+    ) -> std::io::Result<TcpStream> {
+        let body = body.unwrap_or("");
+        self.send_bytes(method, path, token, "application/json", body.as_bytes())
+    }
+
+    fn send_bytes(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        content_type: &str,
+        body: &[u8],
+    ) -> std::io::Result<TcpStream> {
+        let mut stream = TcpStream::connect(self.addr)?;
+        stream.set_read_timeout(Some(Duration::from_secs(120)))?;
         let mut head = format!(
             "{method} {path} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n",
             self.addr,
@@ -439,11 +460,9 @@ impl Client {
             head.push_str(&format!("authorization: Bearer {token}\r\n"));
         }
         head.push_str("\r\n");
-        stream.write_all(head.as_bytes()).unwrap();
-        stream.write_all(body).unwrap();
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).unwrap();
-        Response::parse(&raw)
+        stream.write_all(head.as_bytes())?;
+        stream.write_all(body)?;
+        Ok(stream)
     }
 
     /// Opens a streaming request; read its events with [`EventStream::next_event`].

@@ -8,6 +8,7 @@ mod hooks;
 mod inference;
 mod local_run;
 mod openai;
+mod plugins;
 mod respond;
 
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use serde_json::json;
 use crate::auth::{Scope, Verifiers};
 use crate::limits::Limiters;
 use crate::metrics::Metrics;
+use crate::plugins::PluginRegistry;
 use crate::policy::Policy;
 use crate::upstream::{Upstream, UpstreamState};
 
@@ -46,17 +48,24 @@ pub struct App {
     pub snapshot: Arc<ArcSwap<Snapshot>>,
     pub upstream: Upstream,
     pub metrics: Arc<Metrics>,
-    /// Tenants' uploaded plugins.
-    pub plugins: crate::plugins::PluginRegistry,
+    /// Tenant plugins: the request path reads them with `get`; the plugin
+    /// API (`plugins.rs`) uploads and deletes them.
+    pub plugins: PluginRegistry,
 }
 
 /// The router. `max_body_bytes` is the gateway-wide cap, enforced while the
-/// body is read; tenants' lower caps are checked after auth.
+/// body is read; tenants' lower caps are checked after auth. Plugin uploads
+/// read their body themselves, capped at the plugin size limit.
 pub fn router(app: App, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(inference::chat))
         .route("/v1/completions", post(inference::completions))
         .route("/v1/models", get(models))
+        .route("/v1/plugins", get(plugins::list))
+        .route(
+            "/v1/plugins/{name}",
+            get(plugins::get).put(plugins::put).delete(plugins::delete),
+        )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

@@ -364,6 +364,7 @@ fn builds_from_a_policy() {
                 restart_backoff_max: Duration::from_secs(1),
                 models: Vec::new(),
             }),
+            plugins: Default::default(),
         },
         tenants: BTreeMap::from([("acme".to_owned(), tenant)]),
         files: Vec::new(),

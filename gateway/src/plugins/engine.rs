@@ -5,6 +5,7 @@
 //! that instantiates cheaply per call.
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -24,6 +25,7 @@ use super::limits::{
     MAX_COMPILES_IN_FLIGHT, MAX_COMPONENT_BYTES, MAX_MEMORY_BYTES_CEILING,
     MAX_TABLE_ELEMENTS_CEILING, MAX_WASM_STACK_BYTES, MEMORIES_PER_INSTANCE, TABLES_PER_INSTANCE,
 };
+use super::store::VerifiedArtifact;
 use super::{validate, wasi};
 
 /// Engine-wide settings; the defaults are the named constants in `limits`.
@@ -118,15 +120,52 @@ impl PluginEngine {
     ///
     /// Blocks for up to the compile budget: call it from a blocking thread.
     pub fn validate_and_compile(&self, bytes: &[u8]) -> Result<CompiledPlugin, PluginError> {
-        if bytes.len() > MAX_COMPONENT_BYTES {
-            return Err(PluginError::TooLarge {
-                size: bytes.len(),
-                max: MAX_COMPONENT_BYTES,
+        let surface = check_upload(bytes)?;
+        let component = self.compile(bytes)?;
+        self.link(bytes, surface, component)
+    }
+
+    /// A plugin from an artifact this gateway compiled earlier
+    /// ([`CompiledPlugin::serialize`]) and sealed with its store key: no
+    /// compilation, only the cheap checks of [`Self::validate_and_compile`]
+    /// on the original `bytes` (size, component, imports, exports) and the
+    /// link. Fails when the artifact does not belong to `bytes` or was made
+    /// by an incompatible engine; the caller then compiles `bytes` afresh.
+    pub(crate) fn load_precompiled(
+        &self,
+        bytes: &[u8],
+        artifact: &VerifiedArtifact,
+    ) -> Result<CompiledPlugin, PluginError> {
+        let surface = check_upload(bytes)?;
+        if artifact.digest() != PluginDigest::of(bytes) {
+            return Err(PluginError::Compile {
+                reason: "the cached artifact belongs to other bytes".to_string(),
             });
         }
-        let surface = validate::check_surface(bytes)?;
-        let digest = PluginDigest::of(bytes);
-        let component = self.compile(bytes)?;
+        let component = deserialize_verified(&self.inner.engine, artifact)?;
+        self.link(bytes, surface, component)
+    }
+
+    /// What an artifact's MAC binds it to besides its bytes: this engine's
+    /// compilation settings (wasmtime version, target, Cranelift flags,
+    /// features), as a SHA-256 of wasmtime's compatibility hash input.
+    pub(crate) fn compatibility_digest(&self) -> [u8; 32] {
+        let mut hasher = Sha256Hasher(Sha256::new());
+        self.inner
+            .engine
+            .precompile_compatibility_hash()
+            .hash(&mut hasher);
+        hasher.0.finalize().into()
+    }
+
+    /// The compiled component linked against the allowed imports (the
+    /// typed check of imports and hooks), shared by both ways in.
+    fn link(
+        &self,
+        bytes: &[u8],
+        surface: validate::Surface,
+        component: Component,
+    ) -> Result<CompiledPlugin, PluginError> {
         let instance_pre = self
             .inner
             .linker
@@ -135,7 +174,7 @@ impl PluginEngine {
         let pre = PluginPre::new(instance_pre).map_err(incompatible)?;
         Ok(CompiledPlugin {
             inner: Arc::new(CompiledInner {
-                digest,
+                digest: PluginDigest::of(bytes),
                 size_bytes: bytes.len(),
                 imports: surface.imports,
                 pre,
@@ -223,6 +262,54 @@ fn incompatible(e: wasmtime::Error) -> PluginError {
     }
 }
 
+/// The checks every upload passes before it is compiled or loaded: size,
+/// then the import and export surface (`validate.rs`).
+fn check_upload(bytes: &[u8]) -> Result<validate::Surface, PluginError> {
+    if bytes.len() > MAX_COMPONENT_BYTES {
+        return Err(PluginError::TooLarge {
+            size: bytes.len(),
+            max: MAX_COMPONENT_BYTES,
+        });
+    }
+    validate::check_surface(bytes)
+}
+
+/// The one `unsafe` in the gateway: wasmtime trusts a serialized component
+/// to be its own output (it maps the machine code in it as executable).
+#[allow(unsafe_code)]
+fn deserialize_verified(
+    engine: &Engine,
+    artifact: &VerifiedArtifact,
+) -> Result<Component, PluginError> {
+    // SAFETY: `Component::deserialize` requires bytes that wasmtime itself
+    // produced with `serialize`. A `VerifiedArtifact` exists only after its
+    // HMAC-SHA256 checked out under the store's 32-byte random key, and that
+    // MAC is written only over the output of `CompiledPlugin::serialize` on
+    // a component this gateway compiled from the same digest with the same
+    // engine settings. Forging one needs the key, a 0600 file in a 0700
+    // folder: only the gateway's own user (or root) can read it, and they
+    // can change the gateway's code anyway. wasmtime still checks the
+    // header's version and engine settings and refuses a mismatch.
+    unsafe { Component::deserialize(engine, artifact.bytes()) }.map_err(|e| PluginError::Compile {
+        reason: format!("the cached artifact does not load: {e:#}"),
+    })
+}
+
+/// Feeds `Hash` input into SHA-256, so wasmtime's compatibility hash has a
+/// stable, collision-resistant value to MAC.
+struct Sha256Hasher(Sha256);
+
+impl Hasher for Sha256Hasher {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    fn finish(&self) -> u64 {
+        let digest = self.0.clone().finalize();
+        u64::from_le_bytes(digest[..8].try_into().expect("8 bytes of 32"))
+    }
+}
+
 /// One of the engine's `max_compiles_in_flight` slots, held by a compiler
 /// thread until it finishes.
 struct CompileSlot(Arc<AtomicUsize>);
@@ -291,6 +378,24 @@ impl PluginDigest {
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
+
+    /// The digest written as 64 lowercase hex digits (as `Display` prints it).
+    pub fn from_hex(hex: &str) -> Option<PluginDigest> {
+        let hex = hex.as_bytes();
+        if hex.len() != 64 {
+            return None;
+        }
+        let nibble = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        };
+        let mut bytes = [0u8; 32];
+        for (byte, pair) in bytes.iter_mut().zip(hex.chunks_exact(2)) {
+            *byte = nibble(pair[0])? << 4 | nibble(pair[1])?;
+        }
+        Some(PluginDigest(bytes))
+    }
 }
 
 impl fmt::Display for PluginDigest {
@@ -348,6 +453,20 @@ impl CompiledPlugin {
         &self.inner.imports
     }
 
+    /// The compiled machine code in wasmtime's serialized form, for the
+    /// store's artifact cache (read back only through
+    /// [`PluginEngine::load_precompiled`], after its MAC checks out).
+    pub(crate) fn serialize(&self) -> Result<Vec<u8>, PluginError> {
+        self.inner
+            .pre
+            .instance_pre()
+            .component()
+            .serialize()
+            .map_err(|e| PluginError::Compile {
+                reason: format!("serializing the compiled component: {e:#}"),
+            })
+    }
+
     /// A fresh instance for one request, in a fresh store with `call`'s
     /// limits: nothing is shared with any other call. Fails with
     /// `plugin_busy` when every pool slot is taken.
@@ -396,5 +515,15 @@ mod tests {
             PluginDigest::of(b"").to_string(),
             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
         );
+    }
+
+    #[test]
+    fn a_digest_reads_back_from_lowercase_hex_only() {
+        let digest = PluginDigest::of(b"plugin");
+        assert_eq!(PluginDigest::from_hex(&digest.to_string()), Some(digest));
+        let upper = digest.to_string().to_uppercase();
+        for bad in ["", "00", &upper, &"g".repeat(64), &"0".repeat(65)] {
+            assert_eq!(PluginDigest::from_hex(bad), None, "{bad}");
+        }
     }
 }

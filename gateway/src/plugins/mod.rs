@@ -10,6 +10,10 @@
 //! - per request, [`CompiledPlugin::instantiate`] → [`PluginCall`]: a fresh
 //!   store and instance with the call's [`PluginLimits`], then the hooks.
 //!
+//! Uploads are kept by [`PluginRegistry`] (`store/`): on disk by digest,
+//! compiled code cached under a MAC, and an in-memory index the request
+//! path reads with [`PluginRegistry::get`].
+//!
 //! The HTTP layer sees only the plain types here ([`Request`],
 //! [`Response`], [`Rejection`], …); the generated bindings stay inside.
 //! Calls are synchronous: run them on a blocking thread.
@@ -20,7 +24,7 @@ mod engine;
 mod error;
 mod host;
 mod limits;
-mod registry;
+mod store;
 mod types;
 mod validate;
 mod wasi;
@@ -33,6 +37,9 @@ pub use engine::{CompiledPlugin, PluginDigest, PluginEngine, PluginEngineConfig}
 pub use error::{Hook, PluginError};
 pub use host::{LogStats, PluginConfig};
 pub use limits::*;
-pub use registry::PluginRegistry;
+pub use store::{
+    LoadFailure, LoadReport, MAX_PLUGINS_PER_TENANT, PLUGIN_NAME_RULE, PluginInfo, PluginName,
+    PluginRegistry, StoreError, UploadOutcome,
+};
 pub use types::{Message, Prompt, Rejection, Request, Response, Sampling};
 pub use validate::{ALLOWED_IMPORTS, AllowedImport, REQUIRED_EXPORTS};

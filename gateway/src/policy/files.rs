@@ -26,6 +26,21 @@ pub struct GatewayFile {
     pub upstream: Option<UpstreamFile>,
     /// The local gpu-host child started when no `[upstream]` is configured.
     pub local_gpu_host: Option<LocalGpuHostFile>,
+    /// Tenant plugins (`[plugins]`).
+    pub plugins: Option<PluginsGatewayFile>,
+}
+
+/// `[plugins]` in `gateway.toml`: gateway-wide plugin settings.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginsGatewayFile {
+    /// Folder of the tenant plugin store (uploads, compiled artifacts),
+    /// relative to the policy folder unless absolute; created (0700) if
+    /// missing. Unset: the plugin upload API is off. Read at start only.
+    pub store: Option<Spanned<PathBuf>>,
+    /// `[plugins.maximums]`: the most any tenant's `[plugins.limits.NAME]`
+    /// may set; unset fields are the plugin host's ceilings.
+    pub maximums: Option<PluginLimitsFile>,
 }
 
 /// `[upstream]` in `gateway.toml`.

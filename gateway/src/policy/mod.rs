@@ -24,7 +24,7 @@ use crate::plugins::{PluginConfig, PluginLimits};
 
 pub use files::{
     ClassFile, GatewayFile, JwtFile, LimitsFile, LocalGpuHostFile, ModelFile, PluginLimitsFile,
-    TenantFile, TenantPluginsFile, TrustFile, UpstreamFile,
+    PluginsGatewayFile, TenantFile, TenantPluginsFile, TrustFile, UpstreamFile,
 };
 pub use load::{MAX_CLASS_FILES, MAX_FILE_BYTES, MAX_TENANT_FILES, load};
 pub use plugins::{
@@ -68,6 +68,26 @@ pub struct GatewaySettings {
     pub request_timeout: Duration,
     pub jwt_leeway: Duration,
     pub upstream: UpstreamSettings,
+    pub plugins: GatewayPlugins,
+}
+
+/// `[plugins]` of `gateway.toml`, with paths resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatewayPlugins {
+    /// The plugin store folder (absolute); `None`: uploads are off.
+    pub store: Option<PathBuf>,
+    /// The most any tenant may give one plugin; the defaults are clamped to
+    /// these too.
+    pub maximums: PluginLimits,
+}
+
+impl Default for GatewayPlugins {
+    fn default() -> Self {
+        GatewayPlugins {
+            store: None,
+            maximums: plugins::ceilings(),
+        }
+    }
 }
 
 /// How the gateway reaches its gpu-host.

@@ -9,10 +9,10 @@ use std::time::Duration;
 use toml::Spanned;
 
 use super::files::{PluginLimitsFile, TenantPluginsFile};
-use super::validate::{NAME_RULE, is_valid_name};
 use super::{PluginSettings, PolicyError, SourceFile, TenantPlugins};
 use crate::plugins::{
-    MAX_MEMORY_BYTES_CEILING, MAX_TABLE_ELEMENTS_CEILING, PluginConfig, PluginLimits,
+    MAX_MEMORY_BYTES_CEILING, MAX_TABLE_ELEMENTS_CEILING, PLUGIN_NAME_RULE, PluginConfig,
+    PluginLimits, PluginName,
 };
 
 /// Plugins in one chain. Each one adds an instance per request and a hop
@@ -39,12 +39,45 @@ pub const MAX_CONFIG_ENTRIES: usize = 256;
 pub const MAX_CONFIG_KEY_BYTES: usize = 256;
 pub const MAX_CONFIG_VALUE_BYTES: usize = 64 << 10;
 
-/// Checks `[plugins]` and resolves every chained plugin's settings.
+/// The most the plugin host lets any policy grant: what `[plugins.maximums]`
+/// in `gateway.toml` defaults to and may not exceed.
+pub(crate) fn ceilings() -> PluginLimits {
+    PluginLimits {
+        max_memory_bytes: MAX_MEMORY_BYTES_CEILING,
+        max_table_elements: MAX_TABLE_ELEMENTS_CEILING,
+        deadline: MAX_PLUGIN_DEADLINE,
+        max_output_bytes: MAX_PLUGIN_OUTPUT_BYTES as usize,
+        max_log_bytes: MAX_PLUGIN_LOG_BYTES as usize,
+    }
+}
+
+/// `[plugins.maximums]` in `gateway.toml`, each within the host's ceilings.
+pub(super) fn check_maximums(
+    source: &SourceFile,
+    file: &PluginLimitsFile,
+    errors: &mut Vec<PolicyError>,
+) -> PluginLimits {
+    let ceilings = ceilings();
+    check_limits(
+        source,
+        file,
+        &ceilings,
+        &ceilings,
+        "the plugin host's ceiling",
+        errors,
+    )
+}
+
+/// Checks `[plugins]` and resolves every chained plugin's settings; limits
+/// may not exceed the gateway's `maximums`, and unset ones are the defaults
+/// clamped to them.
 pub(super) fn check(
     source: &SourceFile,
     file: &TenantPluginsFile,
+    maximums: &PluginLimits,
     errors: &mut Vec<PolicyError>,
 ) -> TenantPlugins {
+    let defaults = clamp(&PluginLimits::default(), maximums);
     let on_request = check_chain(source, "on_request", &file.on_request, errors);
     let on_response = check_chain(source, "on_response", &file.on_response, errors);
     let chained: BTreeSet<&Arc<str>> = on_request.iter().chain(&on_response).collect();
@@ -68,11 +101,20 @@ pub(super) fn check(
                 .get(&**name)
                 .map(|table| check_config(source, name, table, errors))
                 .unwrap_or_default();
-            let limits = file
-                .limits
-                .get(&**name)
-                .map(|table| check_limits(source, table.get_ref(), errors))
-                .unwrap_or_default();
+            let limits = file.limits.get(&**name).map_or_else(
+                || defaults.clone(),
+                |table| {
+                    let maximum = "gateway.toml's [plugins.maximums]";
+                    check_limits(
+                        source,
+                        table.get_ref(),
+                        &defaults,
+                        maximums,
+                        maximum,
+                        errors,
+                    )
+                },
+            );
             let settings = PluginSettings {
                 config: Arc::new(config),
                 limits,
@@ -112,10 +154,10 @@ fn check_chain(
     let mut chain: Vec<Arc<str>> = Vec::with_capacity(names.len());
     for name in names {
         let text = name.get_ref();
-        if !is_valid_name(text) {
+        if PluginName::parse(text).is_err() {
             errors.push(source.error_at(
                 name.span(),
-                format!("plugin name `{text}` in `{key}` is not valid: {NAME_RULE}"),
+                format!("plugin name `{text}` in `{key}` is not valid: {PLUGIN_NAME_RULE}"),
             ));
         } else if chain.iter().any(|c| **c == **text) {
             errors.push(source.error_at(
@@ -188,80 +230,76 @@ fn check_config(
     config
 }
 
+/// Each limit in `1..=` its maximum (`what` names where the maximum comes
+/// from); unset ones are `defaults`'.
 fn check_limits(
     source: &SourceFile,
     file: &PluginLimitsFile,
+    defaults: &PluginLimits,
+    maximums: &PluginLimits,
+    what: &str,
     errors: &mut Vec<PolicyError>,
 ) -> PluginLimits {
-    let mut limits = PluginLimits::default();
-    let max_deadline_ms = MAX_PLUGIN_DEADLINE.as_millis() as u64;
-    let max_memory_mib = (MAX_MEMORY_BYTES_CEILING >> 20) as u64;
-    if let Some(ms) = within(
-        source,
+    let mut limits = defaults.clone();
+    let mut check = |key: &str, value: &Option<Spanned<u64>>, max: u64| {
+        let value = value.as_ref()?;
+        let n = *value.get_ref();
+        if (1..=max).contains(&n) {
+            Some(n)
+        } else {
+            errors.push(source.error_at(
+                value.span(),
+                format!("`{key}` is {n}; it must be between 1 and {max} ({what})"),
+            ));
+            None
+        }
+    };
+    if let Some(ms) = check(
         "deadline_ms",
         &file.deadline_ms,
-        max_deadline_ms,
-        errors,
+        maximums.deadline.as_millis() as u64,
     ) {
         limits.deadline = Duration::from_millis(ms);
     }
-    if let Some(mib) = within(
-        source,
+    if let Some(mib) = check(
         "max_memory_mib",
         &file.max_memory_mib,
-        max_memory_mib,
-        errors,
+        (maximums.max_memory_bytes >> 20) as u64,
     ) {
         limits.max_memory_bytes = (mib as usize) << 20;
     }
-    if let Some(bytes) = within(
-        source,
+    if let Some(n) = check(
         "max_output_bytes",
         &file.max_output_bytes,
-        MAX_PLUGIN_OUTPUT_BYTES,
-        errors,
+        maximums.max_output_bytes as u64,
     ) {
-        limits.max_output_bytes = bytes as usize;
+        limits.max_output_bytes = n as usize;
     }
-    if let Some(bytes) = within(
-        source,
+    if let Some(n) = check(
         "max_log_bytes",
         &file.max_log_bytes,
-        MAX_PLUGIN_LOG_BYTES,
-        errors,
+        maximums.max_log_bytes as u64,
     ) {
-        limits.max_log_bytes = bytes as usize;
+        limits.max_log_bytes = n as usize;
     }
-    if let Some(n) = within(
-        source,
+    if let Some(n) = check(
         "max_table_elements",
         &file.max_table_elements,
-        MAX_TABLE_ELEMENTS_CEILING as u64,
-        errors,
+        maximums.max_table_elements as u64,
     ) {
         limits.max_table_elements = n as usize;
     }
     limits
 }
 
-/// The value if it is in `1..=max`; otherwise an error at it and `None`.
-fn within(
-    source: &SourceFile,
-    key: &str,
-    value: &Option<Spanned<u64>>,
-    max: u64,
-    errors: &mut Vec<PolicyError>,
-) -> Option<u64> {
-    let value = value.as_ref()?;
-    let n = *value.get_ref();
-    if (1..=max).contains(&n) {
-        Some(n)
-    } else {
-        errors.push(source.error_at(
-            value.span(),
-            format!("`{key}` is {n}; it must be between 1 and {max}"),
-        ));
-        None
+/// `limits` with each field at most `maximums`'.
+fn clamp(limits: &PluginLimits, maximums: &PluginLimits) -> PluginLimits {
+    PluginLimits {
+        max_memory_bytes: limits.max_memory_bytes.min(maximums.max_memory_bytes),
+        max_table_elements: limits.max_table_elements.min(maximums.max_table_elements),
+        deadline: limits.deadline.min(maximums.deadline),
+        max_output_bytes: limits.max_output_bytes.min(maximums.max_output_bytes),
+        max_log_bytes: limits.max_log_bytes.min(maximums.max_log_bytes),
     }
 }
 
@@ -277,7 +315,7 @@ mod tests {
         let source = SourceFile::new("tenants/t.toml", text.clone());
         let doc: TenantFile = toml::from_str(&text).expect("parses");
         let mut errors = Vec::new();
-        let plugins = check(&source, &doc.plugins, &mut errors);
+        let plugins = check(&source, &doc.plugins, &ceilings(), &mut errors);
         (plugins, errors.iter().map(ToString::to_string).collect())
     }
 
@@ -364,5 +402,60 @@ mod tests {
                     [plugins]\non_request = [\"a\"]\n[plugins.limits.a]\ndeadline = 5\n";
         let err = toml::from_str::<TenantFile>(text).unwrap_err().to_string();
         assert!(err.contains("deadline"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod maximum_tests {
+    use super::*;
+    use crate::policy::files::{GatewayFile, TenantFile};
+
+    #[test]
+    fn tenants_stay_within_the_operators_maximums_and_defaults_are_clamped() {
+        let gateway_text = "[plugins.maximums]\ndeadline_ms = 20\nmax_memory_mib = 32\n";
+        let gateway_source = SourceFile::new("gateway.toml", gateway_text);
+        let gateway: GatewayFile = toml::from_str(gateway_text).unwrap();
+        let mut errors = Vec::new();
+        let maximums = check_maximums(
+            &gateway_source,
+            gateway.plugins.as_ref().unwrap().maximums.as_ref().unwrap(),
+            &mut errors,
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(maximums.deadline, Duration::from_millis(20));
+        assert_eq!(maximums.max_output_bytes, MAX_PLUGIN_OUTPUT_BYTES as usize);
+
+        let text = "id = \"t\"\n[jwt]\nissuer = \"i\"\naudience = [\"a\"]\nalgorithms = [\"EdDSA\"]\n\
+                    [plugins]\non_request = [\"a\", \"b\"]\n\
+                    [plugins.limits.a]\ndeadline_ms = 50\nmax_memory_mib = 16\n";
+        let source = SourceFile::new("tenants/t.toml", text);
+        let doc: TenantFile = toml::from_str(text).unwrap();
+        let plugins = check(&source, &doc.plugins, &maximums, &mut errors);
+        let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(all.len(), 1, "{all:?}");
+        assert!(
+            all[0].contains("`deadline_ms` is 50; it must be between 1 and 20 (gateway.toml's [plugins.maximums])"),
+            "{all:?}"
+        );
+        // `b` has no limits table: the defaults, clamped.
+        let b = &plugins.settings["b"].limits;
+        assert_eq!(b.deadline, Duration::from_millis(20));
+        assert_eq!(b.max_memory_bytes, 32 << 20);
+        assert_eq!(plugins.settings["a"].limits.max_memory_bytes, 16 << 20);
+
+        let over = "[plugins.maximums]\ndeadline_ms = 5000\n";
+        let gateway: GatewayFile = toml::from_str(over).unwrap();
+        let mut errors = Vec::new();
+        check_maximums(
+            &SourceFile::new("gateway.toml", over),
+            gateway.plugins.as_ref().unwrap().maximums.as_ref().unwrap(),
+            &mut errors,
+        );
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0]
+                .to_string()
+                .contains("between 1 and 1000 (the plugin host's ceiling)")
+        );
     }
 }

@@ -17,11 +17,13 @@ use std::time::Duration;
 use bulkhead_protocol::Target;
 use toml::Spanned;
 
-use super::files::{GatewayFile, LimitsFile, LocalGpuHostFile, ModelFile, UpstreamFile};
+use super::files::{
+    GatewayFile, LimitsFile, LocalGpuHostFile, ModelFile, PluginsGatewayFile, UpstreamFile,
+};
 use super::load::{Folder, Parsed, io_reason};
 use super::{
-    ClassFile, DEFAULT_LISTEN, GatewaySettings, Limits, LocalGpuHost, Policy, PolicyError,
-    SourceFile, TenantFile, TenantPolicy, UpstreamSettings,
+    ClassFile, DEFAULT_LISTEN, GatewayPlugins, GatewaySettings, Limits, LocalGpuHost, Policy,
+    PolicyError, SourceFile, TenantFile, TenantPolicy, UpstreamSettings,
 };
 
 const DEFAULT_MAX_BODY_BYTES: u64 = 1 << 20;
@@ -143,6 +145,8 @@ fn check_gateway(
         }
     };
 
+    let plugins = check_plugins(dir, source, file.plugins.as_ref(), errors);
+
     Gateway {
         settings: GatewaySettings {
             listen,
@@ -150,6 +154,7 @@ fn check_gateway(
             request_timeout: Duration::from_millis(request_timeout_ms),
             jwt_leeway: Duration::from_secs(jwt_leeway_s),
             upstream,
+            plugins,
         },
         served_models: served_models.filter(|_| known),
         body_cap: known.then_some(max_body_bytes),
@@ -158,6 +163,63 @@ fn check_gateway(
             ..Limits::DEFAULT
         },
     }
+}
+
+/// `[plugins]`: the store folder, resolved against the policy folder. It
+/// must lie outside it: the policy folder is watched, and every store write
+/// would wake a reload.
+fn check_plugins(
+    dir: &Path,
+    source: &SourceFile,
+    plugins: Option<&PluginsGatewayFile>,
+    errors: &mut Vec<PolicyError>,
+) -> GatewayPlugins {
+    let maximums = match plugins.and_then(|p| p.maximums.as_ref()) {
+        Some(file) => super::plugins::check_maximums(source, file, errors),
+        None => super::plugins::ceilings(),
+    };
+    let Some(store) = plugins.and_then(|p| p.store.as_ref()) else {
+        return GatewayPlugins {
+            store: None,
+            maximums,
+        };
+    };
+    let path = lexically_normal(&dir.join(store.get_ref()));
+    if store.get_ref().as_os_str().is_empty() {
+        errors.push(source.error_at(
+            store.span(),
+            "`store` is empty: name a folder for the plugin store, e.g. \"../var/plugins\"",
+        ));
+    } else if path.starts_with(lexically_normal(dir)) {
+        errors.push(source.error_at(
+            store.span(),
+            format!(
+                "the plugin store {} is inside the policy folder, which is watched for \
+                 changes: put it outside, e.g. \"../var/plugins\"",
+                path.display()
+            ),
+        ));
+    }
+    GatewayPlugins {
+        store: Some(path),
+        maximums,
+    }
+}
+
+/// `path` with `.` and `..` resolved by name (symlinks are not followed).
+fn lexically_normal(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 fn check_upstream(
@@ -398,7 +460,12 @@ fn check_tenants(
         let limits = resolve_limits(&doc.limits, &base);
 
         let models = check_tenant_models(&source, &doc.models, gateway, errors);
-        let plugins = super::plugins::check(&source, &doc.plugins, errors);
+        let plugins = super::plugins::check(
+            &source,
+            &doc.plugins,
+            &gateway.settings.plugins.maximums,
+            errors,
+        );
 
         let issuer = doc.jwt.issuer.get_ref();
         match issuers.get(issuer) {
@@ -517,11 +584,10 @@ fn at_least_one<T: Copy + PartialOrd + From<u8> + Display>(
     Some(*value.get_ref())
 }
 
-pub(crate) const NAME_RULE: &str =
-    "use 1 to 63 of a-z, 0-9, `_` and `-`, starting with a letter or digit";
+const NAME_RULE: &str = "use 1 to 63 of a-z, 0-9, `_` and `-`, starting with a letter or digit";
 
 /// `[a-z0-9][a-z0-9_-]{0,62}`: safe in file names, URLs, metric labels.
-pub(crate) fn is_valid_name(name: &str) -> bool {
+fn is_valid_name(name: &str) -> bool {
     let mut chars = name.chars();
     let first_ok = chars
         .next()

@@ -93,8 +93,18 @@ fn plugin_overhead_and_isolation_through_the_gateway() {
     let noop = policies.token("noop", &[]);
     let attacker = policies.token("attacker", &["--scope", "inference plugins:write"]);
     let noop_admin = policies.token("noop", &["--scope", "plugins:write"]);
-    upload(&gateway, &noop_admin, "echo", &plugin_wasm("gateway/tests/plugins", "test-plugin-echo"));
-    upload(&gateway, &attacker, "hostile", &plugin_wasm("gateway/tests/plugins", "test-plugin-hostile"));
+    upload(
+        &gateway,
+        &noop_admin,
+        "echo",
+        &plugin_wasm("gateway/tests/plugins", "test-plugin-echo"),
+    );
+    upload(
+        &gateway,
+        &attacker,
+        "hostile",
+        &plugin_wasm("gateway/tests/plugins", "test-plugin-hostile"),
+    );
 
     // Warm up both paths (model pages, connection setup, plugin code).
     let body = completion("Hi");

@@ -224,6 +224,7 @@ fn policy(dir: &TempDir, tenants: Vec<TenantPolicy>) -> Policy {
                 restart_backoff_max: Duration::from_secs(1),
                 models: Vec::new(),
             }),
+            plugins: Default::default(),
         },
         tenants: tenants
             .into_iter()

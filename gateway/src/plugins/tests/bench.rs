@@ -59,14 +59,19 @@ fn overhead_of_pii_redact_on_a_2_kb_prompt() {
     let mut samples = Vec::with_capacity(5_000);
     for _ in 0..5_000 {
         let started = Instant::now();
-        let mut call = pii.instantiate(context("pii-redact", relaxed_limits())).unwrap();
+        let mut call = pii
+            .instantiate(context("pii-redact", relaxed_limits()))
+            .unwrap();
         let out = call.on_request(req.clone()).unwrap().unwrap();
         call.on_response(resp.clone()).unwrap().unwrap();
         drop(call);
         samples.push(started.elapsed());
         assert!(matches!(&out.prompt, Prompt::Text(t) if t.contains("[email]")));
     }
-    report("pii-redact: fresh instance + on-request + on-response, 2 KB each", samples);
+    report(
+        "pii-redact: fresh instance + on-request + on-response, 2 KB each",
+        samples,
+    );
 }
 
 fn report(what: &str, mut samples: Vec<std::time::Duration>) {

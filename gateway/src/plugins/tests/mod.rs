@@ -22,6 +22,7 @@ mod bench;
 mod calls;
 pub(crate) mod guests;
 mod hostile;
+mod store;
 mod upload;
 
 use std::collections::HashMap;

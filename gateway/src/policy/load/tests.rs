@@ -649,6 +649,15 @@ fn the_repositorys_default_policies_are_valid() {
     };
     assert_eq!(local.models[0].0, "bulkhead-demo-tiny");
     assert!(local.models[0].1.is_file());
+    // The store sits beside the policy folder, in `var/` (git-ignored).
+    let store = policy
+        .gateway
+        .plugins
+        .store
+        .as_deref()
+        .expect("a plugin store");
+    assert!(store.ends_with("var/plugins"), "{}", store.display());
+    assert!(!store.starts_with(&policy.dir));
 }
 
 #[test]
@@ -672,4 +681,66 @@ fn the_example_tenant_is_a_valid_tenant_file() {
     assert_eq!(acme.limits.max_tokens, 2048);
     assert!(acme.limits.per_sub);
     assert!(acme.jwt.jwks.is_some());
+}
+
+#[test]
+fn the_plugin_store_resolves_against_the_folder_and_must_lie_outside_it() {
+    let folder = valid_folder();
+    assert_eq!(load_ok(&folder).gateway.plugins.store, None);
+
+    folder.write(
+        "gateway.toml",
+        format!("{GATEWAY}\n[plugins]\nstore = \"../var/./plugins\"\n"),
+    );
+    let policy = load_ok(&folder);
+    let parent = policy.dir.parent().unwrap();
+    assert_eq!(
+        policy.gateway.plugins.store.as_deref(),
+        Some(parent.join("var/plugins").as_path())
+    );
+
+    folder.write(
+        "gateway.toml",
+        format!("{GATEWAY}\n[plugins]\nstore = \"/srv/bulkhead/plugins\"\n"),
+    );
+    assert_eq!(
+        load_ok(&folder).gateway.plugins.store.as_deref(),
+        Some(Path::new("/srv/bulkhead/plugins"))
+    );
+
+    folder.write(
+        "gateway.toml",
+        format!("{GATEWAY}\n[plugins]\nstore = \"var/plugins\"\n"),
+    );
+    let inside = policy.dir.join("var/plugins");
+    // `[plugins]` follows GATEWAY and a blank line.
+    let store_line = GATEWAY.lines().count() + 3;
+    assert_eq!(
+        errors(&folder),
+        [format!(
+            "gateway.toml:{store_line}:9: the plugin store {} is inside the policy folder, which is \
+             watched for changes: put it outside, e.g. \"../var/plugins\"",
+            inside.display()
+        )]
+    );
+
+    folder.write(
+        "gateway.toml",
+        format!("{GATEWAY}\n[plugins]\nstore = \"\"\n"),
+    );
+    assert_eq!(
+        errors(&folder),
+        [format!(
+            "gateway.toml:{store_line}:9: `store` is empty: name a folder for the plugin \
+             store, e.g. \"../var/plugins\""
+        )]
+    );
+
+    folder.write(
+        "gateway.toml",
+        format!("{GATEWAY}\n[plugins]\nstore = \"../s\"\nsize = 1\n"),
+    );
+    let errors = errors(&folder);
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(errors[0].contains("unknown field `size`"), "{errors:#?}");
 }

@@ -1,0 +1,267 @@
+//! The tenant plugin API: `PUT /v1/plugins/{name}` (body: the component's
+//! bytes, e.g. `content-type: application/wasm`), `GET /v1/plugins`,
+//! `GET /v1/plugins/{name}`, `DELETE /v1/plugins/{name}`.
+//!
+//! Every call needs the `plugins:write` scope, reads included: the token
+//! that manages a tenant's plugins also lists them, and an inference-only
+//! token learns nothing about them. The tenant is the verified token's;
+//! names are per tenant, so one tenant never sees or touches another's.
+//! Compilation and disk writes run on a blocking thread.
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+use super::error::ApiError;
+use super::{App, inference};
+use crate::auth::{Identity, Scope};
+use crate::metrics::PluginUploadLabels;
+use crate::plugins::{MAX_COMPONENT_BYTES, PluginError, PluginInfo, PluginName, StoreError};
+
+/// `PUT /v1/plugins/{name}`: 201 with the plugin for a new name, 200 when
+/// it replaced (or already held) these bytes.
+pub async fn put(
+    State(app): State<App>,
+    name: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let mut tenant = String::new();
+    let result = upload(&app, name, &headers, body, &mut tenant).await;
+    let label = match &result {
+        Ok((_, outcome)) => outcome.as_str(),
+        Err(error) => error.code,
+    };
+    app.metrics
+        .plugin_uploads
+        .get_or_create(&PluginUploadLabels {
+            tenant,
+            result: label,
+        })
+        .inc();
+    match result {
+        Ok((info, outcome)) => {
+            let status = if outcome == crate::plugins::UploadOutcome::Created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            (status, Json(plugin_json(&info))).into_response()
+        }
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn upload(
+    app: &App,
+    name: Result<Path<String>, PathRejection>,
+    headers: &HeaderMap,
+    body: Body,
+    tenant: &mut String,
+) -> Result<(PluginInfo, crate::plugins::UploadOutcome), ApiError> {
+    let identity = authorize(app, headers)?;
+    tenant.clone_from(&identity.tenant);
+    let name = plugin_name(name)?;
+    let bytes = read_body(headers, body).await?;
+    let registry = app.plugins.clone();
+    let uploaded = tokio::task::spawn_blocking(move || {
+        registry.upload(&identity.tenant, &name, &bytes, identity.sub.as_deref())
+    })
+    .await
+    .map_err(ApiError::internal)?;
+    let (info, outcome) = uploaded.map_err(store_error)?;
+    tracing::info!(
+        tenant = %tenant,
+        plugin = %info.name,
+        digest = %info.digest,
+        size_bytes = info.size_bytes,
+        outcome = outcome.as_str(),
+        "plugin uploaded"
+    );
+    Ok((info, outcome))
+}
+
+/// `GET /v1/plugins`: the tenant's plugins, sorted by name.
+pub async fn list(State(app): State<App>, headers: HeaderMap) -> Response {
+    match authorize(&app, &headers) {
+        Ok(identity) => {
+            let data: Vec<Value> = app
+                .plugins
+                .list(&identity.tenant)
+                .iter()
+                .map(plugin_json)
+                .collect();
+            Json(json!({"object": "list", "data": data})).into_response()
+        }
+        Err(error) => error.into_response(),
+    }
+}
+
+/// `GET /v1/plugins/{name}`.
+pub async fn get(
+    State(app): State<App>,
+    name: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+) -> Response {
+    let found = authorize(&app, &headers).and_then(|identity| {
+        let name = plugin_name(name)?;
+        app.plugins
+            .info(&identity.tenant, name.as_str())
+            .ok_or_else(|| {
+                store_error(StoreError::NotFound {
+                    name: name.to_string(),
+                })
+            })
+    });
+    match found {
+        Ok(info) => Json(plugin_json(&info)).into_response(),
+        Err(error) => error.into_response(),
+    }
+}
+
+/// `DELETE /v1/plugins/{name}`.
+pub async fn delete(
+    State(app): State<App>,
+    name: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+) -> Response {
+    let deleted = async {
+        let identity = authorize(&app, &headers)?;
+        let name = plugin_name(name)?;
+        let registry = app.plugins.clone();
+        let tenant = identity.tenant.clone();
+        let removed = name.clone();
+        tokio::task::spawn_blocking(move || registry.delete(&tenant, &removed))
+            .await
+            .map_err(ApiError::internal)?
+            .map_err(store_error)?;
+        tracing::info!(tenant = %identity.tenant, plugin = %name, "plugin deleted");
+        Ok::<_, ApiError>(name)
+    }
+    .await;
+    match deleted {
+        Ok(name) => Json(json!({
+            "object": "plugin.deleted",
+            "name": name.as_str(),
+            "deleted": true,
+        }))
+        .into_response(),
+        Err(error) => error.into_response(),
+    }
+}
+
+/// A verified token with `plugins:write`, on a gateway with a store.
+fn authorize(app: &App, headers: &HeaderMap) -> Result<Identity, ApiError> {
+    let snapshot = app.snapshot.load();
+    let identity = inference::authenticate(&snapshot, headers)?;
+    identity.require(Scope::PluginsWrite)?;
+    if !app.plugins.enabled() {
+        return Err(store_error(StoreError::Disabled));
+    }
+    Ok(identity)
+}
+
+fn plugin_name(name: Result<Path<String>, PathRejection>) -> Result<PluginName, ApiError> {
+    let Path(name) = name.map_err(|e| {
+        let mut error = ApiError::invalid_param("name", format!("the plugin name: {e}"));
+        error.code = "invalid_plugin_name";
+        error
+    })?;
+    PluginName::parse(&name).map_err(store_error)
+}
+
+/// The body, at most [`MAX_COMPONENT_BYTES`]: a declared length over it is
+/// refused before reading, and reading stops as soon as it is passed.
+/// (The router's body limit is the gateway's `max_body_bytes`, for JSON;
+/// this route reads its body itself.)
+async fn read_body(headers: &HeaderMap, body: Body) -> Result<Vec<u8>, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_COMPONENT_BYTES as u64) {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::with_capacity(declared.map_or(0, |n| n as usize));
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk
+            .map_err(|e| ApiError::invalid_body(format!("the body could not be read: {e}")))?;
+        if bytes.len() + chunk.len() > MAX_COMPONENT_BYTES {
+            return Err(too_large());
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(bytes)
+}
+
+fn too_large() -> ApiError {
+    let mut error = ApiError::too_large(format!(
+        "the component is larger than {MAX_COMPONENT_BYTES} bytes, the most a plugin may be"
+    ));
+    error.code = "plugin_too_large";
+    error
+}
+
+/// The API's view of a stored plugin.
+fn plugin_json(info: &PluginInfo) -> Value {
+    json!({
+        "object": "plugin",
+        "name": info.name,
+        "digest": format!("sha256:{}", info.digest),
+        "size_bytes": info.size_bytes,
+        "imports": info.imports,
+        "created_at": info.created_at,
+    })
+}
+
+fn store_error(e: StoreError) -> ApiError {
+    match e {
+        StoreError::Disabled => ApiError {
+            status: StatusCode::NOT_IMPLEMENTED,
+            kind: "server_error",
+            code: "plugin_uploads_disabled",
+            message: e.to_string(),
+            param: None,
+            headers: None,
+        },
+        StoreError::InvalidName { .. } => {
+            let mut error = ApiError::invalid_param("name", e.to_string());
+            error.code = "invalid_plugin_name";
+            error
+        }
+        StoreError::TooManyPlugins { .. } => ApiError::forbidden("too_many_plugins", e.to_string()),
+        StoreError::NotFound { .. } => ApiError::not_found("plugin_not_found", e.to_string()),
+        StoreError::Refused(e) => refused(e),
+        StoreError::InvalidTenant { .. } | StoreError::InUse { .. } | StoreError::Io { .. } => {
+            ApiError::internal(e)
+        }
+    }
+}
+
+/// An upload the plugin host refused: the uploader's fault (400, naming
+/// the rule), unless the gateway was busy (503, retry) or broken (500).
+fn refused(e: PluginError) -> ApiError {
+    match e {
+        PluginError::TooLarge { .. } => too_large(),
+        PluginError::CompileBusy { .. } => {
+            let mut error = ApiError::unavailable(e.code(), e.to_string());
+            error
+                .headers
+                .get_or_insert_default()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            error
+        }
+        PluginError::Engine { .. } => ApiError::internal(e),
+        e => {
+            let mut error = ApiError::invalid_body(e.to_string());
+            error.code = e.code();
+            error
+        }
+    }
+}

@@ -1,0 +1,544 @@
+//! The tenant plugin store: uploads kept on disk, content-addressed by
+//! SHA-256, with their compiled code cached, and an in-memory index the
+//! request path reads ([`PluginRegistry::get`]) without waiting on disk or
+//! compilation.
+//!
+//! Layout of the store folder (`[plugins] store` in `gateway.toml`; every
+//! folder 0700, every file 0600):
+//!
+//! ```text
+//! STORE/
+//!   lock                            flock'd while a gateway has the store open
+//!   key                             32 random bytes: the artifact MAC key
+//!   blobs/<sha256>.wasm             uploaded bytes, named by their digest
+//!   artifacts/<sha256>.cwasm        compiled code, sealed with the key (artifact.rs)
+//!   tenants/<tenant>/<name>.json    one entry: digest, size_bytes, created_at, uploaded_by
+//! ```
+//!
+//! A blob is shared by every entry with the same bytes, and removed (with
+//! its artifact) when no entry refers to it any more. Writes are atomic
+//! (`disk.rs`): blob, then artifact, then entry, then the old blob's
+//! removal, so a crash at any point leaves a consistent store; opening it
+//! again removes temp files and blobs no entry refers to.
+//!
+//! At open every referenced blob is hashed again: one that no longer
+//! hashes to its name is refused and logged (its entries stay on disk,
+//! unloaded, until re-uploaded or deleted). Its artifact is loaded only if
+//! its MAC verifies; otherwise the blob is compiled again through the full
+//! `validate_and_compile` path and the artifact rewritten.
+//!
+//! Mutations (upload, delete) take one lock for their disk writes and
+//! publish a new index through `ArcSwap`; compilation happens before that
+//! lock. Readers never take it.
+
+mod artifact;
+mod disk;
+mod name;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+
+use super::{CompiledPlugin, PluginDigest, PluginEngine, PluginError};
+use disk::StoreDir;
+
+pub(crate) use artifact::VerifiedArtifact;
+pub use name::{PLUGIN_NAME_RULE, PluginName};
+
+/// Most plugins one tenant may keep. A tenant's chain names a handful;
+/// 64 bounds the disk, memory and compile work one tenant can claim.
+pub const MAX_PLUGINS_PER_TENANT: usize = 64;
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("plugin uploads are off: set `store` in the `[plugins]` table of gateway.toml")]
+    Disabled,
+
+    #[error("the plugin name `{name}` is not valid: use {PLUGIN_NAME_RULE}")]
+    InvalidName { name: String },
+
+    #[error(
+        "this tenant already has {max} plugins, the most it may keep: delete one first \
+         (replacing an existing name is allowed)"
+    )]
+    TooManyPlugins { max: usize },
+
+    #[error("no plugin named `{name}`")]
+    NotFound { name: String },
+
+    #[error(transparent)]
+    Refused(#[from] PluginError),
+
+    #[error("the tenant id `{tenant}` cannot name a store folder")]
+    InvalidTenant { tenant: String },
+
+    #[error(
+        "the plugin store {} is in use by another process (another gateway?)",
+        store.display()
+    )]
+    InUse { store: PathBuf },
+
+    #[error("plugin store: {action} {}: {source}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// An entry's record, as on disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct EntryMeta {
+    digest: PluginDigest,
+    size_bytes: u64,
+    /// Unix seconds.
+    created_at: u64,
+    uploaded_by: Option<String>,
+}
+
+/// A stored plugin as the API shows it.
+#[derive(Clone, Debug)]
+pub struct PluginInfo {
+    pub name: String,
+    pub digest: PluginDigest,
+    pub size_bytes: u64,
+    /// The component's imports, all on the allow-list.
+    pub imports: Vec<String>,
+    /// When this version was uploaded, in Unix seconds.
+    pub created_at: u64,
+    /// The `sub` of the token that uploaded it.
+    pub uploaded_by: Option<String>,
+}
+
+/// What an upload did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UploadOutcome {
+    /// A new name.
+    Created,
+    /// The name held other bytes, now replaced.
+    Replaced,
+    /// The name held these exact bytes already: nothing changed.
+    Unchanged,
+}
+
+impl UploadOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UploadOutcome::Created => "created",
+            UploadOutcome::Replaced => "replaced",
+            UploadOutcome::Unchanged => "unchanged",
+        }
+    }
+}
+
+/// An entry that could not be loaded at open, and why (also logged).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadFailure {
+    pub tenant: String,
+    pub name: String,
+    pub reason: String,
+}
+
+/// What opening the store found and did.
+#[derive(Clone, Debug, Default)]
+pub struct LoadReport {
+    /// Entries loaded and servable.
+    pub plugins: usize,
+    /// Distinct components loaded from their cached artifact.
+    pub deserialized: usize,
+    /// Distinct components compiled from their blob (no usable artifact).
+    pub recompiled: usize,
+    /// Entries not loaded.
+    pub failed: Vec<LoadFailure>,
+    /// Temp files of interrupted writes, removed.
+    pub temp_files_removed: usize,
+    /// Blobs and artifacts no entry referred to, removed.
+    pub orphans_removed: usize,
+    /// The MAC key was created (new store) or replaced.
+    pub new_key: bool,
+    /// Time to open and load everything.
+    pub elapsed: std::time::Duration,
+}
+
+/// One loaded entry.
+#[derive(Clone)]
+struct Loaded {
+    compiled: CompiledPlugin,
+    meta: EntryMeta,
+}
+
+/// What the request path reads: tenant → name → plugin.
+type Index = HashMap<String, Arc<BTreeMap<String, Loaded>>>;
+
+/// The tenant plugins this gateway serves, and (when a store is
+/// configured) the way to change them. Cheap to clone.
+#[derive(Clone)]
+pub struct PluginRegistry {
+    inner: Arc<RegistryInner>,
+}
+
+struct RegistryInner {
+    index: ArcSwap<Index>,
+    /// `None`: no store configured, uploads are off.
+    store: Option<Store>,
+}
+
+struct Store {
+    engine: PluginEngine,
+    compatibility: [u8; 32],
+    dir: StoreDir,
+    /// Every entry on disk (loaded or not), guarded for mutations.
+    entries: Mutex<BTreeMap<(String, PluginName), EntryMeta>>,
+}
+
+impl fmt::Debug for PluginRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let index = self.inner.index.load();
+        f.debug_struct("PluginRegistry")
+            .field(
+                "store",
+                &self
+                    .inner
+                    .store
+                    .as_ref()
+                    .map(|s| s.dir.root().to_path_buf()),
+            )
+            .field("tenants", &index.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PluginRegistry {
+    /// No store: no plugins, and uploads answer [`StoreError::Disabled`].
+    pub fn disabled() -> PluginRegistry {
+        PluginRegistry {
+            inner: Arc::new(RegistryInner {
+                index: ArcSwap::from_pointee(Index::new()),
+                store: None,
+            }),
+        }
+    }
+
+    /// Opens the store at `root` (creating it) and loads every entry:
+    /// from its cached artifact when the MAC verifies, by compiling its
+    /// blob otherwise. Entries that cannot be loaded are reported and
+    /// logged, never fatal; only an unusable store folder is.
+    ///
+    /// Blocks on disk and compilation: call it from a blocking thread.
+    pub fn open(root: &Path, engine: PluginEngine) -> Result<(Self, LoadReport), StoreError> {
+        let started = Instant::now();
+        let (dir, tidied) = StoreDir::open(root)?;
+        let mut report = LoadReport {
+            temp_files_removed: tidied.temp_files_removed,
+            new_key: tidied.new_key,
+            ..LoadReport::default()
+        };
+        let compatibility = engine.compatibility_digest();
+        let store = Store {
+            engine,
+            compatibility,
+            dir,
+            entries: Mutex::default(),
+        };
+        let (entries, unreadable) = store.dir.read_entries()?;
+        report.failed.extend(unreadable);
+
+        let digests: BTreeSet<PluginDigest> = entries.iter().map(|(_, _, m)| m.digest).collect();
+        let mut compiled: HashMap<PluginDigest, Result<CompiledPlugin, String>> = HashMap::new();
+        for digest in &digests {
+            let loaded = store.load(*digest, &mut report);
+            compiled.insert(*digest, loaded);
+        }
+        for digest in store.dir.stored_digests()? {
+            if !digests.contains(&digest) {
+                store.dir.remove_blob(digest)?;
+                report.orphans_removed += 1;
+            }
+        }
+
+        let mut index = Index::new();
+        let mut on_disk = BTreeMap::new();
+        for (tenant, name, meta) in entries {
+            match &compiled[&meta.digest] {
+                Ok(plugin) => {
+                    let tenant_map = index.entry(tenant.clone()).or_default();
+                    Arc::make_mut(tenant_map).insert(
+                        name.to_string(),
+                        Loaded {
+                            compiled: plugin.clone(),
+                            meta: meta.clone(),
+                        },
+                    );
+                    report.plugins += 1;
+                }
+                Err(reason) => report.failed.push(LoadFailure {
+                    tenant: tenant.clone(),
+                    name: name.to_string(),
+                    reason: reason.clone(),
+                }),
+            }
+            on_disk.insert((tenant, name), meta);
+        }
+        *store.entries.lock().unwrap_or_else(PoisonError::into_inner) = on_disk;
+        for failure in &report.failed {
+            tracing::error!(
+                tenant = %failure.tenant,
+                plugin = %failure.name,
+                "plugin not loaded: {}",
+                failure.reason
+            );
+        }
+        report.elapsed = started.elapsed();
+        tracing::info!(
+            store = %root.display(),
+            plugins = report.plugins,
+            from_cache = report.deserialized,
+            compiled = report.recompiled,
+            failed = report.failed.len(),
+            temp_files_removed = report.temp_files_removed,
+            orphans_removed = report.orphans_removed,
+            elapsed_ms = report.elapsed.as_millis() as u64,
+            "plugin store loaded"
+        );
+        let registry = PluginRegistry {
+            inner: Arc::new(RegistryInner {
+                index: ArcSwap::from_pointee(index),
+                store: Some(store),
+            }),
+        };
+        Ok((registry, report))
+    }
+
+    /// Whether a store is configured (uploads are on).
+    pub fn enabled(&self) -> bool {
+        self.inner.store.is_some()
+    }
+
+    /// The tenant's plugin `name`, ready to instantiate. Never blocks: one
+    /// atomic load and two map lookups.
+    pub fn get(&self, tenant: &str, name: &str) -> Option<CompiledPlugin> {
+        self.inner
+            .index
+            .load()
+            .get(tenant)?
+            .get(name)
+            .map(|loaded| loaded.compiled.clone())
+    }
+
+    /// The tenant's plugin `name` as the API shows it.
+    pub fn info(&self, tenant: &str, name: &str) -> Option<PluginInfo> {
+        let index = self.inner.index.load();
+        let loaded = index.get(tenant)?.get(name)?;
+        Some(info(name, loaded))
+    }
+
+    /// The tenant's plugins, sorted by name.
+    pub fn list(&self, tenant: &str) -> Vec<PluginInfo> {
+        let index = self.inner.index.load();
+        index.get(tenant).map_or_else(Vec::new, |plugins| {
+            plugins
+                .iter()
+                .map(|(name, loaded)| info(name, loaded))
+                .collect()
+        })
+    }
+
+    /// Validates, compiles and stores `bytes` as the tenant's plugin
+    /// `name`, replacing what the name held. Uploading the bytes a name
+    /// already holds changes nothing. When two uploads of one name race,
+    /// the one that stores last wins, on disk and in the index alike.
+    ///
+    /// Blocks on compilation and disk: call it from a blocking thread.
+    pub fn upload(
+        &self,
+        tenant: &str,
+        name: &PluginName,
+        bytes: &[u8],
+        uploaded_by: Option<&str>,
+    ) -> Result<(PluginInfo, UploadOutcome), StoreError> {
+        let store = self.store()?;
+        if !name::is_valid_tenant(tenant) {
+            return Err(StoreError::InvalidTenant {
+                tenant: tenant.escape_debug().take(80).collect(),
+            });
+        }
+        let digest = PluginDigest::of(bytes);
+        // The same bytes under one of this tenant's names: already
+        // validated and compiled. (Only this tenant's: reusing another
+        // tenant's would tell, by timing, that it holds these bytes.)
+        let reused = self.inner.index.load().get(tenant).and_then(|plugins| {
+            plugins
+                .values()
+                .find(|loaded| loaded.meta.digest == digest)
+                .map(|loaded| loaded.compiled.clone())
+        });
+        let compiled = match reused {
+            Some(compiled) => compiled,
+            None => store.engine.validate_and_compile(bytes)?,
+        };
+
+        let mut entries = store.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = (tenant.to_string(), name.clone());
+        let previous = entries.get(&key).cloned();
+        let outcome = match &previous {
+            None => UploadOutcome::Created,
+            Some(previous)
+                if previous.digest == digest && self.get(tenant, name.as_str()).is_some() =>
+            {
+                UploadOutcome::Unchanged
+            }
+            Some(_) => UploadOutcome::Replaced,
+        };
+        if outcome == UploadOutcome::Unchanged {
+            let info = self
+                .info(tenant, name.as_str())
+                .expect("an unchanged entry is loaded");
+            return Ok((info, outcome));
+        }
+        if previous.is_none() {
+            let held = entries.keys().filter(|(t, _)| t == tenant).count();
+            if held >= MAX_PLUGINS_PER_TENANT {
+                return Err(StoreError::TooManyPlugins {
+                    max: MAX_PLUGINS_PER_TENANT,
+                });
+            }
+        }
+
+        store.dir.write_blob(digest, bytes)?;
+        if !store.dir.has_artifact(digest) {
+            store.write_artifact(&compiled)?;
+        }
+        let meta = EntryMeta {
+            digest,
+            size_bytes: bytes.len() as u64,
+            created_at: unix_now(),
+            uploaded_by: disk::uploaded_by(uploaded_by),
+        };
+        store.dir.write_entry(tenant, name, &meta)?;
+        entries.insert(key, meta.clone());
+        let loaded = Loaded { compiled, meta };
+        let info = info(name.as_str(), &loaded);
+        self.publish(tenant, |plugins| {
+            plugins.insert(name.to_string(), loaded);
+        });
+        if let Some(previous) = previous {
+            store.collect(&entries, previous.digest)?;
+        }
+        Ok((info, outcome))
+    }
+
+    /// Removes the tenant's plugin `name` (also one that failed to load).
+    /// A request that already holds the plugin finishes with it.
+    pub fn delete(&self, tenant: &str, name: &PluginName) -> Result<(), StoreError> {
+        let store = self.store()?;
+        let mut entries = store.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = (tenant.to_string(), name.clone());
+        let Some(meta) = entries.get(&key).cloned() else {
+            return Err(StoreError::NotFound {
+                name: name.to_string(),
+            });
+        };
+        store.dir.remove_entry(tenant, name)?;
+        entries.remove(&key);
+        self.publish(tenant, |plugins| {
+            plugins.remove(name.as_str());
+        });
+        store.collect(&entries, meta.digest)
+    }
+
+    fn store(&self) -> Result<&Store, StoreError> {
+        self.inner.store.as_ref().ok_or(StoreError::Disabled)
+    }
+
+    /// Publishes a new index with `change` applied to `tenant`'s map.
+    /// Called with the entries lock held, so changes never interleave.
+    fn publish(&self, tenant: &str, change: impl FnOnce(&mut BTreeMap<String, Loaded>)) {
+        let mut index = Index::clone(&self.inner.index.load());
+        let plugins = index.entry(tenant.to_string()).or_default();
+        change(Arc::make_mut(plugins));
+        if plugins.is_empty() {
+            index.remove(tenant);
+        }
+        self.inner.index.store(Arc::new(index));
+    }
+}
+
+impl Store {
+    /// A referenced digest, ready to serve: its blob must still hash to its
+    /// name; its artifact is used when sealed by us, else it is compiled.
+    fn load(
+        &self,
+        digest: PluginDigest,
+        report: &mut LoadReport,
+    ) -> Result<CompiledPlugin, String> {
+        let bytes = self.dir.read_blob(digest)?;
+        let cached = match self.dir.read_artifact(digest) {
+            Ok(Some(file)) => artifact::open(self.dir.key(), digest, &self.compatibility, file)
+                .map_err(|e| e.to_string())
+                .and_then(|artifact| {
+                    self.engine
+                        .load_precompiled(&bytes, &artifact)
+                        .map_err(|e| e.to_string())
+                }),
+            Ok(None) => Err("no cached artifact".to_string()),
+            Err(e) => Err(e),
+        };
+        match cached {
+            Ok(plugin) => {
+                report.deserialized += 1;
+                return Ok(plugin);
+            }
+            Err(why) => tracing::info!(%digest, "compiling the plugin again: {why}"),
+        }
+        let plugin = self
+            .engine
+            .validate_and_compile(&bytes)
+            .map_err(|e| format!("it no longer passes upload checks: {e}"))?;
+        if let Err(e) = self.write_artifact(&plugin) {
+            // Served all the same; the next start compiles it again.
+            tracing::warn!(%digest, "caching the compiled plugin: {e}");
+        }
+        report.recompiled += 1;
+        Ok(plugin)
+    }
+
+    fn write_artifact(&self, plugin: &CompiledPlugin) -> Result<(), StoreError> {
+        let code = plugin.serialize()?;
+        let sealed = artifact::seal(self.dir.key(), plugin.digest(), &self.compatibility, &code);
+        self.dir.write_artifact(plugin.digest(), &sealed)
+    }
+
+    /// Removes `digest`'s blob and artifact if no entry refers to it.
+    fn collect(
+        &self,
+        entries: &BTreeMap<(String, PluginName), EntryMeta>,
+        digest: PluginDigest,
+    ) -> Result<(), StoreError> {
+        if entries.values().any(|meta| meta.digest == digest) {
+            return Ok(());
+        }
+        self.dir.remove_blob(digest)
+    }
+}
+
+fn info(name: &str, loaded: &Loaded) -> PluginInfo {
+    PluginInfo {
+        name: name.to_string(),
+        digest: loaded.meta.digest,
+        size_bytes: loaded.meta.size_bytes,
+        imports: loaded.compiled.imports().to_vec(),
+        created_at: loaded.meta.created_at,
+        uploaded_by: loaded.meta.uploaded_by.clone(),
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

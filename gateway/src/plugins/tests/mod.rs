@@ -1,6 +1,7 @@
 //! The plugin host against real components: Rust guests built for
-//! `wasm32-wasip2` from `gateway/tests/plugins/` (see `guests.rs`) and
-//! hand-written components in WAT.
+//! `wasm32-wasip2` from `gateway/tests/plugins/` (see `guests.rs`),
+//! hand-written components in WAT, and the C example plugin (see
+//! `c_guest.rs`).
 
 /// Returns from a test that needs the Rust guests when they cannot be
 /// built here, saying why (see `guests::available`).
@@ -19,6 +20,7 @@ macro_rules! require_guests {
 pub(crate) use require_guests;
 
 mod bench;
+mod c_guest;
 mod calls;
 pub(crate) mod guests;
 mod hostile;

@@ -52,28 +52,46 @@ fn check_accepts_a_plugin_and_names_what_is_wrong_with_anything_else() {
     let stdout = text(&out.stdout);
     assert!(stdout.contains("a valid plugin"), "{stdout}");
     assert!(stdout.contains("sha256:"), "{stdout}");
-    assert!(stdout.contains("imports bulkhead:plugin/host@0.1.0"), "{stdout}");
+    assert!(
+        stdout.contains("imports bulkhead:plugin/host@0.1.0"),
+        "{stdout}"
+    );
 
     // A core module (the smallest valid one) and garbage.
     let core = scratch.file("core.wasm", b"\0asm\x01\0\0\0");
     let out = bulkhead(&["plugin".as_ref(), "check".as_ref(), core.as_os_str()]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("not a component"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not a component"),
+        "{}",
+        text(&out.stderr)
+    );
     let garbage = scratch.file("garbage.wasm", b"hello");
     let out = bulkhead(&["plugin".as_ref(), "check".as_ref(), garbage.as_os_str()]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("plugin_malformed"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("plugin_malformed"),
+        "{}",
+        text(&out.stderr)
+    );
     let missing = scratch.0.join("nope.wasm");
     let out = bulkhead(&["plugin".as_ref(), "check".as_ref(), missing.as_os_str()]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("nope.wasm"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("nope.wasm"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
 fn run_prints_the_rewritten_request_and_response_and_reports_rejections() {
     let scratch = Scratch::new("run");
     let pii = scratch.file("pii-redact.wasm", &plugin_wasm("guest-sdk", "pii-redact"));
-    let guard = scratch.file("prompt-guard.wasm", &plugin_wasm("guest-sdk", "prompt-guard"));
+    let guard = scratch.file(
+        "prompt-guard.wasm",
+        &plugin_wasm("guest-sdk", "prompt-guard"),
+    );
     let request = scratch.file(
         "req.json",
         br#"{"model": "m", "messages": [{"role": "user", "content": "Mail ana@example.com"}], "max_tokens": 5}"#,
@@ -157,5 +175,9 @@ fn run_prints_the_rewritten_request_and_response_and_reports_rejections() {
         bad.as_os_str(),
     ]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("the request file"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("the request file"),
+        "{}",
+        text(&out.stderr)
+    );
 }

@@ -367,7 +367,7 @@ mod tests {
         );
         let all = errors.join("\n");
         for expected in [
-            "tenants/t.toml:2:20: plugin `a` is listed twice in `on_request`",
+            "tenants/t.toml:7:20: plugin `a` is listed twice in `on_request`",
             "plugin name `Bad_Name` in `on_request` is not valid",
             "`[plugins.config.ghost]` is for plugin `ghost`, which is in neither",
             "config `list` of plugin `a` must be a string, number or boolean",

@@ -91,7 +91,7 @@ fn plugin_overhead_and_isolation_through_the_gateway() {
     let gateway = Gateway::start(&policies);
     let plain = policies.token("plain", &[]);
     let noop = policies.token("noop", &[]);
-    let attacker = policies.token("attacker", &["--scope", "inference plugins:write"]);
+    let attacker = policies.token("attacker", &["--scope", "inference", "plugins:write"]);
     let noop_admin = policies.token("noop", &["--scope", "plugins:write"]);
     upload(
         &gateway,

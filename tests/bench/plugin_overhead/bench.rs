@@ -17,7 +17,10 @@ use bulkhead_tests::{Gateway, PolicyDir, plugin_wasm};
 use serde_json::json;
 
 const MODEL: &str = "bulkhead-demo-tiny";
-const SAMPLES: usize = 400;
+const SAMPLES: usize = 1500;
+/// Requests the attacking tenant may have in flight (its `max_concurrent`),
+/// and the threads it attacks with.
+const ATTACKER_CONCURRENCY: u32 = 2;
 
 /// A tenant with the demo tenant's dev keys, its own issuer, generous
 /// limits (so the limiter never refuses) and `plugins`.
@@ -84,7 +87,7 @@ fn plugin_overhead_and_isolation_through_the_gateway() {
         "tenants/attacker.toml",
         &tenant(
             "attacker",
-            2,
+            ATTACKER_CONCURRENCY,
             "[plugins]\non_request = [\"hostile\"]\n[plugins.limits.hostile]\ndeadline_ms = 50\n",
         ),
     );
@@ -140,7 +143,7 @@ fn plugin_overhead_and_isolation_through_the_gateway() {
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
     let attacks = Arc::new(AtomicU64::new(0));
-    let attackers: Vec<_> = (0..2)
+    let attackers: Vec<_> = (0..ATTACKER_CONCURRENCY)
         .map(|_| {
             let (stop, attacks) = (Arc::clone(&stop), Arc::clone(&attacks));
             let client = bulkhead_tests::Client::new(gateway.addr);

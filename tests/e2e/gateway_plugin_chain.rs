@@ -376,3 +376,82 @@ fn json_guard_passes_json_with_the_required_keys_and_refuses_the_rest() {
     let last = events.last().expect("an error event");
     assert_eq!(last["error"]["code"], "plugin_rejected", "{last}");
 }
+
+/// `bulkhead plugin sign FILE --key KEY`: the signature an upload needs.
+fn sign(policies: &PolicyDir, wasm: &[u8], key: &str) -> String {
+    let file = policies.store.with_extension("sign-me.wasm");
+    std::fs::write(&file, wasm).unwrap();
+    let out = std::process::Command::new(bulkhead_tests::bin("bulkhead"))
+        .args(["plugin", "sign"])
+        .arg(&file)
+        .arg("--key")
+        .arg(policies.path.join(key))
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+#[test]
+fn a_tenant_that_requires_signed_plugins_refuses_unsigned_and_foreign_ones() {
+    let policies = PolicyDir::new("chain-signed");
+    // A second key pair: a key the tenant does not trust.
+    let out = std::process::Command::new(bulkhead_tests::bin("bulkhead"))
+        .args(["token", "keygen", "--out"])
+        .arg(policies.path.join("dev-keys/stranger"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    policies.write(
+        "tenants/demo.toml",
+        &demo_tenant(
+            "[plugins]\nsigning_keys = [\"dev-keys/demo.pub.pem\"]\non_request = [\"system-prompt\"]\n",
+        ),
+    );
+    let gateway = Gateway::start(&policies);
+    let admin = policies.token("demo", &["--scope", "plugins:write"]);
+    let wasm = example("system-prompt");
+    let put = |signature: Option<&str>| {
+        let headers: Vec<(&str, &str)> = signature
+            .map(|s| ("x-bulkhead-signature", s))
+            .into_iter()
+            .collect();
+        gateway.request_bytes_with("PUT", "/v1/plugins/system-prompt", &admin, &headers, &wasm)
+    };
+
+    let unsigned = put(None);
+    assert_eq!(unsigned.status, 403, "{}", unsigned.body);
+    assert_eq!(unsigned.error_code(), "plugin_unsigned");
+    assert!(
+        unsigned.body.contains("bulkhead plugin sign"),
+        "{}",
+        unsigned.body
+    );
+
+    let foreign = put(Some(&sign(&policies, &wasm, "dev-keys/stranger.key.pem")));
+    assert_eq!(foreign.status, 403, "{}", foreign.body);
+    assert_eq!(foreign.error_code(), "plugin_signature_invalid");
+
+    // A signature of other bytes does not carry over.
+    let other = put(Some(&sign(
+        &policies,
+        &example("pii-redact"),
+        "dev-keys/demo.key.pem",
+    )));
+    assert_eq!(other.status, 403, "{}", other.body);
+
+    let garbage = put(Some("not base64!"));
+    assert_eq!(garbage.status, 400, "{}", garbage.body);
+
+    let signed = put(Some(&sign(&policies, &wasm, "dev-keys/demo.key.pem")));
+    assert_eq!(signed.status, 201, "{}", signed.body);
+}

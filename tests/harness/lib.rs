@@ -429,6 +429,37 @@ impl Client {
         Response::parse(&raw)
     }
 
+    /// A binary upload with extra headers (e.g. a plugin signature).
+    pub fn request_bytes_with(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Response {
+        let mut stream = TcpStream::connect(self.addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(120)))
+            .unwrap();
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n\
+             content-type: application/wasm\r\ncontent-length: {}\r\n\
+             authorization: Bearer {token}\r\n",
+            self.addr,
+            body.len()
+        );
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str("\r\n");
+        stream.write_all(head.as_bytes()).unwrap();
+        stream.write_all(body).unwrap();
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).unwrap();
+        Response::parse(&raw)
+    }
+
     /// Sends a request and returns the open connection (for streaming).
     pub fn send(
         &self,

@@ -68,6 +68,7 @@ async fn upload(
     tenant.clone_from(&identity.tenant);
     let name = plugin_name(name)?;
     let bytes = read_body(headers, body).await?;
+    check_signature(app, &identity.tenant, headers, &bytes)?;
     let registry = app.plugins.clone();
     let uploaded = tokio::task::spawn_blocking(move || {
         registry.upload(&identity.tenant, &name, &bytes, identity.sub.as_deref())
@@ -84,6 +85,78 @@ async fn upload(
         "plugin uploaded"
     );
     Ok((info, outcome))
+}
+
+/// The header an upload's signature comes in: base64 of the Ed25519
+/// signature over the upload's SHA-256 digest (the 32 raw bytes), as
+/// `bulkhead plugin sign` prints it.
+pub const SIGNATURE_HEADER: &str = "x-bulkhead-signature";
+
+/// When the tenant's policy lists `signing_keys`, the upload must be signed
+/// by one of them (403 otherwise); without keys, a signature is not needed
+/// and not checked.
+fn check_signature(
+    app: &App,
+    tenant: &str,
+    headers: &HeaderMap,
+    bytes: &[u8],
+) -> Result<(), ApiError> {
+    use base64::Engine as _;
+    use sha2::{Digest as _, Sha256};
+    let snapshot = app.snapshot.load();
+    let Some(policy) = snapshot.policy.tenants.get(tenant) else {
+        return Err(ApiError::internal(
+            "a verified tenant is missing from the policy",
+        ));
+    };
+    let keys = &policy.plugins.signing_keys;
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let Some(value) = headers.get(SIGNATURE_HEADER) else {
+        return Err(ApiError::forbidden(
+            "plugin_unsigned",
+            format!(
+                "tenant `{tenant}` accepts only signed plugins: send the base64 Ed25519 \
+                 signature of the upload's SHA-256 digest in {SIGNATURE_HEADER} \
+                 (`bulkhead plugin sign FILE --key KEY.pem` prints it)"
+            ),
+        ));
+    };
+    let signature = value
+        .to_str()
+        .ok()
+        .and_then(|v| {
+            base64::engine::general_purpose::STANDARD
+                .decode(v.trim())
+                .ok()
+        })
+        .and_then(|raw| ed25519_dalek::Signature::from_slice(&raw).ok())
+        .ok_or_else(|| {
+            ApiError::invalid_param(
+                SIGNATURE_HEADER,
+                format!("{SIGNATURE_HEADER} must be a base64 Ed25519 signature (64 bytes)"),
+            )
+        })?;
+    let digest = Sha256::digest(bytes);
+    if keys
+        .iter()
+        .any(|key| key.verify_strict(&digest, &signature).is_ok())
+    {
+        Ok(())
+    } else {
+        Err(ApiError::forbidden(
+            "plugin_signature_invalid",
+            format!(
+                "the signature does not verify against any of tenant `{tenant}`'s \
+                 signing_keys for these bytes (sha256:{})",
+                digest
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+            ),
+        ))
+    }
 }
 
 /// `GET /v1/plugins`: the tenant's plugins, sorted by name.

@@ -30,6 +30,19 @@ enum PluginCommand {
         /// The `.wasm` component.
         file: PathBuf,
     },
+    /// Print the signature an upload to a tenant with `signing_keys` needs
+    ///
+    /// The base64 Ed25519 signature of the file's SHA-256 digest, made with
+    /// a PKCS#8 PEM private key (`openssl genpkey -algorithm ed25519`,
+    /// `bulkhead token keygen`); send it in the `X-Bulkhead-Signature`
+    /// header of `PUT /v1/plugins/{name}`.
+    Sign {
+        /// The `.wasm` component.
+        file: PathBuf,
+        /// The Ed25519 private key (PKCS#8 PEM).
+        #[arg(long, value_name = "KEY.pem")]
+        key: PathBuf,
+    },
     /// Run a plugin's hooks over a request (and a response) on this machine
     ///
     /// Prints `{"request": …}` (the request after `on-request`, as an OpenAI
@@ -75,6 +88,7 @@ pub(super) fn run(args: PluginArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         PluginCommand::Check { file } => check(&file),
         PluginCommand::Run(args) => run_hooks(args),
+        PluginCommand::Sign { file, key } => sign(&file, &key),
     }
 }
 
@@ -131,6 +145,27 @@ fn check(file: &Path) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+fn sign(file: &Path, key: &Path) -> anyhow::Result<ExitCode> {
+    use base64::Engine as _;
+    use ed25519_dalek::Signer as _;
+    use ed25519_dalek::pkcs8::DecodePrivateKey;
+    use sha2::{Digest as _, Sha256};
+    let bytes = read_component(file)?;
+    let pem = std::fs::read_to_string(key).with_context(|| format!("reading {}", key.display()))?;
+    let signing = ed25519_dalek::SigningKey::from_pkcs8_pem(&pem).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not an Ed25519 private key in PKCS#8 PEM ({e})",
+            key.display()
+        )
+    })?;
+    let signature = signing.sign(&Sha256::digest(&bytes));
+    println!(
+        "{}",
+        base64::engine::general_purpose::STANDARD.encode(signature.to_bytes())
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 fn run_hooks(args: RunArgs) -> anyhow::Result<ExitCode> {

@@ -124,6 +124,11 @@ pub struct TenantPluginsFile {
     /// gateway's maximum.
     #[serde(default)]
     pub limits: BTreeMap<String, Spanned<PluginLimitsFile>>,
+    /// Ed25519 public keys (SPKI PEM files, relative to the policy folder
+    /// unless absolute). When any is listed, an upload must carry a
+    /// signature by one of them over its SHA-256 digest.
+    #[serde(default)]
+    pub signing_keys: Vec<Spanned<PathBuf>>,
 }
 
 /// `[plugins.limits.NAME]` in a tenant file; unset fields take the defaults.

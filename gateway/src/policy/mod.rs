@@ -143,6 +143,9 @@ pub struct TenantPlugins {
     pub on_response: Vec<Arc<str>>,
     /// Config and limits of every plugin named in a chain.
     pub settings: BTreeMap<Arc<str>, PluginSettings>,
+    /// Keys one of which must have signed an upload; empty: unsigned
+    /// uploads are accepted.
+    pub signing_keys: Vec<ed25519_dalek::VerifyingKey>,
 }
 
 impl TenantPlugins {

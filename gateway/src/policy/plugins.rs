@@ -3,6 +3,7 @@
 //! can enforce.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -72,11 +73,26 @@ pub(super) fn check_maximums(
 /// may not exceed the gateway's `maximums`, and unset ones are the defaults
 /// clamped to them.
 pub(super) fn check(
+    dir: &Path,
     source: &SourceFile,
     file: &TenantPluginsFile,
     maximums: &PluginLimits,
     errors: &mut Vec<PolicyError>,
 ) -> TenantPlugins {
+    let signing_keys = file
+        .signing_keys
+        .iter()
+        .filter_map(|path| {
+            read_signing_key(&dir.join(path.get_ref()))
+                .map_err(|reason| {
+                    errors.push(source.error_at(
+                        path.span(),
+                        format!("signing key {}: {reason}", path.get_ref().display()),
+                    ));
+                })
+                .ok()
+        })
+        .collect();
     let defaults = clamp(&PluginLimits::default(), maximums);
     let on_request = check_chain(source, "on_request", &file.on_request, errors);
     let on_response = check_chain(source, "on_response", &file.on_response, errors);
@@ -126,7 +142,26 @@ pub(super) fn check(
         on_request,
         on_response,
         settings,
+        signing_keys,
     }
+}
+
+/// A key file is a few hundred bytes; anything bigger is the wrong file.
+const MAX_KEY_FILE_BYTES: u64 = 16 << 10;
+
+/// An Ed25519 public key from an SPKI PEM file (`openssl pkey -pubout`,
+/// `bulkhead token keygen`'s `.pub.pem`).
+fn read_signing_key(path: &Path) -> Result<ed25519_dalek::VerifyingKey, String> {
+    use ed25519_dalek::pkcs8::DecodePublicKey;
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_file() || meta.len() > MAX_KEY_FILE_BYTES {
+        return Err(format!(
+            "must be a PEM file of at most {MAX_KEY_FILE_BYTES} bytes"
+        ));
+    }
+    let pem = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    ed25519_dalek::VerifyingKey::from_public_key_pem(&pem)
+        .map_err(|e| format!("not an Ed25519 public key in SPKI PEM ({e})"))
 }
 
 fn unchained(table: &str, name: &str) -> String {
@@ -315,7 +350,13 @@ mod tests {
         let source = SourceFile::new("tenants/t.toml", text.clone());
         let doc: TenantFile = toml::from_str(&text).expect("parses");
         let mut errors = Vec::new();
-        let plugins = check(&source, &doc.plugins, &ceilings(), &mut errors);
+        let plugins = check(
+            Path::new("."),
+            &source,
+            &doc.plugins,
+            &ceilings(),
+            &mut errors,
+        );
         (plugins, errors.iter().map(ToString::to_string).collect())
     }
 
@@ -380,6 +421,25 @@ mod tests {
     }
 
     #[test]
+    fn signing_keys_are_read_and_bad_ones_named() {
+        let text = "id = \"t\"\n[jwt]\nissuer = \"i\"\naudience = [\"a\"]\nalgorithms = [\"EdDSA\"]\n\
+                    [plugins]\nsigning_keys = [\"dev-keys/demo.pub.pem\", \"dev-keys/demo.key.pem\", \"nope.pem\"]\n";
+        let source = SourceFile::new("tenants/t.toml", text);
+        let doc: TenantFile = toml::from_str(text).expect("parses");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+        let mut errors = Vec::new();
+        let plugins = check(&dir, &source, &doc.plugins, &ceilings(), &mut errors);
+        assert_eq!(plugins.signing_keys.len(), 1);
+        let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(all.len(), 2, "{all:?}");
+        assert!(
+            all[0].contains("signing key dev-keys/demo.key.pem: not an Ed25519 public key"),
+            "{all:?}"
+        );
+        assert!(all[1].contains("signing key nope.pem: "), "{all:?}");
+    }
+
+    #[test]
     fn chains_are_bounded() {
         let names: Vec<String> = (0..=MAX_CHAIN_PLUGINS)
             .map(|i| format!("\"p{i}\""))
@@ -430,7 +490,13 @@ mod maximum_tests {
                     [plugins.limits.a]\ndeadline_ms = 50\nmax_memory_mib = 16\n";
         let source = SourceFile::new("tenants/t.toml", text);
         let doc: TenantFile = toml::from_str(text).unwrap();
-        let plugins = check(&source, &doc.plugins, &maximums, &mut errors);
+        let plugins = check(
+            Path::new("."),
+            &source,
+            &doc.plugins,
+            &maximums,
+            &mut errors,
+        );
         let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
         assert_eq!(all.len(), 1, "{all:?}");
         assert!(

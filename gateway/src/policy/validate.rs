@@ -47,7 +47,7 @@ pub(super) fn validate(dir: &Path, folder: Folder, errors: &mut Vec<PolicyError>
     let gateway = check_gateway(dir, folder.gateway.as_ref(), errors);
     // trust.toml: parsing checked its shape; model registration reads it.
     let classes = check_classes(&folder.classes, &gateway, errors);
-    let tenants = check_tenants(folder.tenants, &classes, &gateway, errors);
+    let tenants = check_tenants(dir, folder.tenants, &classes, &gateway, errors);
     Policy {
         dir: dir.to_path_buf(),
         gateway: gateway.settings,
@@ -403,6 +403,7 @@ fn check_classes(
 }
 
 fn check_tenants(
+    dir: &Path,
     parsed: Vec<Parsed<TenantFile>>,
     classes: &Classes,
     gateway: &Gateway,
@@ -461,6 +462,7 @@ fn check_tenants(
 
         let models = check_tenant_models(&source, &doc.models, gateway, errors);
         let plugins = super::plugins::check(
+            dir,
             &source,
             &doc.plugins,
             &gateway.settings.plugins.maximums,

@@ -675,12 +675,17 @@ fn the_example_tenant_is_a_valid_tenant_file() {
             ),
         )
         .write("classes/standard.toml", read("classes/standard.toml"))
-        .write("tenants/acme.toml", read("tenants/acme.toml.example"));
+        .write("tenants/acme.toml", read("tenants/acme.toml.example"))
+        // Plugin signing keys are read with the policy (JWT keys by `auth`).
+        .write("keys/acme-plugins.pub.pem", read("dev-keys/demo.pub.pem"));
     let policy = load_ok(&folder);
     let acme = &policy.tenants["acme"];
     assert_eq!(acme.limits.max_tokens, 2048);
     assert!(acme.limits.per_sub);
     assert!(acme.jwt.jwks.is_some());
+    assert_eq!(acme.plugins.signing_keys.len(), 1);
+    assert_eq!(acme.plugins.on_request.len(), 3);
+    assert_eq!(acme.plugins.settings.len(), 4);
 }
 
 #[test]

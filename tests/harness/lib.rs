@@ -438,25 +438,10 @@ impl Client {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> Response {
-        let mut stream = TcpStream::connect(self.addr).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(120)))
-            .unwrap();
-        let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n\
-             content-type: application/wasm\r\ncontent-length: {}\r\n\
-             authorization: Bearer {token}\r\n",
-            self.addr,
-            body.len()
-        );
-        for (name, value) in headers {
-            head.push_str(&format!("{name}: {value}\r\n"));
-        }
-        head.push_str("\r\n");
-        stream.write_all(head.as_bytes()).unwrap();
-        stream.write_all(body).unwrap();
         let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).unwrap();
+        self.send_raw(method, path, Some(token), "application/wasm", headers, body)
+            .and_then(|mut stream| stream.read_to_end(&mut raw))
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
         Response::parse(&raw)
     }
 
@@ -480,6 +465,18 @@ impl Client {
         content_type: &str,
         body: &[u8],
     ) -> std::io::Result<TcpStream> {
+        self.send_raw(method, path, token, content_type, &[], body)
+    }
+
+    fn send_raw(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        content_type: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> std::io::Result<TcpStream> {
         let mut stream = TcpStream::connect(self.addr)?;
         stream.set_read_timeout(Some(Duration::from_secs(120)))?;
         let mut head = format!(
@@ -489,6 +486,9 @@ impl Client {
         );
         if let Some(token) = token {
             head.push_str(&format!("authorization: Bearer {token}\r\n"));
+        }
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
         }
         head.push_str("\r\n");
         stream.write_all(head.as_bytes())?;

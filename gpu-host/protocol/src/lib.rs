@@ -1,10 +1,12 @@
 //! The gRPC contract between Bulkhead's gateway and its GPU hosts: the
 //! generated `bulkhead.gpu_host.v1` messages, client and server, and how to
-//! reach a host (`unix:PATH` or `tcp:ADDR`).
+//! reach a host (`unix:PATH` or `tcp:ADDR`); and the weight digests both
+//! sides (and the model-signing CLI) agree on.
 
 #![forbid(unsafe_code)]
 
 mod connect;
+pub mod digest;
 
 /// `bulkhead.gpu_host.v1`, generated from `proto/bulkhead/gpu_host/v1/gpu_host.proto`.
 #[allow(missing_debug_implementations, clippy::all, clippy::pedantic)]

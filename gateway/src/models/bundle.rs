@@ -167,6 +167,10 @@ pub(crate) fn open(bytes: &[u8], key: &PublicKey) -> Result<Vec<u8>, ModelError>
             limit: MAX_BUNDLE_BYTES,
         });
     }
+    // As for the statement: skipped fields' UTF-8 is not checked by serde_json.
+    if std::str::from_utf8(bytes).is_err() {
+        return Err(malformed("not UTF-8 text"));
+    }
     let bundle: Bundle = serde_json::from_slice(bytes)
         .map_err(|e| malformed(format!("not a Sigstore bundle ({e})")))?;
     if bundle.media_type != BUNDLE_MEDIA_TYPE {

@@ -269,7 +269,7 @@ fn pem_blocks(text: &[u8]) -> Result<Vec<PemBlock>, ModelError> {
             .find(&end_marker)
             .ok_or_else(|| key_error(&format!("a PEM `{label}` block without its END line")))?
             + end_marker.len();
-        let (decoded_label, der) = pem::decode_vec(block[..end].as_bytes())
+        let (decoded_label, der) = pem::decode_vec(&block.as_bytes()[..end])
             .map_err(|e| key_error(&format!("a damaged PEM `{label}` block ({e})")))?;
         blocks.push(PemBlock {
             label: decoded_label.to_string(),

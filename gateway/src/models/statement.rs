@@ -178,6 +178,11 @@ fn bad(message: impl Into<String>) -> ModelError {
 /// present) covering exactly the listed files. Unknown fields are ignored,
 /// as model-signing ignores them.
 pub(crate) fn check_payload(payload: &[u8]) -> Result<Checked, ModelError> {
+    // serde_json does not check UTF-8 inside fields it skips; model-signing
+    // (Python) refuses such a payload, so we do too.
+    if std::str::from_utf8(payload).is_err() {
+        return Err(bad("the statement is not UTF-8"));
+    }
     let statement: Statement = serde_json::from_slice(payload)
         .map_err(|e| bad(format!("not a model-signing statement ({e})")))?;
     if statement.statement_type != STATEMENT_TYPE {

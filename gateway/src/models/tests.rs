@@ -483,6 +483,19 @@ fn malformed_bundles_are_refused_with_the_reason() {
             "`bulkhead_chunks` lists 1 files, the resources 2",
         ),
         (
+            "bundle not UTF-8",
+            edited(&good, |b| b["x"] = json!("\u{e9}"))
+                .iter()
+                .flat_map(|&c| if c == 0xc3 { vec![0xff] } else { vec![c] })
+                .collect(),
+            "not UTF-8 text",
+        ),
+        (
+            "statement not UTF-8",
+            bundle::seal(b"{\"x\": \"\xff\"}", &key),
+            "the statement is not UTF-8",
+        ),
+        (
             "statement not JSON",
             bundle::seal(b"not json", &key),
             "signed statement: not a model-signing statement",

@@ -157,8 +157,8 @@ fn a_folder_signed_by_model_signing_verifies() {
     // Our manifest of the same folder has the same subject digest.
     let ours = Manifest::of_dir(&dir, &DirOptions::with_signature(&dir.join("model.sig"))).unwrap();
     assert_eq!(ours.subject_digest(), verified.subject_digest);
-    // The signature file named on the command line is left out even when
-    // the statement does not list it (it does here, as `model.sig`).
+    // model-signing recorded `model.sig` among the ignore paths, so it is
+    // left out even when the verifier is not told where the signature is.
     let other = fixture("reference/model/model.sig");
     assert!(
         verify_dir(

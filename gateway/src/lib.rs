@@ -1,5 +1,6 @@
 //! Bulkhead's gateway: the OpenAI-compatible HTTP API in front of the
-//! gpu-hosts, with per-tenant JWT auth, limits and policy files.
+//! gpu-hosts, with per-tenant JWT auth, limits and policy files, and model
+//! signing and verification.
 
 // One `unsafe` block: loading compiled plugin code this gateway sealed
 // itself (`plugins/engine.rs`, `deserialize_verified`).
@@ -10,6 +11,7 @@ mod app;
 pub mod auth;
 pub mod limits;
 mod metrics;
+pub mod models;
 pub mod plugins;
 pub mod policy;
 mod upstream;

@@ -1,5 +1,6 @@
 //! Command-line interface of `bulkhead`.
 
+mod model;
 mod plugin;
 mod policy;
 mod serve;
@@ -27,6 +28,8 @@ enum Command {
         #[command(subcommand)]
         command: policy::PolicyCommand,
     },
+    /// Sign and verify model folders (OpenSSF model-signing format)
+    Model(model::ModelArgs),
     /// Check and run plugin components locally (for plugin authors)
     Plugin(plugin::PluginArgs),
     /// Development tokens and keys (real issuers mint their own tokens)
@@ -39,6 +42,7 @@ enum Command {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
         Command::Policy { command } => policy::run(command),
+        Command::Model(args) => model::run(args),
         Command::Plugin(args) => plugin::run(args),
         Command::Token(args) => token::run(args),
         Command::Serve(a) => serve::run(a),

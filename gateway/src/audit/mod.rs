@@ -1,3 +1,4 @@
 //! The tamper-evident audit log (stub while it is built).
 pub mod merkle;
+pub mod note;
 pub mod time;

@@ -72,13 +72,20 @@ pub struct Torn {
 /// Why the file cannot be read as a log.
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
-    #[error("the file does not start with {:?}: not an audit log (or its first bytes were damaged)", String::from_utf8_lossy(MAGIC))]
+    #[error(
+        "the file does not start with {:?}: not an audit log (or its first bytes were damaged)",
+        String::from_utf8_lossy(MAGIC)
+    )]
     Magic,
     #[error(
         "entry {index} (byte {offset}) is damaged ({why}) and intact entries follow it: \
          the file was altered in the middle, not torn by a crash"
     )]
-    Corrupt { index: u64, offset: u64, why: String },
+    Corrupt {
+        index: u64,
+        offset: u64,
+        why: String,
+    },
     #[error("reading: {0}")]
     Io(#[from] io::Error),
 }
@@ -123,7 +130,9 @@ pub fn scan<E: From<FrameError>>(
         let why = match read_record(file, left, &mut buffer).map_err(FrameError::Io)? {
             Ok(entry_len) => {
                 let entry = &buffer[HEADER_BYTES..HEADER_BYTES + entry_len];
-                let leaf = buffer[HEADER_BYTES + entry_len..].try_into().expect("32 bytes");
+                let leaf = buffer[HEADER_BYTES + entry_len..]
+                    .try_into()
+                    .expect("32 bytes");
                 each(Record {
                     index,
                     offset,
@@ -159,10 +168,7 @@ pub fn scan<E: From<FrameError>>(
         return Ok(Scanned {
             count: index,
             end: offset,
-            torn: Some(Torn {
-                bytes: left,
-                why,
-            }),
+            torn: Some(Torn { bytes: left, why }),
         });
     }
 }
@@ -224,7 +230,9 @@ fn read_record(
     }
     let entry = &buffer[HEADER_BYTES..HEADER_BYTES + entry_len];
     if leaf_hash(entry)[..] != buffer[HEADER_BYTES + entry_len..] {
-        return Ok(Err("its checksum (leaf hash) does not match its bytes".into()));
+        return Ok(Err(
+            "its checksum (leaf hash) does not match its bytes".into()
+        ));
     }
     Ok(Ok(entry_len))
 }
@@ -340,7 +348,10 @@ mod tests {
 
     #[test]
     fn a_foreign_file_is_not_a_log() {
-        assert!(matches!(run(b"hello world, this is not it"), Err(FrameError::Magic)));
+        assert!(matches!(
+            run(b"hello world, this is not it"),
+            Err(FrameError::Magic)
+        ));
         let (mut bytes, _) = log(2);
         bytes[0] = b'B';
         assert!(matches!(run(&bytes), Err(FrameError::Magic)));

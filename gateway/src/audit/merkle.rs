@@ -81,7 +81,10 @@ impl Tree {
 
     /// The leaf hash at `index`.
     pub fn leaf(&self, index: u64) -> Option<Hash> {
-        self.levels.first()?.get(usize::try_from(index).ok()?).copied()
+        self.levels
+            .first()?
+            .get(usize::try_from(index).ok()?)
+            .copied()
     }
 
     /// Appends a leaf hash, completing the subtrees it closes.
@@ -157,7 +160,10 @@ impl Tree {
             return self.levels[level][(start >> level) as usize];
         }
         let k = split(n);
-        node_hash(&self.subtree(start, start + k), &self.subtree(start + k, end))
+        node_hash(
+            &self.subtree(start, start + k),
+            &self.subtree(start + k, end),
+        )
     }
 
     /// RFC 9162 §2.1.3.1 `PATH(m, D[start:end])`, `m` relative to `start`.

@@ -41,13 +41,18 @@ pub enum NoteError {
     KeyName(String),
     #[error("the note is not signed by key `{name}` ({id:08x})")]
     NotSigned { name: String, id: u32 },
-    #[error("the signature by key `{name}` ({id:08x}) does not verify: the note was altered or signed by another key")]
+    #[error(
+        "the signature by key `{name}` ({id:08x}) does not verify: the note was altered or signed by another key"
+    )]
     BadSignature { name: String, id: u32 },
 }
 
 /// Whether `name` may name a key in a signed note.
 pub fn valid_key_name(name: &str) -> bool {
-    !name.is_empty() && !name.chars().any(|c| c.is_whitespace() || c == '+' || c.is_control())
+    !name.is_empty()
+        && !name
+            .chars()
+            .any(|c| c.is_whitespace() || c == '+' || c.is_control())
 }
 
 /// The signed-note key ID of an Ed25519 key named `name`.
@@ -142,12 +147,11 @@ impl NoteVerifier {
             if name != self.name || id != self.id {
                 continue;
             }
-            let signature = Signature::from_slice(&signature).map_err(|_| {
-                NoteError::BadSignature {
+            let signature =
+                Signature::from_slice(&signature).map_err(|_| NoteError::BadSignature {
                     name: self.name.clone(),
                     id,
-                }
-            })?;
+                })?;
             self.key
                 .verify_strict(text.as_bytes(), &signature)
                 .map_err(|_| NoteError::BadSignature {
@@ -233,7 +237,9 @@ fn split_note(note: &str) -> Result<Split<'_>, NoteError> {
             return Err(bad("too many signatures"));
         }
         let Some(rest) = line.strip_prefix("\u{2014} ") else {
-            return Err(bad("a signature line does not start with an em dash and a space"));
+            return Err(bad(
+                "a signature line does not start with an em dash and a space",
+            ));
         };
         let Some((name, blob)) = rest.split_once(' ') else {
             return Err(bad("a signature line has no signature"));
@@ -264,7 +270,12 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// The note text: `origin\nsize\nbase64(root)\n`.
     pub fn body(&self) -> String {
-        format!("{}\n{}\n{}\n", self.origin, self.size, BASE64.encode(self.root))
+        format!(
+            "{}\n{}\n{}\n",
+            self.origin,
+            self.size,
+            BASE64.encode(self.root)
+        )
     }
 
     /// Parses a note text. Extension lines after the root are allowed by
@@ -300,6 +311,13 @@ impl Checkpoint {
             root,
         })
     }
+}
+
+/// The checkpoint a note claims, signature NOT checked: only to learn its
+/// origin (the key name) before choosing the key that checks it.
+pub fn unverified_checkpoint(note: &str) -> Result<Checkpoint, NoteError> {
+    let (text, _) = split_note(note)?;
+    Checkpoint::parse(text)
 }
 
 /// Checks `note`'s signature with `verifier`, then parses its checkpoint.
@@ -383,14 +401,21 @@ mod tests {
             open_checkpoint(&bigger, verifier),
             Err(NoteError::BadSignature { .. })
         ));
-        let other = NoteSigner::new("bulkhead.local/audit", SigningKey::from_bytes(&[8; 32]))
-            .unwrap();
+        let other =
+            NoteSigner::new("bulkhead.local/audit", SigningKey::from_bytes(&[8; 32])).unwrap();
         assert!(matches!(
             open_checkpoint(&note, other.verifier()),
             Err(NoteError::NotSigned { .. })
         ));
         // A signature by an unknown key next to ours is ignored.
-        let cosigned = format!("{note}{}", other.sign(&checkpoint.body()).rsplit_once("\n\n").unwrap().1);
+        let cosigned = format!(
+            "{note}{}",
+            other
+                .sign(&checkpoint.body())
+                .rsplit_once("\n\n")
+                .unwrap()
+                .1
+        );
         assert_eq!(open_checkpoint(&cosigned, verifier).unwrap(), checkpoint);
     }
 
@@ -399,14 +424,26 @@ mod tests {
         let signer = signer("log");
         for (text, what) in [
             ("log\n1\n", "no root"),
-            ("log\n01\nAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n", "leading zero"),
-            ("log\n-1\nAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n", "negative"),
+            (
+                "log\n01\nAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n",
+                "leading zero",
+            ),
+            (
+                "log\n-1\nAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n",
+                "negative",
+            ),
             ("log\n1\nAAAA\n", "short root"),
-            ("\n1\nAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n", "no origin"),
+            (
+                "\n1\nAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n",
+                "no origin",
+            ),
         ] {
             let note = signer.sign(text);
             assert!(
-                matches!(open_checkpoint(&note, signer.verifier()), Err(NoteError::Checkpoint(_))),
+                matches!(
+                    open_checkpoint(&note, signer.verifier()),
+                    Err(NoteError::Checkpoint(_))
+                ),
                 "{what}"
             );
         }

@@ -44,12 +44,11 @@ impl Timestamp {
             if !part.iter().all(u8::is_ascii_digit) {
                 return Err(bad());
             }
-            Ok(part
-                .iter()
-                .fold(0i64, |n, d| n * 10 + i64::from(d - b'0')))
+            Ok(part.iter().fold(0i64, |n, d| n * 10 + i64::from(d - b'0')))
         };
         let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
-        let (hour, minute, second, milli) = (num(11..13)?, num(14..16)?, num(17..19)?, num(20..23)?);
+        let (hour, minute, second, milli) =
+            (num(11..13)?, num(14..16)?, num(17..19)?, num(20..23)?);
         if !(1970..=MAX_YEAR).contains(&year)
             || !(1..=12).contains(&month)
             || day < 1

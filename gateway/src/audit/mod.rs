@@ -29,7 +29,7 @@ pub use entry::{Actor, Entry, Event, FileDigest, Outcome};
 pub use key::{KEY_FILE, PUBLIC_KEY_FILE, VKEY_FILE, read_verifier};
 pub use log::{
     AuditLog, AuditSettings, CHECKPOINT_FILE, DEFAULT_ORIGIN, ENTRIES_FILE, MAX_BATCH_ENTRIES,
-    OpenReport,
+    OpenReport, valid_origin,
 };
 pub use merkle::{Hash, ProofError};
 pub use note::{Checkpoint, NoteError, NoteVerifier};

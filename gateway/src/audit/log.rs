@@ -335,6 +335,11 @@ impl AuditLog {
         self.inner.signer.verifier()
     }
 
+    /// Why the log stopped taking entries, if it did (a failed write).
+    pub fn failure(&self) -> Option<String> {
+        lock(&self.inner.writer).failed.clone()
+    }
+
     /// Acknowledged entries.
     pub fn size(&self) -> u64 {
         self.read_state().tree.size()

@@ -15,6 +15,7 @@
 pub mod entry;
 mod files;
 pub mod frame;
+mod handle;
 mod key;
 mod log;
 pub mod merkle;
@@ -25,7 +26,8 @@ pub mod verify;
 use std::io;
 use std::path::{Path, PathBuf};
 
-pub use entry::{Actor, Entry, Event, FileDigest, Outcome};
+pub use entry::{Actor, Entry, Event, FileDigest, Outcome, file_digests, sha256_text};
+pub use handle::Audit;
 pub use key::{KEY_FILE, PUBLIC_KEY_FILE, VKEY_FILE, read_verifier};
 pub use log::{
     AuditLog, AuditSettings, CHECKPOINT_FILE, DEFAULT_ORIGIN, ENTRIES_FILE, MAX_BATCH_ENTRIES,

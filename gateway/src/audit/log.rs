@@ -153,6 +153,9 @@ struct Writer {
     end: u64,
     /// Set by a failed write or fsync: the file's tail is unknown.
     failed: Option<String>,
+    /// Test hook ([`AuditLog::split_writes`]): write batches in pieces of
+    /// this many bytes, one syscall each.
+    split_writes: Option<usize>,
 }
 
 /// What proofs and reads see: acknowledged entries only.
@@ -288,6 +291,7 @@ impl AuditLog {
                     file,
                     end: state.end,
                     failed: None,
+                    split_writes: None,
                 }),
                 state: RwLock::new(state),
                 reader,
@@ -333,6 +337,17 @@ impl AuditLog {
     /// The key checkpoints are signed with.
     pub fn verifier(&self) -> &NoteVerifier {
         self.inner.signer.verifier()
+    }
+
+    /// Test hook: from now on, write each batch in pieces of `bytes` (at
+    /// least 1), one `write` each, instead of one `write` per batch. A
+    /// SIGKILL then often lands between two pieces and leaves a torn record,
+    /// which the crash test needs to see (a single large `write` into the
+    /// page cache is rarely interrupted). Nothing else changes: the batch is
+    /// still acknowledged only after its fsync.
+    #[doc(hidden)]
+    pub fn split_writes(&self, bytes: usize) {
+        lock(&self.inner.writer).split_writes = Some(bytes.max(1));
     }
 
     /// Why the log stopped taking entries, if it did (a failed write).
@@ -417,10 +432,13 @@ impl AuditLog {
         if staged.is_empty() {
             return results;
         }
-        let written = writer
-            .file
-            .write_all(&buffer)
-            .and_then(|()| writer.file.sync_data());
+        let written = match writer.split_writes {
+            None => writer.file.write_all(&buffer),
+            Some(piece) => buffer
+                .chunks(piece)
+                .try_for_each(|chunk| writer.file.write_all(chunk)),
+        }
+        .and_then(|()| writer.file.sync_data());
         if let Err(e) = written {
             let why = format!("{}: {e}", inner.dir.join(ENTRIES_FILE).display());
             tracing::error!(error = %why, "audit append failed; the log takes no more entries");

@@ -246,7 +246,7 @@ fn a_gateway_audits_its_control_plane_and_its_proofs_verify() {
         new.to_str().unwrap(),
     ]);
     assert!(ok, "{out}");
-    assert!(out.contains(&format!("extends the one of size 2")), "{out}");
+    assert!(out.contains("extends the one of size 2"), "{out}");
     for index in [0, all.len() / 2, all.len() - 1] {
         let (ok, out) = cli(&[
             "audit",

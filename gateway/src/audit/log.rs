@@ -107,6 +107,9 @@ struct Inner {
     /// For reads of stored entries (`pread`, never moves a cursor).
     reader: File,
     signed: Mutex<Signed>,
+    /// A copy of `Writer::failed`, readable without waiting for a batch's
+    /// fsync (the writer lock is held across it).
+    failure: Mutex<Option<String>>,
     /// Holds the folder's `flock` while open.
     _lock: File,
 }
@@ -296,6 +299,7 @@ impl AuditLog {
                 state: RwLock::new(state),
                 reader,
                 signed: Mutex::new(signed),
+                failure: Mutex::new(None),
                 _lock: lock_file,
             }),
         };
@@ -352,7 +356,7 @@ impl AuditLog {
 
     /// Why the log stopped taking entries, if it did (a failed write).
     pub fn failure(&self) -> Option<String> {
-        lock(&self.inner.writer).failed.clone()
+        lock(&self.inner.failure).clone()
     }
 
     /// Acknowledged entries.
@@ -443,6 +447,7 @@ impl AuditLog {
             let why = format!("{}: {e}", inner.dir.join(ENTRIES_FILE).display());
             tracing::error!(error = %why, "audit append failed; the log takes no more entries");
             writer.failed = Some(why.clone());
+            *lock(&inner.failure) = Some(why.clone());
             results.extend(
                 staged
                     .into_iter()

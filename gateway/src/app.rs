@@ -11,6 +11,7 @@ use bulkhead_protocol::Target;
 use tokio::sync::watch;
 
 use crate::api::{self, App, Snapshot};
+use crate::audit::{Actor, Audit, AuditError, AuditLog, AuditSettings, Event, Outcome};
 use crate::auth::Verifiers;
 use crate::limits::Limiters;
 use crate::metrics::{Metrics, ResultLabels};
@@ -51,6 +52,8 @@ pub enum ServeError {
     PluginEngine(#[from] PluginError),
     #[error(transparent)]
     PluginStore(#[from] StoreError),
+    #[error("the audit log: {0}")]
+    Audit(#[from] AuditError),
 }
 
 /// Loads and validates a policy folder into a snapshot: the policy, its
@@ -84,6 +87,7 @@ pub async fn serve(
         errors,
     })?;
     let gateway = first.policy.gateway.clone();
+    let first_files = first.policy.files.clone();
     for tenant in first.policy.tenants.values() {
         if tenant.jwt.dev_signing_key.is_some() {
             tracing::warn!(
@@ -95,6 +99,16 @@ pub async fn serve(
     }
     let metrics = Arc::new(Metrics::new());
     let snapshot = Arc::new(ArcSwap::from_pointee(first));
+    let audit = open_audit(gateway.audit.as_ref()).await?;
+    audit
+        .record_async(
+            Actor::Gateway,
+            Event::GatewayStart {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                policy_files: crate::audit::file_digests(&first_files),
+            },
+        )
+        .await?;
     let plugins = open_plugins(&gateway.plugins).await?;
 
     let (upstream, supervisor) = match &gateway.upstream {
@@ -127,11 +141,14 @@ pub async fn serve(
         let metrics = Arc::clone(&metrics);
         let current = Arc::clone(&snapshot);
         let started_with = gateway.clone();
+        let audit = audit.clone();
+        let last_audited = std::sync::Mutex::new(first_files);
         policy::watch(
             &dir,
             move |dir| {
                 let previous = current.load();
-                let result = build_snapshot(dir, Some(&previous));
+                let built = build_snapshot(dir, Some(&previous));
+                let result = audit_reload(&audit, dir, built, &last_audited);
                 let label = ResultLabels {
                     result: if result.is_ok() { "ok" } else { "failed" },
                 };
@@ -151,6 +168,7 @@ pub async fn serve(
         upstream,
         metrics,
         plugins,
+        audit,
     };
     let router = api::router(
         app,
@@ -173,6 +191,80 @@ pub async fn serve(
         supervisor.stop().await;
     }
     served
+}
+
+/// The audit log, opened (its file scanned, a torn tail cut, its checkpoint
+/// checked) on a blocking thread, or none when `[audit]` is unset.
+async fn open_audit(settings: Option<&AuditSettings>) -> Result<Audit, ServeError> {
+    let Some(settings) = settings.cloned() else {
+        tracing::info!("the audit log is off: no `[audit]` in gateway.toml");
+        return Ok(Audit::disabled());
+    };
+    let (log, report) = tokio::task::spawn_blocking(move || AuditLog::open(&settings))
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
+    if report.key_created {
+        tracing::warn!(
+            dir = %log.dir().display(),
+            "a new audit key was generated; give its public key (audit.pub.pem or \
+             audit.vkey in the log folder) to whoever verifies checkpoints"
+        );
+    }
+    Ok(Audit::new(log))
+}
+
+/// Records a reload in the audit log: accepted (when the files differ from
+/// the last recorded set) or refused, with the digest of every policy file.
+/// An accepted reload whose entry cannot be written is not published: it
+/// fails, and the previous policy keeps serving.
+fn audit_reload(
+    audit: &Audit,
+    dir: &Path,
+    result: Result<Snapshot, PolicyErrors>,
+    last_audited: &std::sync::Mutex<Vec<(PathBuf, [u8; 32])>>,
+) -> Result<Snapshot, PolicyErrors> {
+    let Some(_) = audit.log() else {
+        return result;
+    };
+    let mut last = last_audited
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (files, outcome) = match &result {
+        Ok(next) if next.policy.files == *last => return result,
+        Ok(next) => (next.policy.files.clone(), Outcome::Accepted),
+        Err(errors) => (
+            policy::file_digests(dir),
+            Outcome::Refused {
+                reason: errors.to_string(),
+            },
+        ),
+    };
+    let accepted = matches!(outcome, Outcome::Accepted);
+    let event = Event::PolicyReload {
+        files: crate::audit::file_digests(&files),
+        outcome,
+    };
+    let actor = Actor::Operator {
+        tenant: None,
+        sub: None,
+    };
+    match audit.record(actor, event) {
+        Ok(_) if accepted => {
+            *last = files;
+            result
+        }
+        Ok(_) => result,
+        Err(e) if accepted => Err(PolicyErrors(vec![policy::PolicyError::at_path(
+            Path::new("."),
+            format!(
+                "the reload could not be recorded in the audit log, so it was not applied: {e}"
+            ),
+        )])),
+        Err(e) => {
+            tracing::error!(error = %e, "a refused policy reload could not be recorded in the audit log");
+            result
+        }
+    }
 }
 
 /// The plugin registry: the store loaded (every plugin compiled or read
@@ -207,10 +299,11 @@ fn warn_restart_only_changes(running: &policy::GatewaySettings, new: &policy::Ga
         || running.listen != new.listen
         || running.max_body_bytes != new.max_body_bytes
         || running.plugins.store != new.plugins.store
+        || running.audit != new.audit
     {
         tracing::warn!(
-            "gateway.toml changed listen, max_body_bytes, the upstream or the plugin store; \
-             those take effect at the next restart (the rest is live)"
+            "gateway.toml changed listen, max_body_bytes, the upstream, the plugin store or \
+             the audit log; those take effect at the next restart (the rest is live)"
         );
     }
 }

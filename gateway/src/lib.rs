@@ -8,6 +8,7 @@
 
 mod api;
 mod app;
+pub mod audit;
 pub mod auth;
 pub mod limits;
 mod metrics;

@@ -2,6 +2,7 @@
 //! metrics. Handlers read one policy [`Snapshot`] per request and never wait
 //! on the control plane.
 
+mod audit;
 mod error;
 mod generation;
 mod hooks;
@@ -51,6 +52,9 @@ pub struct App {
     /// Tenant plugins: the request path reads them with `get`; the plugin
     /// API (`plugins.rs`) uploads and deletes them.
     pub plugins: PluginRegistry,
+    /// The audit log: control-plane actions append to it, the admin API
+    /// (`audit.rs`) reads it. Never touched by the inference path.
+    pub audit: crate::audit::Audit,
 }
 
 /// The router. `max_body_bytes` is the gateway-wide cap, enforced while the
@@ -66,6 +70,10 @@ pub fn router(app: App, max_body_bytes: usize) -> Router {
             "/v1/plugins/{name}",
             get(plugins::get).put(plugins::put).delete(plugins::delete),
         )
+        .route("/admin/v1/audit/checkpoint", get(audit::checkpoint))
+        .route("/admin/v1/audit/entries", get(audit::entries))
+        .route("/admin/v1/audit/proof/inclusion", get(audit::inclusion))
+        .route("/admin/v1/audit/proof/consistency", get(audit::consistency))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

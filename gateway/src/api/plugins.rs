@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 
 use super::error::ApiError;
 use super::{App, inference};
+use crate::audit::{Actor, Event, sha256_text};
 use crate::auth::{Identity, Scope};
 use crate::metrics::PluginUploadLabels;
 use crate::plugins::{MAX_COMPONENT_BYTES, PluginError, PluginInfo, PluginName, StoreError};
@@ -69,12 +70,33 @@ async fn upload(
     let name = plugin_name(name)?;
     let bytes = read_body(headers, body).await?;
     check_signature(app, &identity.tenant, headers, &bytes)?;
+    app.audit.ready().map_err(super::audit::unrecorded)?;
     let registry = app.plugins.clone();
+    let audit = app.audit.clone();
     let uploaded = tokio::task::spawn_blocking(move || {
-        registry.upload(&identity.tenant, &name, &bytes, identity.sub.as_deref())
+        let stored = registry.upload(&identity.tenant, &name, &bytes, identity.sub.as_deref());
+        // Recorded after the store committed it: the entry says what is
+        // on disk. A failed append fails the call (the log then refuses
+        // every further change until the gateway restarts).
+        if let Ok((info, _)) = &stored {
+            let event = Event::PluginUpload {
+                tenant: identity.tenant.clone(),
+                name: info.name.clone(),
+                digest: sha256_text(info.digest.as_bytes()),
+                size_bytes: info.size_bytes,
+            };
+            let actor = Actor::Tenant {
+                tenant: identity.tenant.clone(),
+                sub: identity.sub.clone(),
+            };
+            audit
+                .record(actor, event)
+                .map_err(super::audit::unrecorded)?;
+        }
+        Ok::<_, ApiError>(stored)
     })
     .await
-    .map_err(ApiError::internal)?;
+    .map_err(ApiError::internal)??;
     let (info, outcome) = uploaded.map_err(store_error)?;
     tracing::info!(
         tenant = %tenant,
@@ -206,13 +228,28 @@ pub async fn delete(
     let deleted = async {
         let identity = authorize(&app, &headers)?;
         let name = plugin_name(name)?;
+        app.audit.ready().map_err(super::audit::unrecorded)?;
         let registry = app.plugins.clone();
-        let tenant = identity.tenant.clone();
+        let audit = app.audit.clone();
+        let who = identity.clone();
         let removed = name.clone();
-        tokio::task::spawn_blocking(move || registry.delete(&tenant, &removed))
-            .await
-            .map_err(ApiError::internal)?
-            .map_err(store_error)?;
+        tokio::task::spawn_blocking(move || {
+            let digest = registry
+                .delete(&who.tenant, &removed)
+                .map_err(store_error)?;
+            let event = Event::PluginDelete {
+                tenant: who.tenant.clone(),
+                name: removed.to_string(),
+                digest: sha256_text(digest.as_bytes()),
+            };
+            let actor = Actor::Tenant {
+                tenant: who.tenant,
+                sub: who.sub,
+            };
+            audit.record(actor, event).map_err(super::audit::unrecorded)
+        })
+        .await
+        .map_err(ApiError::internal)??;
         tracing::info!(tenant = %identity.tenant, plugin = %name, "plugin deleted");
         Ok::<_, ApiError>(name)
     }

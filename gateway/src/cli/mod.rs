@@ -1,5 +1,6 @@
 //! Command-line interface of `bulkhead`.
 
+mod audit;
 mod model;
 mod plugin;
 mod policy;
@@ -34,6 +35,8 @@ enum Command {
     Plugin(plugin::PluginArgs),
     /// Development tokens and keys (real issuers mint their own tokens)
     Token(token::TokenArgs),
+    /// Check the audit log offline, or proofs from a running gateway
+    Audit(audit::AuditArgs),
     /// Serve the OpenAI-compatible API until SIGINT/SIGTERM (starting a local
     /// gpu-host unless gateway.toml names an upstream).
     Serve(serve::ServeArgs),
@@ -46,5 +49,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Plugin(args) => plugin::run(args),
         Command::Token(args) => token::run(args),
         Command::Serve(a) => serve::run(a),
+        Command::Audit(args) => audit::run(args),
     }
 }

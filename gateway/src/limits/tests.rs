@@ -365,6 +365,7 @@ fn builds_from_a_policy() {
                 models: Vec::new(),
             }),
             plugins: Default::default(),
+            audit: None,
         },
         tenants: BTreeMap::from([("acme".to_owned(), tenant)]),
         files: Vec::new(),

@@ -28,6 +28,24 @@ pub struct GatewayFile {
     pub local_gpu_host: Option<LocalGpuHostFile>,
     /// Tenant plugins (`[plugins]`).
     pub plugins: Option<PluginsGatewayFile>,
+    /// The audit log (`[audit]`).
+    pub audit: Option<AuditGatewayFile>,
+}
+
+/// `[audit]` in `gateway.toml`: the tamper-evident audit log. Read at start
+/// only.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditGatewayFile {
+    /// The log folder, relative to the policy folder unless absolute, and
+    /// outside it; created (0700) if missing. Required in `[audit]`.
+    pub dir: Option<Spanned<PathBuf>>,
+    /// The Ed25519 signing key (PKCS#8 PEM). Default: `DIR/audit.key.pem`,
+    /// generated at first start.
+    pub key: Option<Spanned<PathBuf>>,
+    /// The checkpoints' origin line and key name (default
+    /// `bulkhead.local/audit`): no spaces, no `+`.
+    pub origin: Option<Spanned<String>>,
 }
 
 /// `[plugins]` in `gateway.toml`: gateway-wide plugin settings.

@@ -85,6 +85,15 @@ pub(super) struct Folder {
     pub files: Vec<(PathBuf, [u8; 32])>,
 }
 
+/// The files [`load`] reads in `dir` with the SHA-256 of each, whether or
+/// not they make a valid policy: what the audit log records for a reload
+/// that failed (a successful load lists them in [`Policy::files`]).
+/// Unreadable files are left out.
+pub fn file_digests(dir: &Path) -> Vec<(PathBuf, [u8; 32])> {
+    let mut errors = Vec::new();
+    read_folder(dir, &mut errors).files
+}
+
 fn read_folder(dir: &Path, errors: &mut Vec<PolicyError>) -> Folder {
     let mut folder = Folder::default();
     match fs::metadata(dir) {

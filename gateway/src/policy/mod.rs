@@ -23,10 +23,10 @@ use bulkhead_protocol::Target;
 use crate::plugins::{PluginConfig, PluginLimits};
 
 pub use files::{
-    ClassFile, GatewayFile, JwtFile, LimitsFile, LocalGpuHostFile, ModelFile, PluginLimitsFile,
-    PluginsGatewayFile, TenantFile, TenantPluginsFile, TrustFile, UpstreamFile,
+    AuditGatewayFile, ClassFile, GatewayFile, JwtFile, LimitsFile, LocalGpuHostFile, ModelFile,
+    PluginLimitsFile, PluginsGatewayFile, TenantFile, TenantPluginsFile, TrustFile, UpstreamFile,
 };
-pub use load::{MAX_CLASS_FILES, MAX_FILE_BYTES, MAX_TENANT_FILES, load};
+pub use load::{MAX_CLASS_FILES, MAX_FILE_BYTES, MAX_TENANT_FILES, file_digests, load};
 pub use plugins::{
     MAX_CHAIN_PLUGINS, MAX_CONFIG_ENTRIES, MAX_CONFIG_KEY_BYTES, MAX_CONFIG_VALUE_BYTES,
     MAX_PLUGIN_DEADLINE, MAX_PLUGIN_LOG_BYTES, MAX_PLUGIN_OUTPUT_BYTES,
@@ -69,6 +69,8 @@ pub struct GatewaySettings {
     pub jwt_leeway: Duration,
     pub upstream: UpstreamSettings,
     pub plugins: GatewayPlugins,
+    /// `[audit]`, paths resolved; `None`: no audit log.
+    pub audit: Option<crate::audit::AuditSettings>,
 }
 
 /// `[plugins]` of `gateway.toml`, with paths resolved.

@@ -18,7 +18,8 @@ use bulkhead_protocol::Target;
 use toml::Spanned;
 
 use super::files::{
-    GatewayFile, LimitsFile, LocalGpuHostFile, ModelFile, PluginsGatewayFile, UpstreamFile,
+    AuditGatewayFile, GatewayFile, LimitsFile, LocalGpuHostFile, ModelFile, PluginsGatewayFile,
+    UpstreamFile,
 };
 use super::load::{Folder, Parsed, io_reason};
 use super::{
@@ -146,6 +147,10 @@ fn check_gateway(
     };
 
     let plugins = check_plugins(dir, source, file.plugins.as_ref(), errors);
+    let audit = file
+        .audit
+        .as_ref()
+        .map(|audit| check_audit(dir, source, audit, errors));
 
     Gateway {
         settings: GatewaySettings {
@@ -155,6 +160,7 @@ fn check_gateway(
             jwt_leeway: Duration::from_secs(jwt_leeway_s),
             upstream,
             plugins,
+            audit,
         },
         served_models: served_models.filter(|_| known),
         body_cap: known.then_some(max_body_bytes),
@@ -204,6 +210,59 @@ fn check_plugins(
         store: Some(path),
         maximums,
     }
+}
+
+/// `[audit]`: the log folder (required, outside the watched policy folder,
+/// like the plugin store), the key path and the origin.
+fn check_audit(
+    dir: &Path,
+    source: &SourceFile,
+    audit: &AuditGatewayFile,
+    errors: &mut Vec<PolicyError>,
+) -> crate::audit::AuditSettings {
+    let mut settings = crate::audit::AuditSettings::new(PathBuf::new());
+    match &audit.dir {
+        None => errors
+            .push(source.error(
+                "`[audit]` needs `dir`: the folder of the audit log, e.g. \"../var/audit\"",
+            )),
+        Some(log) if log.get_ref().as_os_str().is_empty() => errors.push(source.error_at(
+            log.span(),
+            "`dir` is empty: name a folder for the audit log, e.g. \"../var/audit\"",
+        )),
+        Some(log) => {
+            let path = lexically_normal(&dir.join(log.get_ref()));
+            if path.starts_with(lexically_normal(dir)) {
+                errors.push(source.error_at(
+                    log.span(),
+                    format!(
+                        "the audit log {} is inside the policy folder, which is watched for \
+                         changes: put it outside, e.g. \"../var/audit\"",
+                        path.display()
+                    ),
+                ));
+            }
+            settings.dir = path;
+        }
+    }
+    if let Some(key) = &audit.key {
+        settings.key = Some(lexically_normal(&dir.join(key.get_ref())));
+    }
+    if let Some(origin) = &audit.origin {
+        if crate::audit::valid_origin(origin.get_ref()) {
+            settings.origin = origin.get_ref().clone();
+        } else {
+            errors.push(source.error_at(
+                origin.span(),
+                format!(
+                    "`origin` \"{}\" is not a checkpoint origin: 1 to 256 bytes, no spaces, \
+                     no `+`, e.g. \"example.com/bulkhead/audit\"",
+                    origin.get_ref().escape_debug()
+                ),
+            ));
+        }
+    }
+    settings
 }
 
 /// `path` with `.` and `..` resolved by name (symlinks are not followed).

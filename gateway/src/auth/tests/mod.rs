@@ -225,6 +225,7 @@ fn policy(dir: &TempDir, tenants: Vec<TenantPolicy>) -> Policy {
                 models: Vec::new(),
             }),
             plugins: Default::default(),
+            audit: None,
         },
         tenants: tenants
             .into_iter()

@@ -432,9 +432,10 @@ impl PluginRegistry {
         Ok((info, outcome))
     }
 
-    /// Removes the tenant's plugin `name` (also one that failed to load).
-    /// A request that already holds the plugin finishes with it.
-    pub fn delete(&self, tenant: &str, name: &PluginName) -> Result<(), StoreError> {
+    /// Removes the tenant's plugin `name` (also one that failed to load)
+    /// and returns the digest it had. A request that already holds the
+    /// plugin finishes with it.
+    pub fn delete(&self, tenant: &str, name: &PluginName) -> Result<PluginDigest, StoreError> {
         let store = self.store()?;
         let mut entries = store.entries.lock().unwrap_or_else(PoisonError::into_inner);
         let key = (tenant.to_string(), name.clone());
@@ -448,7 +449,8 @@ impl PluginRegistry {
         self.publish(tenant, |plugins| {
             plugins.remove(name.as_str());
         });
-        store.collect(&entries, meta.digest)
+        store.collect(&entries, meta.digest)?;
+        Ok(meta.digest)
     }
 
     fn store(&self) -> Result<&Store, StoreError> {

@@ -749,3 +749,55 @@ fn the_plugin_store_resolves_against_the_folder_and_must_lie_outside_it() {
     assert_eq!(errors.len(), 1, "{errors:#?}");
     assert!(errors[0].contains("unknown field `size`"), "{errors:#?}");
 }
+
+#[test]
+fn the_audit_log_resolves_against_the_folder_and_is_checked() {
+    let folder = valid_folder();
+    assert_eq!(load_ok(&folder).gateway.audit, None);
+
+    folder.write(
+        "gateway.toml",
+        format!("{GATEWAY}\n[audit]\ndir = \"../var/audit\"\nkey = \"/etc/bh/audit.pem\"\n"),
+    );
+    let policy = load_ok(&folder);
+    let audit = policy.gateway.audit.expect("[audit] is set");
+    assert_eq!(audit.dir, policy.dir.parent().unwrap().join("var/audit"));
+    assert_eq!(audit.key.as_deref(), Some(Path::new("/etc/bh/audit.pem")));
+    assert_eq!(audit.origin, crate::audit::DEFAULT_ORIGIN);
+
+    let line = GATEWAY.lines().count() + 3;
+    folder.write(
+        "gateway.toml",
+        format!("{GATEWAY}\n[audit]\ndir = \"audit\"\n"),
+    );
+    let inside = policy.dir.join("audit");
+    assert_eq!(
+        errors(&folder),
+        [format!(
+            "gateway.toml:{line}:7: the audit log {} is inside the policy folder, which is \
+             watched for changes: put it outside, e.g. \"../var/audit\"",
+            inside.display()
+        )]
+    );
+
+    folder.write(
+        "gateway.toml",
+        format!("{GATEWAY}\n[audit]\ndir = \"../a\"\norigin = \"two words\"\n"),
+    );
+    let errors_now = errors(&folder);
+    assert_eq!(errors_now.len(), 1, "{errors_now:#?}");
+    assert!(
+        errors_now[0].contains("is not a checkpoint origin"),
+        "{errors_now:#?}"
+    );
+
+    folder.write(
+        "gateway.toml",
+        format!("{GATEWAY}\n[audit]\norigin = \"x\"\n"),
+    );
+    let errors_now = errors(&folder);
+    assert!(
+        errors_now[0].contains("`[audit]` needs `dir`"),
+        "{errors_now:#?}"
+    );
+}

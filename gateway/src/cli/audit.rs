@@ -1,0 +1,358 @@
+//! `bulkhead audit ...`: check an audit log offline, or check proofs
+//! fetched from a running gateway against signed checkpoints.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bulkhead_gateway::audit::merkle::{leaf_hash, verify_consistency, verify_inclusion};
+use bulkhead_gateway::audit::note::{open_checkpoint, unverified_checkpoint};
+use bulkhead_gateway::audit::verify::{VerifyOptions, verify_log};
+use bulkhead_gateway::audit::{Checkpoint, Entry, Hash, read_verifier};
+use clap::{Args, Subcommand};
+use http_body_util::{BodyExt, Empty, Limited};
+
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    #[command(subcommand)]
+    command: AuditCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditCommand {
+    /// Re-check a whole audit log offline
+    ///
+    /// Every record's framing and checksum, every entry's schema and index
+    /// (consecutive from 0), the tree head against the checkpoint, and the
+    /// checkpoint's signature. Names the first bad entry; exit 0 only when
+    /// everything holds. Reads only: safe on a running gateway's folder.
+    Verify {
+        /// The log folder (`[audit] dir`).
+        logdir: PathBuf,
+        /// A signed checkpoint to check against (default: LOGDIR/checkpoint).
+        #[arg(long, value_name = "FILE")]
+        checkpoint: Option<PathBuf>,
+        /// The audit public key, SPKI PEM or vkey (default: LOGDIR/audit.vkey,
+        /// which only shows the folder agrees with itself: pass a copy kept
+        /// elsewhere).
+        #[arg(long, value_name = "PUB")]
+        key: Option<PathBuf>,
+    },
+    /// Check proofs served by a running gateway (`admin` token)
+    #[command(subcommand)]
+    Proof(ProofCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ProofCommand {
+    /// Check that entry INDEX is in the log a signed checkpoint commits to
+    ///
+    /// Fetches the entry, hashes it, fetches its inclusion proof for the
+    /// checkpoint's size and checks it leads to the checkpoint's root.
+    /// Prints the entry on success.
+    Inclusion {
+        #[command(flatten)]
+        remote: Remote,
+        /// The entry.
+        #[arg(long)]
+        index: u64,
+        /// The signed checkpoint (default: the gateway's current one,
+        /// checked with --key).
+        #[arg(long, value_name = "FILE")]
+        checkpoint: Option<PathBuf>,
+    },
+    /// Check that a newer checkpoint extends an older one
+    ///
+    /// Fetches the consistency proof between their sizes: success means
+    /// every entry the old one covered is unchanged in the new one.
+    Consistency {
+        #[command(flatten)]
+        remote: Remote,
+        /// The older signed checkpoint.
+        #[arg(long, value_name = "FILE")]
+        old: PathBuf,
+        /// The newer signed checkpoint (default: the gateway's current one).
+        #[arg(long, value_name = "FILE")]
+        new: Option<PathBuf>,
+        /// Write the newer checkpoint here once it checks out (to pass as
+        /// --old next time).
+        #[arg(long, value_name = "FILE")]
+        save: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Args)]
+struct Remote {
+    /// The gateway, e.g. http://127.0.0.1:8080.
+    #[arg(long)]
+    url: String,
+    /// A token with the `admin` scope (default: $BULKHEAD_TOKEN).
+    #[arg(long)]
+    token: Option<String>,
+    /// The audit public key, SPKI PEM (`audit.pub.pem`) or vkey (`audit.vkey`).
+    #[arg(long, value_name = "PUB")]
+    key: PathBuf,
+}
+
+pub fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
+    match args.command {
+        AuditCommand::Verify {
+            logdir,
+            checkpoint,
+            key,
+        } => verify(&logdir, VerifyOptions { checkpoint, key }),
+        AuditCommand::Proof(command) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            runtime.block_on(proof(command))
+        }
+    }
+}
+
+fn verify(dir: &Path, options: VerifyOptions) -> anyhow::Result<ExitCode> {
+    match verify_log(dir, &options) {
+        Ok(verified) => {
+            let c = &verified.checkpoint;
+            println!(
+                "ok: {} entries; checkpoint `{}` size {} root {} verifies with {}",
+                verified.entries,
+                c.origin,
+                c.size,
+                BASE64.encode(c.root),
+                verified.key.display()
+            );
+            if verified.entries > c.size {
+                println!(
+                    "note: the last {} entries are not yet covered by this checkpoint",
+                    verified.entries - c.size
+                );
+            }
+            if verified.key_from_log_dir {
+                println!(
+                    "note: the key came from the log folder itself; pass --key with a copy kept \
+                     elsewhere to rule out a replaced folder"
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(error) => {
+            eprintln!("audit log {} FAILED: {error}", dir.display());
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+async fn proof(command: ProofCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        ProofCommand::Inclusion {
+            remote,
+            index,
+            checkpoint,
+        } => {
+            let client = Client::new(&remote)?;
+            let checkpoint = client.checkpoint(checkpoint.as_deref()).await?;
+            if index >= checkpoint.size {
+                bail!(
+                    "entry {index} is not covered by the checkpoint (size {}): fetch a newer one",
+                    checkpoint.size
+                );
+            }
+            let page = client
+                .get_json(&format!(
+                    "/admin/v1/audit/entries?from={index}&to={}",
+                    index + 1
+                ))
+                .await?;
+            let value = page["data"]
+                .get(0)
+                .cloned()
+                .context("the gateway returned no entry")?;
+            let entry: Entry =
+                serde_json::from_value(value).context("the gateway's entry is not a valid one")?;
+            if entry.index != index {
+                bail!("the gateway returned entry {} for {index}", entry.index);
+            }
+            // Entries are canonical: serializing the parsed entry gives back
+            // the bytes that were hashed.
+            let bytes = entry.to_bytes();
+            let proof = client
+                .get_json(&format!(
+                    "/admin/v1/audit/proof/inclusion?index={index}&size={}",
+                    checkpoint.size
+                ))
+                .await?;
+            let hashes = hashes(&proof["hashes"])?;
+            match verify_inclusion(
+                &leaf_hash(&bytes),
+                index,
+                checkpoint.size,
+                &hashes,
+                &checkpoint.root,
+            ) {
+                Ok(()) => {
+                    println!(
+                        "ok: entry {index} is in the log at checkpoint size {} (root {})",
+                        checkpoint.size,
+                        BASE64.encode(checkpoint.root)
+                    );
+                    println!("{}", String::from_utf8_lossy(&bytes));
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("inclusion proof for entry {index} FAILED: {e}");
+                    Ok(ExitCode::FAILURE)
+                }
+            }
+        }
+        ProofCommand::Consistency {
+            remote,
+            old,
+            new,
+            save,
+        } => {
+            let client = Client::new(&remote)?;
+            let older = client.checkpoint(Some(&old)).await?;
+            let (newer, note) = client.checkpoint_note(new.as_deref()).await?;
+            let proof = client
+                .get_json(&format!(
+                    "/admin/v1/audit/proof/consistency?from={}&to={}",
+                    older.size, newer.size
+                ))
+                .await?;
+            let hashes = hashes(&proof["hashes"])?;
+            match verify_consistency(older.size, newer.size, &older.root, &newer.root, &hashes) {
+                Ok(()) => {
+                    println!(
+                        "ok: the checkpoint of size {} extends the one of size {}",
+                        newer.size, older.size
+                    );
+                    if let Some(save) = save {
+                        std::fs::write(&save, note)
+                            .with_context(|| format!("writing {}", save.display()))?;
+                    }
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!(
+                        "consistency proof {} → {} FAILED: {e}: the log was rewritten",
+                        older.size, newer.size
+                    );
+                    Ok(ExitCode::FAILURE)
+                }
+            }
+        }
+    }
+}
+
+fn hashes(value: &serde_json::Value) -> anyhow::Result<Vec<Hash>> {
+    value
+        .as_array()
+        .context("the proof has no `hashes` array")?
+        .iter()
+        .map(|h| {
+            h.as_str()
+                .and_then(|h| BASE64.decode(h).ok())
+                .and_then(|h| Hash::try_from(h).ok())
+                .context("a proof hash is not base64 of 32 bytes")
+        })
+        .collect()
+}
+
+/// Largest response read: a page of 1,000 entries of up to 1 MiB each.
+const MAX_RESPONSE_BYTES: usize = 1 << 30;
+
+struct Client {
+    base: String,
+    token: String,
+    key: PathBuf,
+    http: hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        Empty<bytes::Bytes>,
+    >,
+}
+
+impl Client {
+    fn new(remote: &Remote) -> anyhow::Result<Client> {
+        let token = match &remote.token {
+            Some(token) => token.clone(),
+            None => std::env::var("BULKHEAD_TOKEN")
+                .context("pass --token or set BULKHEAD_TOKEN (a token with the `admin` scope)")?,
+        };
+        if !remote.url.starts_with("http://") {
+            bail!(
+                "--url must start with http:// (put TLS in front of the gateway and use it from there)"
+            );
+        }
+        let http =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http();
+        Ok(Client {
+            base: remote.url.trim_end_matches('/').to_string(),
+            token,
+            key: remote.key.clone(),
+            http,
+        })
+    }
+
+    async fn get(&self, path: &str) -> anyhow::Result<(u16, Vec<u8>)> {
+        let request = axum::http::Request::get(format!("{}{path}", self.base))
+            .header("authorization", format!("Bearer {}", self.token))
+            .body(Empty::new())
+            .context("building the request")?;
+        let response = tokio::time::timeout(Duration::from_secs(30), self.http.request(request))
+            .await
+            .context("the gateway did not answer in 30 s")?
+            .with_context(|| format!("GET {}{path}", self.base))?;
+        let status = response.status().as_u16();
+        let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+            .collect()
+            .await
+            .map_err(|e| anyhow::anyhow!("reading the response: {e}"))?
+            .to_bytes();
+        Ok((status, body.to_vec()))
+    }
+
+    async fn get_json(&self, path: &str) -> anyhow::Result<serde_json::Value> {
+        let (status, body) = self.get(path).await?;
+        let value: serde_json::Value = serde_json::from_slice(&body)
+            .with_context(|| format!("GET {path}: {status}, not JSON"))?;
+        if status != 200 {
+            bail!("GET {path}: {status}: {}", value["error"]["message"]);
+        }
+        Ok(value)
+    }
+
+    async fn checkpoint(&self, file: Option<&Path>) -> anyhow::Result<Checkpoint> {
+        Ok(self.checkpoint_note(file).await?.0)
+    }
+
+    /// A checkpoint from `file` or the gateway, its signature checked.
+    async fn checkpoint_note(&self, file: Option<&Path>) -> anyhow::Result<(Checkpoint, String)> {
+        let (note, from) = match file {
+            Some(file) => (
+                std::fs::read_to_string(file)
+                    .with_context(|| format!("reading {}", file.display()))?,
+                file.display().to_string(),
+            ),
+            None => {
+                let (status, body) = self.get("/admin/v1/audit/checkpoint").await?;
+                let text = String::from_utf8_lossy(&body).into_owned();
+                if status != 200 {
+                    bail!("GET /admin/v1/audit/checkpoint: {status}: {text}");
+                }
+                (text, "the gateway's checkpoint".to_string())
+            }
+        };
+        let claimed =
+            unverified_checkpoint(&note).with_context(|| format!("{from} is not a checkpoint"))?;
+        let verifier = read_verifier(&self.key, &claimed.origin)?;
+        let checkpoint = open_checkpoint(&note, &verifier)
+            .with_context(|| format!("{from} does not verify with {}", self.key.display()))?;
+        Ok((checkpoint, note))
+    }
+}

@@ -1,0 +1,78 @@
+//! Test-only: opens the audit log in DIR and appends entries from THREADS
+//! threads as fast as it can, printing `ack INDEX TAG` on stdout as soon as
+//! each append returns (after its fsync), until killed. `audit_crash`
+//! SIGKILLs it at random points and checks the log afterwards.
+//!
+//! Every sixth entry of a thread is large (64–256 KiB), and batches are
+//! written in 64-byte pieces (`AuditLog::split_writes`), so that many kills
+//! land in the middle of a batch and leave a torn record behind.
+
+#![forbid(unsafe_code)]
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use bulkhead_gateway::audit::{Actor, AuditLog, AuditSettings, Event};
+
+/// A runaway writer stops here (a trial kills it long before).
+const MAX_APPENDS_PER_THREAD: u64 = 5_000;
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let (Some(dir), Some(threads)) = (args.next(), args.next()) else {
+        eprintln!("usage: audit-crash-writer DIR THREADS");
+        std::process::exit(2);
+    };
+    let threads: u64 = threads.parse().expect("THREADS is a number");
+    let (log, report) = match AuditLog::open(&AuditSettings::new(PathBuf::from(dir))) {
+        Ok(opened) => opened,
+        Err(e) => {
+            eprintln!("open failed: {e}");
+            std::process::exit(3);
+        }
+    };
+    log.split_writes(64);
+    say(&format!(
+        "open {} {}",
+        report.entries,
+        report.torn_tail.map_or(0, |(bytes, _)| bytes)
+    ));
+    let pid = std::process::id();
+    let workers: Vec<_> = (0..threads)
+        .map(|thread| {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for seq in 0..MAX_APPENDS_PER_THREAD {
+                    let tag = format!("{pid}-{thread}-{seq}");
+                    let pad = if seq % 6 == 5 {
+                        // 64–256 KiB, varied by the tag.
+                        (64 << 10) + (tag.len() * 7919 + seq as usize * 104_729) % (192 << 10)
+                    } else {
+                        (seq as usize * 37) % 200
+                    };
+                    let event = Event::AdminAction {
+                        operation: "crash-test".into(),
+                        detail: serde_json::json!({"tag": tag, "pad": "x".repeat(pad)}),
+                    };
+                    match log.append(Actor::Gateway, event) {
+                        Ok(index) => say(&format!("ack {index} {tag}")),
+                        Err(e) => {
+                            eprintln!("append failed: {e}");
+                            std::process::exit(4);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        let _ = worker.join();
+    }
+}
+
+/// One line, flushed at once (stdout is block-buffered into a pipe).
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}

@@ -10,6 +10,7 @@ pub mod engine;
 pub mod gguf;
 pub mod server;
 mod tokenizer;
+pub mod verify;
 
 pub use chat::{
     ChatMessage, ChatTemplate, ChatTemplateError, MAX_RENDERED_BYTES, MAX_TEMPLATE_BYTES,

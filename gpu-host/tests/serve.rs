@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use bulkhead_protocol::digest::{FileDigest, to_hex};
 use bulkhead_protocol::v1::generate_event::Event;
 use bulkhead_protocol::v1::generate_request::Prompt;
 use bulkhead_protocol::v1::gpu_host_client::GpuHostClient;
@@ -537,4 +538,219 @@ async fn tcp_requires_the_bearer_secret() {
         events += 1;
     }
     assert!(events >= 2);
+}
+
+/// The file, its digests, and a `LoadModel` request for it under `name`.
+fn load_request(file: &str, name: &str) -> v1::LoadModelRequest {
+    let path = model(file);
+    let digest = FileDigest::of(&std::fs::read(&path).unwrap());
+    v1::LoadModelRequest {
+        name: name.into(),
+        path,
+        size: digest.size,
+        chunk_root: digest.chunk_root.to_vec(),
+        sha256: digest.sha256.to_vec(),
+        digest: format!("sha256:{}", to_hex(&digest.sha256)),
+    }
+}
+
+async fn list(client: &mut GpuHostClient<Channel>) -> Vec<v1::ModelInfo> {
+    client
+        .list_models(v1::ListModelsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .models
+}
+
+#[tokio::test]
+async fn registered_models_load_only_when_every_byte_matches() {
+    let mut host = start_unix("load", &[]);
+    let mut client = host.client().await;
+    let good = load_request("llama-f32.gguf", "registered");
+    let refused = |mut change: Box<dyn FnMut(&mut v1::LoadModelRequest)>| {
+        let mut req = good.clone();
+        change(&mut req);
+        req
+    };
+
+    let cases: Vec<(v1::LoadModelRequest, Code, &str)> = vec![
+        (
+            refused(Box::new(|r| r.chunk_root[0] ^= 1)),
+            Code::FailedPrecondition,
+            "llama-f32.gguf does not match its registration: chunk root",
+        ),
+        (
+            refused(Box::new(|r| {
+                r.chunk_root.clear();
+                r.sha256[31] ^= 1;
+            })),
+            Code::FailedPrecondition,
+            "does not match its registration: SHA-256",
+        ),
+        (
+            refused(Box::new(|r| r.size -= 1)),
+            Code::FailedPrecondition,
+            "bytes but was registered as",
+        ),
+        (
+            refused(Box::new(|r| r.path.push_str(".missing"))),
+            Code::NotFound,
+            "llama-f32.gguf.missing",
+        ),
+        (
+            refused(Box::new(|r| {
+                r.chunk_root.clear();
+                r.sha256.clear();
+            })),
+            Code::InvalidArgument,
+            "give the file's chunk_root or sha256",
+        ),
+        (
+            refused(Box::new(|r| r.sha256.truncate(31))),
+            Code::InvalidArgument,
+            "sha256: a SHA-256 digest is 32 bytes, not 31",
+        ),
+        (
+            refused(Box::new(|r| r.name = "llama".into())),
+            Code::AlreadyExists,
+            "model `llama` is already loaded",
+        ),
+    ];
+    for (req, code, message) in cases {
+        let status = client.load_model(req).await.unwrap_err();
+        assert_eq!(status.code(), code, "{status:?}");
+        assert!(status.message().contains(message), "{status:?}");
+    }
+    assert!(
+        !list(&mut client)
+            .await
+            .iter()
+            .any(|m| m.name == "registered")
+    );
+
+    let loaded = client.load_model(good.clone()).await.unwrap().into_inner();
+    let info = loaded.model.unwrap();
+    assert_eq!(
+        (info.name.as_str(), info.digest.as_str()),
+        ("registered", good.digest.as_str())
+    );
+    assert!(info.serving && info.weights_verified_at_unix_ms > 0);
+
+    // It serves, and every generation says which weights answered.
+    let mut stream = client
+        .generate(text_request("registered", "Hello", 4))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(Event::Started(started)) = stream.message().await.unwrap().unwrap().event else {
+        panic!("no Started");
+    };
+    assert_eq!(started.model_digest, good.digest);
+    assert_eq!(
+        started.weights_verified_at_unix_ms,
+        info.weights_verified_at_unix_ms
+    );
+    drop(stream);
+
+    // Models from the command line are hashed too, and say so.
+    let llama = list(&mut client)
+        .await
+        .into_iter()
+        .find(|m| m.name == "llama")
+        .unwrap();
+    let expected = FileDigest::of(&std::fs::read(model("llama-q8_0.gguf")).unwrap());
+    assert_eq!(
+        llama.digest,
+        format!("chunks-sha256:{}", to_hex(&expected.chunk_root))
+    );
+
+    client
+        .unload_model(v1::UnloadModelRequest {
+            name: "registered".into(),
+        })
+        .await
+        .unwrap();
+    let status = run_stream(&mut client, text_request("registered", "Hi", 1))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::NotFound);
+    let status = client
+        .unload_model(v1::UnloadModelRequest {
+            name: "registered".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::NotFound);
+
+    // The test hook is off unless asked for.
+    let status = client
+        .corrupt_resident_weights(v1::CorruptResidentWeightsRequest {
+            model: "llama".into(),
+            offset: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied);
+}
+
+#[tokio::test]
+async fn a_flipped_resident_bit_takes_only_that_model_out_of_service() {
+    let mut host = start_unix(
+        "scrub",
+        &["--enable-test-hooks", "--scrub-bytes-per-s", "1000000000"],
+    );
+    let mut client = host.client().await;
+    run_stream(&mut client, text_request("llama", "Hello", 2))
+        .await
+        .unwrap();
+    let size = std::fs::metadata(model("llama-q8_0.gguf")).unwrap().len();
+    client
+        .corrupt_resident_weights(v1::CorruptResidentWeightsRequest {
+            model: "llama".into(),
+            offset: size / 2,
+        })
+        .await
+        .unwrap();
+    // The scrub re-reads 1 GB/s: it finds the flip within one pass.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let llama = loop {
+        let llama = list(&mut client)
+            .await
+            .into_iter()
+            .find(|m| m.name == "llama")
+            .unwrap();
+        if !llama.serving {
+            break llama;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the scrub never noticed: {llama:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        llama
+            .unavailable_reason
+            .contains("weights changed while resident: chunk 0"),
+        "{llama:?}"
+    );
+    let status = run_stream(&mut client, text_request("llama", "Hello", 2))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert!(
+        status.message().contains("model `llama` is out of service"),
+        "{status:?}"
+    );
+    // The other model's weights are intact and it keeps serving.
+    run_stream(&mut client, text_request("qwen", "Hello", 2))
+        .await
+        .unwrap();
+    let qwen = list(&mut client)
+        .await
+        .into_iter()
+        .find(|m| m.name == "qwen")
+        .unwrap();
+    assert!(qwen.serving && qwen.scrubbed_bytes > 0);
 }

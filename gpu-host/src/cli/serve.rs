@@ -1,7 +1,8 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use bulkhead_gpu_host::server::{AuthSecret, ModelSpec, ServeConfig, Server};
+use bulkhead_gpu_host::server::{AuthSecret, ModelSpec, ServeConfig, Server, TestHooks};
+use bulkhead_gpu_host::verify::ScrubConfig;
 use bulkhead_protocol::Target;
 use clap::Args;
 
@@ -11,8 +12,10 @@ pub struct ServeArgs {
     /// (requires --auth-token-file).
     #[arg(long, value_name = "unix:PATH|tcp:ADDR")]
     listen: Target,
-    /// A model to serve under NAME (repeatable).
-    #[arg(long = "model", value_name = "NAME=PATH", required = true)]
+    /// A model to serve under NAME (repeatable). It is hashed while loading
+    /// and scrubbed while resident; registered models (checked against a
+    /// signed digest) arrive later through the `LoadModel` RPC.
+    #[arg(long = "model", value_name = "NAME=PATH")]
     models: Vec<ModelSpec>,
     /// Threads of the CPU backend (default: all cores).
     #[arg(long)]
@@ -31,7 +34,18 @@ pub struct ServeArgs {
     /// parent holds the pipe, so the host never outlives it.
     #[arg(long)]
     exit_with_parent: bool,
+    /// Bytes per second the background scrub re-hashes resident weights
+    /// (all models together; 0 turns it off). The default costs about 4% of
+    /// one core and re-checks a 1 GiB model every 16 s.
+    #[arg(long, default_value_t = DEFAULT_SCRUB_BYTES_PER_S)]
+    scrub_bytes_per_s: u64,
+    /// Answer the test-only RPCs (corrupting resident weights). Tests only.
+    #[arg(long, hide = true)]
+    enable_test_hooks: bool,
 }
+
+/// 64 MiB/s: see `--scrub-bytes-per-s`.
+const DEFAULT_SCRUB_BYTES_PER_S: u64 = 64 << 20;
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let auth_secret = a
@@ -46,6 +60,14 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         workers: a.workers,
         queue_capacity: a.queue_capacity,
         auth_secret,
+        scrub: ScrubConfig {
+            bytes_per_s: a.scrub_bytes_per_s,
+        },
+        test_hooks: if a.enable_test_hooks {
+            TestHooks::Enabled
+        } else {
+            TestHooks::Disabled
+        },
     };
     let server = Server::load(config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

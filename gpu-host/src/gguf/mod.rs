@@ -42,6 +42,17 @@ impl Gguf {
         Ok(Gguf { path, map, layout })
     }
 
+    /// Parses a file already copied into memory (the weight verifier's
+    /// resident copy); `path` is kept for messages.
+    pub fn from_resident(path: impl AsRef<Path>, map: Mmap) -> Result<Gguf, GgufError> {
+        let layout = GgufLayout::parse(&map, &Limits::default())?;
+        Ok(Gguf {
+            path: path.as_ref().to_path_buf(),
+            map,
+            layout,
+        })
+    }
+
     /// The file this was opened from.
     pub fn path(&self) -> &Path {
         &self.path

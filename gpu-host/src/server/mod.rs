@@ -24,8 +24,10 @@ use bulkhead_protocol::v1::gpu_host_server::GpuHostServer;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 
 use crate::engine::CpuBackend;
+use crate::verify::{ScrubConfig, Scrubber};
 pub use auth::{AuthSecret, MIN_SECRET_BYTES, SecretError};
 pub use registry::{BadModelSpec, ModelSpec};
+pub use service::TestHooks;
 
 use listen::Listener;
 use queue::WorkQueue;
@@ -37,7 +39,8 @@ use service::GpuHostService;
 pub struct ServeConfig {
     /// `unix:PATH` or `tcp:HOST:PORT`.
     pub listen: Target,
-    /// The models to load, each under its name.
+    /// The models to load at start, each under its name (more can be loaded
+    /// later with `LoadModel`).
     pub models: Vec<ModelSpec>,
     /// Threads of the CPU backend shared by all workers.
     pub threads: usize,
@@ -47,6 +50,10 @@ pub struct ServeConfig {
     pub queue_capacity: usize,
     /// Bearer secret required from clients (mandatory on TCP).
     pub auth_secret: Option<AuthSecret>,
+    /// How fast resident weights are re-hashed in the background.
+    pub scrub: ScrubConfig,
+    /// Whether the test-only RPCs answer.
+    pub test_hooks: TestHooks,
 }
 
 /// Why the server could not start or stopped with an error.
@@ -54,8 +61,6 @@ pub struct ServeConfig {
 pub enum ServeError {
     #[error("listening on TCP needs a bearer secret (--auth-token-file)")]
     TcpWithoutSecret,
-    #[error("give at least one model")]
-    NoModels,
     #[error("{name} must be at least 1")]
     ZeroSetting { name: &'static str },
     #[error("model name `{0}` is given twice")]
@@ -70,6 +75,8 @@ pub enum ServeError {
     Backend(String),
     #[error("starting the worker threads: {0}")]
     Workers(std::io::Error),
+    #[error("starting the weight scrub: {0}")]
+    Scrub(std::io::Error),
     #[error("{what} {}: {source}", path.display())]
     Socket {
         what: &'static str,
@@ -97,6 +104,8 @@ pub struct Server {
     queue: WorkQueue,
     workers: queue::Workers,
     auth: auth::BearerAuth,
+    scrubber: Scrubber,
+    test_hooks: TestHooks,
 }
 
 impl Server {
@@ -119,12 +128,26 @@ impl Server {
             CpuBackend::new(config.threads).map_err(|e| ServeError::Backend(e.to_string()))?;
         let (queue, workers) = WorkQueue::start(config.queue_capacity, config.workers, backend)
             .map_err(ServeError::Workers)?;
+        let listed = registry.clone();
+        let scrubber = Scrubber::start(
+            config.scrub,
+            move || listed.all(),
+            |model: &registry::LoadedModel, reason: &str| {
+                eprintln!("model `{}` taken out of service: {reason}", model.name);
+            },
+        )
+        .map_err(ServeError::Scrub)?;
+        if config.test_hooks == TestHooks::Enabled {
+            eprintln!("WARNING: test hooks are enabled; never run a real host like this");
+        }
         Ok(Server {
             listen: config.listen,
             registry,
             queue,
             workers,
             auth: auth::BearerAuth::new(config.auth_secret),
+            scrubber,
+            test_hooks: config.test_hooks,
         })
     }
 
@@ -138,7 +161,7 @@ impl Server {
     ) -> Result<(), ServeError> {
         let listener = listen::bind(&self.listen).await?;
         on_listening(&listener.target());
-        let service = GpuHostService::new(self.registry, self.queue);
+        let service = GpuHostService::new(self.registry, self.queue, self.test_hooks);
         let router = tonic::transport::Server::builder()
             .add_service(GpuHostServer::with_interceptor(service, self.auth));
         let served = match listener {
@@ -157,6 +180,7 @@ impl Server {
             }
         };
         // The router (and with it the queue's sender) is gone: workers finish and exit.
+        drop(self.scrubber);
         let workers = self.workers;
         let _ = tokio::task::spawn_blocking(move || workers.join()).await;
         Ok(served?)

@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use super::registry::LoadedModel;
+use super::service::out_of_service;
 use crate::engine::{
     CpuBackend, FinishReason, GenerateError, GenerateRequest, Piece, generate_streaming,
 };
@@ -138,11 +139,19 @@ fn run(job: Job, backend: &CpuBackend) {
     let started = Event::Started(v1::Started {
         prompt_tokens: count(request.prompt_tokens.len()),
         model: model.name.clone(),
+        model_digest: model.digest.clone(),
+        weights_verified_at_unix_ms: model.weights.verified_at_ms(),
     });
     if send(started).is_err() {
         return;
     }
     let mut on_piece = |piece: Piece<'_>| {
+        // Out of service at once: a generation in flight stops at its next
+        // piece rather than finishing on weights that no longer verify.
+        if let Some(reason) = model.weights.unavailable_reason() {
+            let _ = events.blocking_send(Err(out_of_service(&model.name, reason)));
+            return ControlFlow::Break(());
+        }
         let delta = Event::Delta(v1::Delta {
             text: piece.text.to_string(),
             token_ids: piece.tokens.to_vec(),

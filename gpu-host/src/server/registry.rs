@@ -6,8 +6,14 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
+
+use bulkhead_protocol::digest::to_hex;
+
 use super::ServeError;
 use crate::engine::Model;
+use crate::gguf::Gguf;
+use crate::verify::{Expected, LoadError, Scrubbable, WeightState, load_resident};
 use crate::{ChatTemplate, Tokenizer};
 
 /// `NAME=PATH` from the command line.
@@ -50,57 +56,166 @@ pub(crate) struct LoadedModel {
     /// The chat template, or why the model's one could not be compiled
     /// (text and token prompts still work).
     pub chat_template: Result<ChatTemplate, String>,
+    /// What the resident weights were verified as, and whether they still are.
+    pub weights: WeightState,
+    /// What responses name the weights by (`x-bulkhead-model-digest`).
+    pub digest: String,
 }
 
+impl Scrubbable for LoadedModel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.model.gguf().mapped_bytes()
+    }
+
+    fn state(&self) -> &WeightState {
+        &self.weights
+    }
+}
+
+/// The models a host serves: a snapshot the request path reads without
+/// locks, replaced whole when a model is loaded or unloaded.
 #[derive(Debug)]
 pub(crate) struct ModelRegistry {
-    models: BTreeMap<String, Arc<LoadedModel>>,
+    models: ArcSwap<BTreeMap<String, Arc<LoadedModel>>>,
+    /// One load at a time: each already uses every core, and a second would
+    /// double the memory being filled.
+    loading: tokio::sync::Mutex<()>,
+}
+
+/// Why a `LoadModel` failed, by whose fault.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LoadRefused {
+    #[error("model `{0}` is already loaded")]
+    NameTaken(String),
+    #[error("another model is being loaded; retry when it is done")]
+    Busy,
+    #[error("{0}")]
+    NotFound(String),
+    /// The bytes are not what was registered.
+    #[error("{0}")]
+    Mismatch(String),
+    /// The file is not a model this host can run.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Reads, verifies and prepares one model (blocking: the file is read and
+/// hashed on every core).
+pub(crate) fn load_model(
+    spec: &ModelSpec,
+    expected: Option<&Expected>,
+    digest: Option<String>,
+) -> Result<LoadedModel, LoadRefused> {
+    let invalid = |message: String| LoadRefused::Invalid(message);
+    // Copied into memory and hashed on the way (every byte once).
+    let resident = load_resident(&spec.path, expected).map_err(|e| match e {
+        LoadError::Io { ref source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            LoadRefused::NotFound(e.to_string())
+        }
+        LoadError::SizeMismatch { .. }
+        | LoadError::ChunkRootMismatch { .. }
+        | LoadError::Sha256Mismatch { .. }
+        | LoadError::Truncated(_) => LoadRefused::Mismatch(e.to_string()),
+        LoadError::Io { .. } | LoadError::Empty(_) => invalid(e.to_string()),
+    })?;
+    let weights = WeightState::new(&resident);
+    let digest =
+        digest.unwrap_or_else(|| format!("chunks-sha256:{}", to_hex(weights.chunk_root())));
+    let gguf = Gguf::from_resident(&spec.path, resident.map).map_err(|e| invalid(e.to_string()))?;
+    let model = Model::from_gguf(gguf).map_err(|e| invalid(e.to_string()))?;
+    let tokenizer = Tokenizer::from_metadata(model.gguf().metadata())
+        .map_err(|e| invalid(format!("tokenizer: {e}")))?;
+    let chat_template =
+        ChatTemplate::from_metadata(model.gguf().metadata(), &tokenizer).map_err(|e| e.to_string());
+    Ok(LoadedModel {
+        name: spec.name.clone(),
+        model,
+        tokenizer,
+        chat_template,
+        weights,
+        digest,
+    })
 }
 
 impl ModelRegistry {
+    /// Loads the models given at start (hashed, not checked against a
+    /// registration: the command line is trusted like the binary).
     pub(crate) fn load(specs: &[ModelSpec]) -> Result<ModelRegistry, ServeError> {
-        if specs.is_empty() {
-            return Err(ServeError::NoModels);
-        }
         let mut models = BTreeMap::new();
         for spec in specs {
             if models.contains_key(&spec.name) {
                 return Err(ServeError::DuplicateModel(spec.name.clone()));
             }
-            let failed = |message: String| ServeError::LoadModel {
+            let loaded = load_model(spec, None, None).map_err(|e| ServeError::LoadModel {
                 name: spec.name.clone(),
                 path: spec.path.clone(),
-                message,
-            };
-            let model = Model::open(&spec.path).map_err(|e| failed(e.to_string()))?;
-            let tokenizer = Tokenizer::from_metadata(model.gguf().metadata())
-                .map_err(|e| failed(format!("tokenizer: {e}")))?;
-            let chat_template = ChatTemplate::from_metadata(model.gguf().metadata(), &tokenizer)
-                .map_err(|e| e.to_string());
-            let loaded = LoadedModel {
-                name: spec.name.clone(),
-                model,
-                tokenizer,
-                chat_template,
-            };
+                message: e.to_string(),
+            })?;
             models.insert(spec.name.clone(), Arc::new(loaded));
         }
-        Ok(ModelRegistry { models })
+        Ok(ModelRegistry {
+            models: ArcSwap::from_pointee(models),
+            loading: tokio::sync::Mutex::new(()),
+        })
     }
 
-    pub(crate) fn get(&self, name: &str) -> Option<&Arc<LoadedModel>> {
-        self.models.get(name)
+    /// Loads and verifies a registered model, then publishes it.
+    pub(crate) async fn add(
+        &self,
+        spec: ModelSpec,
+        expected: Expected,
+        digest: Option<String>,
+    ) -> Result<Arc<LoadedModel>, LoadRefused> {
+        let _one_at_a_time = self.loading.try_lock().map_err(|_| LoadRefused::Busy)?;
+        if self.get(&spec.name).is_some() {
+            return Err(LoadRefused::NameTaken(spec.name));
+        }
+        let loaded =
+            tokio::task::spawn_blocking(move || load_model(&spec, Some(&expected), digest))
+                .await
+                .map_err(|e| LoadRefused::Invalid(format!("loading failed (a bug): {e}")))??;
+        let loaded = Arc::new(loaded);
+        // Loads are serialized by `loading`, so nothing else added this name.
+        self.models.rcu(|current| {
+            let mut next = BTreeMap::clone(current);
+            next.insert(loaded.name.clone(), loaded.clone());
+            next
+        });
+        Ok(loaded)
     }
 
-    pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
-        self.models.keys().map(String::as_str)
+    /// Stops serving `name`; requests holding it finish, then it is freed.
+    pub(crate) fn remove(&self, name: &str) -> Option<Arc<LoadedModel>> {
+        let mut removed = None;
+        self.models.rcu(|current| {
+            let mut next = BTreeMap::clone(current);
+            removed = next.remove(name);
+            next
+        });
+        if let Some(model) = &removed {
+            model.weights.retire();
+        }
+        removed
     }
 
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &LoadedModel> {
-        self.models.values().map(Arc::as_ref)
+    pub(crate) fn get(&self, name: &str) -> Option<Arc<LoadedModel>> {
+        self.models.load().get(name).cloned()
+    }
+
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.models.load().keys().cloned().collect()
+    }
+
+    /// Every model, in name order.
+    pub(crate) fn all(&self) -> Vec<Arc<LoadedModel>> {
+        self.models.load().values().cloned().collect()
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.models.len()
+        self.models.load().len()
     }
 }

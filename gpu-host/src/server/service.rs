@@ -9,22 +9,85 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::queue::{Job, WorkQueue};
-use super::registry::ModelRegistry;
+use bulkhead_protocol::digest::Hash;
+
+use super::registry::{BadModelSpec, LoadRefused, LoadedModel, ModelRegistry, ModelSpec};
 use super::request::to_engine;
+use crate::verify::Expected;
+use crate::verify::flip_resident_bit;
 
 /// Events buffered per stream before a slow client makes its worker wait.
 const EVENT_BUFFER: usize = 64;
+
+/// Whether the test-only RPCs answer (`--enable-test-hooks`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TestHooks {
+    Disabled,
+    Enabled,
+}
 
 #[derive(Debug)]
 pub(crate) struct GpuHostService {
     registry: Arc<ModelRegistry>,
     queue: WorkQueue,
+    test_hooks: TestHooks,
 }
 
 impl GpuHostService {
-    pub(crate) fn new(registry: Arc<ModelRegistry>, queue: WorkQueue) -> Self {
-        GpuHostService { registry, queue }
+    pub(crate) fn new(
+        registry: Arc<ModelRegistry>,
+        queue: WorkQueue,
+        test_hooks: TestHooks,
+    ) -> Self {
+        GpuHostService {
+            registry,
+            queue,
+            test_hooks,
+        }
     }
+
+    fn model(&self, name: &str) -> Result<Arc<LoadedModel>, Status> {
+        self.registry.get(name).ok_or_else(|| {
+            let served = self.registry.names();
+            Status::not_found(format!(
+                "model `{name}` is not served here (serving: {})",
+                served.join(", ")
+            ))
+        })
+    }
+}
+
+/// What `ListModels` and `LoadModel` say about a model.
+fn model_info(m: &LoadedModel) -> v1::ModelInfo {
+    let config = m.model.config();
+    v1::ModelInfo {
+        name: m.name.clone(),
+        architecture: config.arch.name().to_string(),
+        context_length: u32::try_from(config.context_length).unwrap_or(u32::MAX),
+        vocab_size: u32::try_from(m.tokenizer.vocab_size()).unwrap_or(u32::MAX),
+        digest: m.digest.clone(),
+        serving: m.weights.unavailable_reason().is_none(),
+        unavailable_reason: m.weights.unavailable_reason().unwrap_or_default().into(),
+        weights_verified_at_unix_ms: m.weights.verified_at_ms(),
+        scrubbed_bytes: m.weights.scrubbed_bytes(),
+        scrub_passes: m.weights.passes(),
+    }
+}
+
+/// A 32-byte digest field of `LoadModelRequest`: empty (absent) or 32 bytes.
+fn digest_field(bytes: &[u8], field: &str) -> Result<Option<Hash>, Status> {
+    match bytes.len() {
+        0 => Ok(None),
+        32 => Ok(Some(bytes.try_into().expect("length checked"))),
+        n => Err(Status::invalid_argument(format!(
+            "{field}: a SHA-256 digest is 32 bytes, not {n}"
+        ))),
+    }
+}
+
+/// The status of a request for a model taken out of service.
+pub(crate) fn out_of_service(name: &str, reason: &str) -> Status {
+    Status::failed_precondition(format!("model `{name}` is out of service: {reason}"))
 }
 
 #[tonic::async_trait]
@@ -36,18 +99,14 @@ impl GpuHost for GpuHostService {
         request: Request<v1::GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
         let req = request.into_inner();
-        let model = self.registry.get(&req.model).ok_or_else(|| {
-            let served: Vec<&str> = self.registry.names().collect();
-            Status::not_found(format!(
-                "model `{}` is not served here (serving: {})",
-                req.model,
-                served.join(", ")
-            ))
-        })?;
-        let engine_request = to_engine(model, &req)?;
+        let model = self.model(&req.model)?;
+        if let Some(reason) = model.weights.unavailable_reason() {
+            return Err(out_of_service(&model.name, reason));
+        }
+        let engine_request = to_engine(&model, &req)?;
         let (events, stream) = mpsc::channel(EVENT_BUFFER);
         self.queue.submit(Job {
-            model: model.clone(),
+            model,
             request: engine_request,
             events,
         })?;
@@ -58,19 +117,7 @@ impl GpuHost for GpuHostService {
         &self,
         _request: Request<v1::ListModelsRequest>,
     ) -> Result<Response<v1::ListModelsResponse>, Status> {
-        let models = self
-            .registry
-            .iter()
-            .map(|m| {
-                let config = m.model.config();
-                v1::ModelInfo {
-                    name: m.name.clone(),
-                    architecture: config.arch.name().to_string(),
-                    context_length: u32::try_from(config.context_length).unwrap_or(u32::MAX),
-                    vocab_size: u32::try_from(m.tokenizer.vocab_size()).unwrap_or(u32::MAX),
-                }
-            })
-            .collect();
+        let models = self.registry.all().iter().map(|m| model_info(m)).collect();
         Ok(Response::new(v1::ListModelsResponse { models }))
     }
 
@@ -86,5 +133,92 @@ impl GpuHost for GpuHostService {
             queue_capacity: small(self.queue.capacity()),
             workers: small(self.queue.workers()),
         }))
+    }
+
+    async fn corrupt_resident_weights(
+        &self,
+        request: Request<v1::CorruptResidentWeightsRequest>,
+    ) -> Result<Response<v1::CorruptResidentWeightsResponse>, Status> {
+        if self.test_hooks == TestHooks::Disabled {
+            return Err(Status::permission_denied(
+                "test hooks are off (start the host with --enable-test-hooks)",
+            ));
+        }
+        let req = request.into_inner();
+        let model = self.model(&req.model)?;
+        let bytes = model.model.gguf().mapped_bytes();
+        let offset = usize::try_from(req.offset)
+            .ok()
+            .filter(|&o| o < bytes.len())
+            .ok_or_else(|| {
+                Status::out_of_range(format!(
+                    "offset {} is past the end ({} bytes)",
+                    req.offset,
+                    bytes.len()
+                ))
+            })?;
+        flip_resident_bit(bytes, offset)
+            .map_err(|e| Status::internal(format!("flipping a bit: {e}")))?;
+        eprintln!(
+            "TEST HOOK: flipped a bit of `{}` at byte {offset}",
+            model.name
+        );
+        Ok(Response::new(v1::CorruptResidentWeightsResponse {}))
+    }
+
+    async fn load_model(
+        &self,
+        request: Request<v1::LoadModelRequest>,
+    ) -> Result<Response<v1::LoadModelResponse>, Status> {
+        let req = request.into_inner();
+        let spec: ModelSpec = format!("{}={}", req.name, req.path)
+            .parse()
+            .map_err(|e: BadModelSpec| Status::invalid_argument(format!("name/path: {e}")))?;
+        let expected = Expected {
+            size: req.size,
+            chunk_root: digest_field(&req.chunk_root, "chunk_root")?,
+            sha256: digest_field(&req.sha256, "sha256")?,
+        };
+        if expected.chunk_root.is_none() && expected.sha256.is_none() {
+            return Err(Status::invalid_argument(
+                "give the file's chunk_root or sha256: a model is only loaded against a digest",
+            ));
+        }
+        let digest = (!req.digest.is_empty()).then_some(req.digest);
+        let started = std::time::Instant::now();
+        let loaded = self
+            .registry
+            .add(spec, expected, digest)
+            .await
+            .map_err(|e| match e {
+                LoadRefused::NameTaken(_) => Status::already_exists(e.to_string()),
+                LoadRefused::Busy => Status::resource_exhausted(e.to_string()),
+                LoadRefused::NotFound(_) => Status::not_found(e.to_string()),
+                LoadRefused::Mismatch(_) => Status::failed_precondition(e.to_string()),
+                LoadRefused::Invalid(_) => Status::invalid_argument(e.to_string()),
+            })?;
+        let load_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        eprintln!(
+            "loaded model `{}` ({}) in {load_ms} ms, every byte verified",
+            loaded.name, loaded.digest
+        );
+        Ok(Response::new(v1::LoadModelResponse {
+            model: Some(model_info(&loaded)),
+            load_ms,
+        }))
+    }
+
+    async fn unload_model(
+        &self,
+        request: Request<v1::UnloadModelRequest>,
+    ) -> Result<Response<v1::UnloadModelResponse>, Status> {
+        let name = request.into_inner().name;
+        match self.registry.remove(&name) {
+            Some(_) => {
+                eprintln!("unloaded model `{name}`");
+                Ok(Response::new(v1::UnloadModelResponse {}))
+            }
+            None => Err(Status::not_found(format!("model `{name}` is not loaded"))),
+        }
     }
 }

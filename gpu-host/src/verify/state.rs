@@ -1,0 +1,134 @@
+//! What is known about one resident model's weights, shared by the request
+//! path (is it serving?), the scrub (progress, mismatch) and `ListModels`.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bulkhead_protocol::digest::{Hash, merkle_root};
+
+use super::ResidentFile;
+
+/// Serving, or out of service for good (until the model is loaded again).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WeightStatus {
+    Serving,
+    /// The weights no longer match what was verified; the reason names the
+    /// chunk and the file.
+    Quarantined(String),
+}
+
+/// The verification state of one resident file. The request path reads it
+/// with one atomic load; nothing here takes a lock.
+#[derive(Debug)]
+pub struct WeightState {
+    leaves: Vec<Hash>,
+    chunk_root: Hash,
+    registered: bool,
+    quarantine: OnceLock<String>,
+    verified_at_ms: AtomicU64,
+    scrubbed_bytes: AtomicU64,
+    passes: AtomicU64,
+    retired: AtomicBool,
+}
+
+impl WeightState {
+    /// The state of a file just loaded (verified now).
+    pub fn new(resident: &ResidentFile) -> WeightState {
+        WeightState::from_leaves(
+            resident.leaves.clone(),
+            resident.registered,
+            resident.verified_at,
+        )
+    }
+
+    /// The state of bytes whose chunks hashed to `leaves` at `verified_at`.
+    pub fn from_leaves(
+        leaves: Vec<Hash>,
+        registered: bool,
+        verified_at: SystemTime,
+    ) -> WeightState {
+        WeightState {
+            chunk_root: merkle_root(&leaves),
+            leaves,
+            registered,
+            quarantine: OnceLock::new(),
+            verified_at_ms: AtomicU64::new(unix_ms(verified_at)),
+            scrubbed_bytes: AtomicU64::new(0),
+            passes: AtomicU64::new(0),
+            retired: AtomicBool::new(false),
+        }
+    }
+
+    /// The chunk hashes verified at load.
+    pub fn leaves(&self) -> &[Hash] {
+        &self.leaves
+    }
+
+    /// The Merkle root over [`Self::leaves`].
+    pub fn chunk_root(&self) -> &Hash {
+        &self.chunk_root
+    }
+
+    /// Whether the bytes were checked against a registration at load.
+    pub fn registered(&self) -> bool {
+        self.registered
+    }
+
+    pub fn status(&self) -> WeightStatus {
+        match self.quarantine.get() {
+            None => WeightStatus::Serving,
+            Some(reason) => WeightStatus::Quarantined(reason.clone()),
+        }
+    }
+
+    /// The reason the model is out of service, if it is.
+    pub fn unavailable_reason(&self) -> Option<&str> {
+        self.quarantine.get().map(String::as_str)
+    }
+
+    /// Takes the model out of service; the first reason sticks.
+    pub fn quarantine(&self, reason: String) {
+        let _ = self.quarantine.set(reason);
+    }
+
+    /// Marks the model unloaded: the scrub stops checking it so its memory
+    /// is released as soon as the last request using it ends.
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Relaxed);
+    }
+
+    pub(super) fn retired(&self) -> bool {
+        self.retired.load(Ordering::Relaxed)
+    }
+
+    /// Milliseconds since the Unix epoch when every byte last matched.
+    pub fn verified_at_ms(&self) -> u64 {
+        self.verified_at_ms.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn pass_completed(&self, at: SystemTime) {
+        self.verified_at_ms.store(unix_ms(at), Ordering::Relaxed);
+        self.passes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn scrubbed(&self, bytes: u64) {
+        self.scrubbed_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes re-hashed by the scrub since load.
+    pub fn scrubbed_bytes(&self) -> u64 {
+        self.scrubbed_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Complete scrub passes since load.
+    pub fn passes(&self) -> u64 {
+        self.passes.load(Ordering::Relaxed)
+    }
+}
+
+fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}

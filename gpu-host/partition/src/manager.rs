@@ -77,9 +77,14 @@ pub struct TenantRequest {
 }
 
 impl GpuRequest {
-    /// Checks the request's own fields against `device`; on success, its
-    /// compute as a count of units (`None`: unset).
-    pub fn check(&self, tenant: &str, device: &Device) -> Result<Option<u32>, Vec<PartitionError>> {
+    /// Checks the request's own fields, and with a `device` its share of
+    /// that device; on success, its compute as a count of units (`None`:
+    /// unset, or a share without a device to resolve it against).
+    pub fn check(
+        &self,
+        tenant: &str,
+        device: Option<&Device>,
+    ) -> Result<Option<u32>, Vec<PartitionError>> {
         let mut errors = Vec::new();
         let invalid = |field: &'static str, reason: String| PartitionError::InvalidRequest {
             tenant: tenant.to_string(),
@@ -97,8 +102,6 @@ impl GpuRequest {
                 tenant: tenant.to_string(),
             });
         }
-        let total = device.compute_units;
-        let unit = device.unit();
         let count = match self.compute {
             Compute::Unset if self.isolation == Isolation::Dedicated => {
                 errors.push(invalid(
@@ -121,7 +124,9 @@ impl GpuRequest {
                 ));
                 None
             }
+            Compute::Share(_) if device.is_none() => None,
             Compute::Share(share) => {
+                let (total, unit) = device.map_or((0, ""), |d| (d.compute_units, d.unit()));
                 // Exact for every device size: f64 holds u32 exactly.
                 let n = (share * f64::from(total)).floor() as u32;
                 if n == 0 {
@@ -175,7 +180,7 @@ pub fn plan(
             });
             continue;
         }
-        match request.gpu.check(&request.tenant, device) {
+        match request.gpu.check(&request.tenant, Some(device)) {
             Ok(cus) => checked.push(Checked {
                 tenant: &request.tenant,
                 gpu: &request.gpu,

@@ -65,9 +65,9 @@ pub fn parse_bytes(text: &str) -> Result<u64, PartitionError> {
         .ok_or_else(|| invalid("more than 2^64 bytes"))
 }
 
-/// `bytes` for messages: the largest binary unit it is a whole multiple of
-/// when that is at least KiB (`"24GiB"`), else one decimal (`"1.5GiB"`),
-/// else bytes.
+/// `bytes` for messages: a whole number of the largest unit it reaches
+/// when exact (`"24GiB"`), else a whole number of a smaller unit when that
+/// stays short (`"1536MiB"`), else two decimals (`"300.00GiB"`).
 pub fn format_bytes(bytes: u64) -> String {
     const BINARY: [(&str, u64); 4] = [
         ("TiB", 1 << 40),
@@ -75,18 +75,21 @@ pub fn format_bytes(bytes: u64) -> String {
         ("MiB", 1 << 20),
         ("KiB", 1 << 10),
     ];
-    for (name, unit) in BINARY {
-        if bytes >= unit && bytes.is_multiple_of(unit) {
-            return format!("{}{name}", bytes / unit);
+    // Counts past this are harder to read than a rounded figure.
+    const MAX_WHOLE_COUNT: u64 = 10_000;
+    let Some(&(largest, unit)) = BINARY.iter().find(|(_, unit)| bytes >= *unit) else {
+        return format!("{bytes}B");
+    };
+    if bytes.is_multiple_of(unit) {
+        return format!("{}{largest}", bytes / unit);
+    }
+    for (name, smaller) in BINARY.iter().filter(|(_, u)| *u < unit) {
+        if bytes.is_multiple_of(*smaller) && bytes / smaller < MAX_WHOLE_COUNT {
+            return format!("{}{name}", bytes / smaller);
         }
     }
-    for (name, unit) in BINARY {
-        if bytes >= unit {
-            // f64 is exact enough for one decimal of a message.
-            return format!("{:.1}{name}", bytes as f64 / unit as f64);
-        }
-    }
-    format!("{bytes}B")
+    // f64 is exact enough for two decimals of a message.
+    format!("{:.2}{largest}", bytes as f64 / unit as f64)
 }
 
 #[cfg(test)]
@@ -129,7 +132,8 @@ mod tests {
         assert_eq!(format_bytes(24 << 30), "24GiB");
         assert_eq!(format_bytes(256 << 30), "256GiB");
         assert_eq!(format_bytes(1536 << 20), "1536MiB");
-        assert_eq!(format_bytes((3 << 29) + 1), "1.5GiB");
+        assert_eq!(format_bytes((3 << 29) + 1), "1.50GiB");
+        assert_eq!(format_bytes((300 << 30) + 4096), "300.00GiB");
         assert_eq!(format_bytes(1000), "1000B");
         assert_eq!(format_bytes(0), "0B");
     }

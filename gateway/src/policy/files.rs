@@ -71,7 +71,8 @@ pub struct LocalGpuHostFile {
     /// (default: `threads` cores, or all) or `"mi325x"`.
     pub device: Option<Spanned<String>>,
     /// `device = "cpu"` only: host RAM for weights and KV caches, e.g.
-    /// `"32GiB"` (default: the machine's memory).
+    /// `"32GiB"` (default: the machine's memory; unchecked where that
+    /// cannot be read).
     pub memory: Option<Spanned<String>>,
     /// Device memory set aside for model weights and charged to no tenant,
     /// e.g. `"20GiB"` (default: the model files' sizes).

@@ -40,7 +40,7 @@ pub(super) fn check_device(
         .as_ref()
         .map(|d| (d.get_ref().as_str(), d.span()))
     {
-        None | Some(("cpu", _)) => cpu_device(source, local, threads, memory, errors),
+        None | Some(("cpu", _)) => cpu_device(threads, memory),
         Some(("mi325x", _)) => {
             if let Some(m) = &local.memory {
                 errors.push(source.error_at(
@@ -100,24 +100,13 @@ pub(super) fn check_device(
     (device, reservation)
 }
 
-fn cpu_device(
-    source: &SourceFile,
-    local: &LocalGpuHostFile,
-    threads: Option<usize>,
-    memory: Option<u64>,
-    errors: &mut Vec<PolicyError>,
-) -> Device {
+fn cpu_device(threads: Option<usize>, memory: Option<u64>) -> Device {
     let cores = threads.map_or_else(host_cores, |t| u32::try_from(t).unwrap_or(u32::MAX));
-    let memory = memory.or_else(host_memory_bytes).unwrap_or_else(|| {
-        let span = local.device.as_ref().map_or(0..0, Spanned::span);
-        errors.push(source.error_at(
-            span,
-            "cannot read this machine's memory size: set `memory` in [local_gpu_host], \
-             e.g. \"32GiB\"",
-        ));
-        0
-    });
-    // `threads` is at least 1 (checked) and host_cores() is too.
+    // Where the machine's memory cannot be read (no /proc/meminfo) and none
+    // is set, memory is not checked rather than every policy refused.
+    let memory = memory.or_else(host_memory_bytes).unwrap_or(u64::MAX);
+    // `threads` is at least 1 (checked) and host_cores() is too; the
+    // stand-in is never used.
     Device::cpu(cores.max(1), memory).unwrap_or_else(|_| Device::mi325x())
 }
 

@@ -143,7 +143,7 @@ pub enum PartitionError {
     UnknownSequence { seq: u64 },
 }
 
-/// `KV_BUDGET_REMAINING`: the tenant's other sequences hold the rest; retry.
+/// The tenant's other sequences hold the rest of its budget: retry later.
 pub(crate) const LEFT_OF_BUDGET: &str = "left of its budget";
 /// One sequence larger than the tenant's guaranteed share could wait forever.
 pub(crate) const AS_GUARANTEED_SHARE: &str = "as its guaranteed share";

@@ -347,6 +347,7 @@ fn builds_from_a_policy() {
         jwt,
         limits: LIMITS,
         plugins: Default::default(),
+        gpu: Default::default(),
         source: Arc::new(SourceFile::new("tenants/acme.toml", "")),
     };
     let mut policy = Policy {
@@ -363,12 +364,15 @@ fn builds_from_a_policy() {
                 queue_capacity: 1,
                 restart_backoff_max: Duration::from_secs(1),
                 models: Vec::new(),
+                device: bulkhead_partition::Device::mi325x(),
+                model_reservation_bytes: 0,
             }),
             plugins: Default::default(),
             audit: None,
         },
         tenants: BTreeMap::from([("acme".to_owned(), tenant)]),
         files: Vec::new(),
+        partitions: None,
     };
     let fake = FakeRelativeClock::default();
     let limiters = Limiters::with_clock(&policy, LimitClock::fake(fake));

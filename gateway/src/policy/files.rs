@@ -85,6 +85,16 @@ pub struct LocalGpuHostFile {
     pub queue_capacity: Option<Spanned<usize>>,
     /// Longest wait between restarts of a crashed child, in milliseconds.
     pub restart_backoff_max_ms: Option<Spanned<u64>>,
+    /// The device tenants' `[gpu]` tables are checked against: `"cpu"`
+    /// (default: `threads` cores, or all) or `"mi325x"`.
+    pub device: Option<Spanned<String>>,
+    /// `device = "cpu"` only: host RAM for weights and KV caches, e.g.
+    /// `"32GiB"` (default: the machine's memory; unchecked where that
+    /// cannot be read).
+    pub memory: Option<Spanned<String>>,
+    /// Device memory set aside for model weights and charged to no tenant,
+    /// e.g. `"20GiB"` (default: the model files' sizes).
+    pub model_reservation: Option<Spanned<String>>,
     /// Models the child serves.
     #[serde(default)]
     pub models: Vec<ModelFile>,
@@ -119,6 +129,37 @@ pub struct TenantFile {
     /// The tenant's plugin chains.
     #[serde(default)]
     pub plugins: TenantPluginsFile,
+    /// The tenant's compute and memory on the gpu-host (`[gpu]`); absent:
+    /// the shared pool with weight 1.
+    pub gpu: Option<Spanned<GpuFile>>,
+}
+
+/// `[gpu]` in a tenant file. Checked against the device (over-subscription
+/// is an error) but not yet enforced by the gpu-host.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuFile {
+    /// Compute units (cores on the CPU): a dedicated partition's size, or a
+    /// shared tenant's cap within the pool.
+    pub cus: Option<Spanned<u32>>,
+    /// The same as a fraction of the device's compute units, in (0, 1],
+    /// rounded down; instead of `cus`.
+    pub share: Option<Spanned<f64>>,
+    /// KV-cache memory, e.g. `"24GiB"`: a whole number and one of B, KiB,
+    /// MiB, GiB, TiB, kB, MB, GB, TB. Required when dedicated.
+    pub hbm: Option<Spanned<String>>,
+    /// `"dedicated"` (its own compute and memory) or `"shared"` (default).
+    pub isolation: Option<Spanned<IsolationFile>>,
+    /// Weight for fair sharing in the shared pool (default 1).
+    pub weight: Option<Spanned<u32>>,
+}
+
+/// `isolation` in `[gpu]`.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum IsolationFile {
+    Dedicated,
+    Shared,
 }
 
 /// `[plugins]` in a tenant file: which uploaded plugins run on each hook, in

@@ -4,6 +4,7 @@
 //! [`watch`] rebuilds on change and publishes only snapshots that built.
 
 mod files;
+mod gpu;
 mod load;
 mod plugins;
 mod source;
@@ -18,13 +19,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bulkhead_partition::{Device, GpuRequest, Layout};
 use bulkhead_protocol::Target;
 
 use crate::plugins::{PluginConfig, PluginLimits};
 
 pub use files::{
-    AuditGatewayFile, ClassFile, GatewayFile, JwtFile, LimitsFile, LocalGpuHostFile, ModelFile,
-    PluginLimitsFile, PluginsGatewayFile, TenantFile, TenantPluginsFile, TrustFile, UpstreamFile,
+    AuditGatewayFile, ClassFile, GatewayFile, GpuFile, IsolationFile, JwtFile, LimitsFile,
+    LocalGpuHostFile, ModelFile, PluginLimitsFile, PluginsGatewayFile, TenantFile,
+    TenantPluginsFile, TrustFile, UpstreamFile,
 };
 pub use load::{MAX_CLASS_FILES, MAX_FILE_BYTES, MAX_TENANT_FILES, file_digests, load};
 pub use plugins::{
@@ -58,6 +61,10 @@ pub struct Policy {
     /// a touch). The upstream secret file is not listed: a digest of a short
     /// secret would help guess it.
     pub files: Vec<(PathBuf, [u8; 32])>,
+    /// The partitions the tenants' `[gpu]` tables give the local gpu-host's
+    /// device (`None` with a remote upstream, whose device is not known
+    /// here). Checked, not yet sent to the gpu-host.
+    pub partitions: Option<Arc<Layout>>,
 }
 
 /// `gateway.toml`, with defaults applied.
@@ -117,6 +124,10 @@ pub struct LocalGpuHost {
     pub restart_backoff_max: Duration,
     /// (name, absolute GGUF path).
     pub models: Vec<(String, PathBuf)>,
+    /// The device tenants' `[gpu]` tables are planned on.
+    pub device: Device,
+    /// Memory of `device` set aside for model weights.
+    pub model_reservation_bytes: u64,
 }
 
 /// One tenant, with its limits resolved (tenant over class over defaults).
@@ -130,6 +141,8 @@ pub struct TenantPolicy {
     pub limits: Limits,
     /// Plugin chains (empty: no plugin runs).
     pub plugins: TenantPlugins,
+    /// Its `[gpu]` request (the default: shared, weight 1).
+    pub gpu: GpuRequest,
     /// The tenant file, for error locations.
     pub source: Arc<SourceFile>,
 }

@@ -48,12 +48,38 @@ pub(super) fn validate(dir: &Path, folder: Folder, errors: &mut Vec<PolicyError>
     let gateway = check_gateway(dir, folder.gateway.as_ref(), errors);
     // trust.toml: parsing checked its shape; model registration reads it.
     let classes = check_classes(&folder.classes, &gateway, errors);
-    let tenants = check_tenants(dir, folder.tenants, &classes, &gateway, errors);
+    let mut gpu = GpuChecks::default();
+    let tenants = check_tenants(dir, folder.tenants, &classes, &gateway, &mut gpu, errors);
+    // Planned only from values that checked, or its errors would echo theirs.
+    let partitions = match &gateway.device {
+        Some((device, reservation)) if gpu.all_valid => {
+            super::gpu::plan_partitions(device, *reservation, &tenants, &gpu.spans, errors)
+        }
+        _ => None,
+    };
     Policy {
         dir: dir.to_path_buf(),
         gateway: gateway.settings,
         tenants,
         files: folder.files,
+        partitions,
+    }
+}
+
+/// What the tenants' `[gpu]` checks leave for planning.
+struct GpuChecks {
+    /// Tenant → where its `[gpu]` table is (for errors about it).
+    spans: BTreeMap<String, Range<usize>>,
+    /// Every `[gpu]` table's values checked.
+    all_valid: bool,
+}
+
+impl Default for GpuChecks {
+    fn default() -> Self {
+        GpuChecks {
+            spans: BTreeMap::new(),
+            all_valid: true,
+        }
     }
 }
 
@@ -67,6 +93,9 @@ struct Gateway {
     body_cap: Option<u64>,
     /// Limits of a tenant and class that set none.
     default_limits: Limits,
+    /// The local gpu-host's device and model reservation, when gateway.toml
+    /// parsed and they checked; `None` with a remote upstream.
+    device: Option<(bulkhead_partition::Device, u64)>,
 }
 
 fn check_gateway(
@@ -123,6 +152,7 @@ fn check_gateway(
     };
 
     let local_defaults = LocalGpuHostFile::default();
+    let mut device = None;
     let (upstream, served_models) = match (&file.upstream, &file.local_gpu_host) {
         (Some(remote), local) => {
             if local.is_some() {
@@ -135,12 +165,16 @@ fn check_gateway(
             (check_upstream(dir, source, remote, errors), None)
         }
         (None, local) => {
+            let before = errors.len();
             let local = check_local(
                 dir,
                 source,
                 local.as_ref().unwrap_or(&local_defaults),
                 errors,
             );
+            if errors.len() == before {
+                device = Some((local.device.clone(), local.model_reservation_bytes));
+            }
             let served = local.models.iter().map(|(name, _)| name.clone()).collect();
             (UpstreamSettings::Local(local), Some(served))
         }
@@ -168,6 +202,7 @@ fn check_gateway(
             max_body_bytes: Limits::DEFAULT.max_body_bytes.min(max_body_bytes),
             ..Limits::DEFAULT
         },
+        device: device.filter(|_| known),
     }
 }
 
@@ -373,13 +408,18 @@ fn check_local(
         errors,
     )
     .unwrap_or(DEFAULT_RESTART_BACKOFF_MAX_MS);
+    let models = check_models(dir, source, &local.models, errors);
+    let (device, model_reservation_bytes) =
+        super::gpu::check_device(source, local, threads, &models, errors);
     LocalGpuHost {
         binary,
         threads,
         workers,
         queue_capacity,
         restart_backoff_max: Duration::from_millis(restart_backoff_max_ms),
-        models: check_models(dir, source, &local.models, errors),
+        models,
+        device,
+        model_reservation_bytes,
     }
 }
 
@@ -466,6 +506,7 @@ fn check_tenants(
     parsed: Vec<Parsed<TenantFile>>,
     classes: &Classes,
     gateway: &Gateway,
+    gpu_checks: &mut GpuChecks,
     errors: &mut Vec<PolicyError>,
 ) -> BTreeMap<String, TenantPolicy> {
     let mut tenants: BTreeMap<String, TenantPolicy> = BTreeMap::new();
@@ -528,6 +569,13 @@ fn check_tenants(
             errors,
         );
 
+        let device = gateway.device.as_ref().map(|(device, _)| device);
+        let gpu = super::gpu::check_tenant(&source, id, doc.gpu.as_ref(), device, errors);
+        gpu_checks.all_valid &= gpu.is_some();
+        if let Some(table) = &doc.gpu {
+            gpu_checks.spans.insert(id.clone(), table.span());
+        }
+
         let issuer = doc.jwt.issuer.get_ref();
         match issuers.get(issuer) {
             Some(other) => errors.push(source.error_at(
@@ -552,6 +600,7 @@ fn check_tenants(
                 jwt: doc.jwt,
                 limits,
                 plugins,
+                gpu: gpu.unwrap_or_default(),
                 source,
             },
         );

@@ -199,6 +199,7 @@ fn tenant(id: &str, toml_text: &str) -> TenantPolicy {
         jwt: file.jwt,
         limits: Limits::DEFAULT,
         plugins: Default::default(),
+        gpu: Default::default(),
         source: Arc::new(SourceFile::new(format!("tenants/{id}.toml"), toml_text)),
     }
 }
@@ -223,6 +224,8 @@ fn policy(dir: &TempDir, tenants: Vec<TenantPolicy>) -> Policy {
                 queue_capacity: 1,
                 restart_backoff_max: Duration::from_secs(1),
                 models: Vec::new(),
+                device: bulkhead_partition::Device::mi325x(),
+                model_reservation_bytes: 0,
             }),
             plugins: Default::default(),
             audit: None,
@@ -232,6 +235,7 @@ fn policy(dir: &TempDir, tenants: Vec<TenantPolicy>) -> Policy {
             .map(|t| (t.id.clone(), t))
             .collect::<BTreeMap<_, _>>(),
         files: Vec::new(),
+        partitions: None,
     }
 }
 

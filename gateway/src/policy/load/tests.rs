@@ -686,6 +686,9 @@ fn the_example_tenant_is_a_valid_tenant_file() {
     assert_eq!(acme.plugins.signing_keys.len(), 1);
     assert_eq!(acme.plugins.on_request.len(), 3);
     assert_eq!(acme.plugins.settings.len(), 4);
+    assert_eq!(acme.gpu.hbm_bytes, Some(2 << 30));
+    assert_eq!(acme.gpu.weight, 2);
+    assert!(policy.partitions.is_some());
 }
 
 #[test]

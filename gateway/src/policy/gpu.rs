@@ -1,0 +1,229 @@
+//! `[gpu]` in tenant files and the device of `[local_gpu_host]`, checked
+//! with the partition manager the gpu-host will use (`bulkhead-partition`):
+//! each value where it is written, then all tenants together, so
+//! over-subscription is an error naming the tenants and the numbers.
+//! Checked, not yet enforced: the gpu-host does not partition yet.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bulkhead_partition::{
+    Compute, Device, GpuRequest, Isolation, Layout, PartitionError, TenantRequest, format_bytes,
+    host_cores, host_memory_bytes, parse_bytes, plan,
+};
+use toml::Spanned;
+
+use super::files::{GpuFile, IsolationFile, LocalGpuHostFile};
+use super::{PolicyError, SourceFile, TenantPolicy};
+
+const DEVICES: &str = "\"cpu\" or \"mi325x\"";
+
+/// `[local_gpu_host]`'s device (`threads` cores by default) and the memory
+/// it sets aside for model weights (by default the model files' sizes:
+/// weights are loaded once, as they are on disk).
+pub(super) fn check_device(
+    source: &SourceFile,
+    local: &LocalGpuHostFile,
+    threads: Option<usize>,
+    models: &[(String, PathBuf)],
+    errors: &mut Vec<PolicyError>,
+) -> (Device, u64) {
+    let memory = local
+        .memory
+        .as_ref()
+        .and_then(|m| size(source, "memory", m, errors));
+    let device = match local
+        .device
+        .as_ref()
+        .map(|d| (d.get_ref().as_str(), d.span()))
+    {
+        None | Some(("cpu", _)) => cpu_device(threads, memory),
+        Some(("mi325x", _)) => {
+            if let Some(m) = &local.memory {
+                errors.push(source.error_at(
+                    m.span(),
+                    "`memory` is set by the device for \"mi325x\" (256GiB); \
+                     set it only for device = \"cpu\"",
+                ));
+            }
+            Device::mi325x()
+        }
+        Some((other, span)) => {
+            errors.push(source.error_at(
+                span,
+                format!("unknown device `{other}`: expected {DEVICES}"),
+            ));
+            Device::mi325x() // stand-in; the error discards it
+        }
+    };
+    let files_bytes: u64 = models
+        .iter()
+        .filter_map(|(_, path)| fs::metadata(path).ok()) // unreadable: reported already
+        .map(|meta| meta.len())
+        .sum();
+    let reservation = match &local.model_reservation {
+        None => files_bytes,
+        Some(written) => {
+            let bytes = size(source, "model_reservation", written, errors).unwrap_or(files_bytes);
+            if bytes < files_bytes {
+                errors.push(source.error_at(
+                    written.span(),
+                    format!(
+                        "`model_reservation` is {}, less than the model files take ({})",
+                        format_bytes(bytes),
+                        format_bytes(files_bytes)
+                    ),
+                ));
+            }
+            bytes
+        }
+    };
+    if reservation > device.memory_bytes {
+        let span = local
+            .model_reservation
+            .as_ref()
+            .or(local.memory.as_ref())
+            .map_or(0..0, Spanned::span);
+        errors.push(source.error_at(
+            span,
+            format!(
+                "the model reservation ({}) is more than the {} device has ({})",
+                format_bytes(reservation),
+                device.name,
+                format_bytes(device.memory_bytes)
+            ),
+        ));
+    }
+    (device, reservation)
+}
+
+fn cpu_device(threads: Option<usize>, memory: Option<u64>) -> Device {
+    let cores = threads.map_or_else(host_cores, |t| u32::try_from(t).unwrap_or(u32::MAX));
+    // Where the machine's memory cannot be read (no /proc/meminfo) and none
+    // is set, memory is not checked rather than every policy refused.
+    let memory = memory.or_else(host_memory_bytes).unwrap_or(u64::MAX);
+    // `threads` is at least 1 (checked) and host_cores() is too; the
+    // stand-in is never used.
+    Device::cpu(cores.max(1), memory).unwrap_or_else(|_| Device::mi325x())
+}
+
+/// `[gpu]` of tenant `tenant`, each value checked where it is written
+/// (against `device` when the gateway knows it). `None` when a value is
+/// wrong (the errors say which); no table is the default request.
+pub(super) fn check_tenant(
+    source: &SourceFile,
+    tenant: &str,
+    gpu: Option<&Spanned<GpuFile>>,
+    device: Option<&Device>,
+    errors: &mut Vec<PolicyError>,
+) -> Option<GpuRequest> {
+    let Some(table) = gpu else {
+        return Some(GpuRequest::default());
+    };
+    let before = errors.len();
+    let file = table.get_ref();
+    let compute = match (&file.cus, &file.share) {
+        (Some(_), Some(share)) => {
+            errors.push(source.error_at(share.span(), "set `cus` or `share`, not both"));
+            Compute::Unset
+        }
+        (Some(cus), None) => Compute::Cus(*cus.get_ref()),
+        (None, Some(share)) => Compute::Share(*share.get_ref()),
+        (None, None) => Compute::Unset,
+    };
+    let hbm_bytes = file
+        .hbm
+        .as_ref()
+        .and_then(|hbm| size(source, "hbm", hbm, errors));
+    let request = GpuRequest {
+        compute,
+        hbm_bytes,
+        isolation: match file.isolation.as_ref().map(|i| *i.get_ref()) {
+            Some(IsolationFile::Dedicated) => Isolation::Dedicated,
+            Some(IsolationFile::Shared) | None => Isolation::Shared,
+        },
+        weight: file.weight.as_ref().map_or(1, |w| *w.get_ref()),
+    };
+    if let Err(found) = request.check(tenant, device) {
+        for e in found {
+            let (span, message) = match &e {
+                PartitionError::InvalidRequest { field, reason, .. } => {
+                    (field_span(table, field), format!("`{field}` {reason}"))
+                }
+                PartitionError::DedicatedWithoutMemory { .. } => (
+                    file.isolation.as_ref().map_or(table.span(), Spanned::span),
+                    "a dedicated partition needs `hbm` (its own memory budget)".to_string(),
+                ),
+                _ => (table.span(), e.to_string()),
+            };
+            errors.push(source.error_at(span, message));
+        }
+    }
+    (errors.len() == before).then_some(request)
+}
+
+/// Where `[gpu]`'s `field` is written, or the table if it is not.
+fn field_span(table: &Spanned<GpuFile>, field: &str) -> Range<usize> {
+    let file = table.get_ref();
+    let span = match field {
+        "cus" => file.cus.as_ref().map(Spanned::span),
+        "share" => file.share.as_ref().map(Spanned::span),
+        "hbm" => file.hbm.as_ref().map(Spanned::span),
+        "weight" => file.weight.as_ref().map(Spanned::span),
+        _ => None,
+    };
+    span.unwrap_or_else(|| table.span())
+}
+
+/// A size such as `"24GiB"` written as `key`.
+fn size(
+    source: &SourceFile,
+    key: &str,
+    written: &Spanned<String>,
+    errors: &mut Vec<PolicyError>,
+) -> Option<u64> {
+    parse_bytes(written.get_ref())
+        .map_err(|e| errors.push(source.error_at(written.span(), format!("`{key}`: {e}"))))
+        .ok()
+}
+
+/// Plans the partitions of `device` for every tenant. Each error is
+/// reported in the file of the first tenant it names, at its `[gpu]` table
+/// (`gpu_spans`) or else at the top.
+pub(super) fn plan_partitions(
+    device: &Device,
+    model_reservation_bytes: u64,
+    tenants: &BTreeMap<String, TenantPolicy>,
+    gpu_spans: &BTreeMap<String, Range<usize>>,
+    errors: &mut Vec<PolicyError>,
+) -> Option<Arc<Layout>> {
+    let requests: Vec<TenantRequest> = tenants
+        .values()
+        .map(|t| TenantRequest {
+            tenant: t.id.clone(),
+            gpu: t.gpu.clone(),
+        })
+        .collect();
+    match plan(device, model_reservation_bytes, &requests) {
+        Ok(layout) => Some(Arc::new(layout)),
+        Err(found) => {
+            for e in found {
+                let first = e.tenants().first().and_then(|t| tenants.get(*t));
+                errors.push(match first {
+                    Some(tenant) => {
+                        let span = gpu_spans.get(&tenant.id).cloned().unwrap_or(0..0);
+                        tenant.source.error_at(span, e.to_string())
+                    }
+                    None => PolicyError::at_path("gateway.toml".as_ref(), e.to_string()),
+                });
+            }
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

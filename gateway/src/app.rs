@@ -163,6 +163,8 @@ pub async fn serve(
         .map_err(|e| ServeError::Watch(e.to_string()))?
     };
 
+    let model_watch =
+        crate::upstream::watch_models(upstream.clone(), Arc::clone(&metrics), audit.clone());
     let app = App {
         snapshot,
         upstream,
@@ -187,6 +189,7 @@ pub async fn serve(
         .await
         .map_err(ServeError::Http);
     drop(reloads);
+    model_watch.abort();
     if let Some(supervisor) = supervisor {
         supervisor.stop().await;
     }

@@ -65,6 +65,11 @@ pub struct PluginUploadLabels {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabels {
+    pub model: String,
+}
+
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn plugin_histogram() -> Histogram {
@@ -92,6 +97,10 @@ pub struct Metrics {
     pub upstream_starts: Counter,
     pub upstream_ready: Gauge,
     pub plugin_uploads: Family<PluginUploadLabels, Counter>,
+    pub model_serving: Family<ModelLabels, Gauge>,
+    pub model_weights_verified_at: Family<ModelLabels, Gauge>,
+    pub model_scrubbed_bytes: Family<ModelLabels, Gauge>,
+    pub model_weight_mismatches: Family<ModelLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -171,6 +180,30 @@ impl Metrics {
             "Plugin uploads by tenant and result (the error code when refused)",
             plugin_uploads.clone(),
         );
+        let model_serving = Family::<ModelLabels, Gauge>::default();
+        registry.register(
+            "model_serving",
+            "1 while a model's resident weights match what was verified, 0 once it is out of service",
+            model_serving.clone(),
+        );
+        let model_weights_verified_at = Family::<ModelLabels, Gauge>::default();
+        registry.register(
+            "model_weights_verified_at_seconds",
+            "When every byte of a model's resident weights last matched (Unix time)",
+            model_weights_verified_at.clone(),
+        );
+        let model_scrubbed_bytes = Family::<ModelLabels, Gauge>::default();
+        registry.register(
+            "model_scrubbed_bytes",
+            "Bytes of a model's resident weights re-hashed by the gpu-host's scrub since it was loaded",
+            model_scrubbed_bytes.clone(),
+        );
+        let model_weight_mismatches = Family::<ModelLabels, Counter>::default();
+        registry.register(
+            "model_weight_mismatches",
+            "Times a model was taken out of service because its resident weights changed",
+            model_weight_mismatches.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -184,6 +217,10 @@ impl Metrics {
             upstream_starts,
             upstream_ready,
             plugin_uploads,
+            model_serving,
+            model_weights_verified_at,
+            model_scrubbed_bytes,
+            model_weight_mismatches,
         }
     }
 

@@ -192,6 +192,7 @@ impl From<UpstreamError> for ApiError {
             }
             UpstreamError::Overloaded(_) => ApiError::unavailable("overloaded", e.to_string()),
             UpstreamError::ModelNotFound(m) => ApiError::not_found("model_not_found", m),
+            UpstreamError::ModelUnavailable(m) => ApiError::unavailable("model_unavailable", m),
             UpstreamError::InvalidArgument(m) => {
                 let mut e = ApiError::invalid_param("", m);
                 e.param = None;

@@ -29,6 +29,7 @@ use super::hooks::{Hooks, TenantRules, effective_max_tokens};
 use super::openai::{COMPLETIONS_DEFAULT_MAX_TOKENS, Endpoint, InferenceRequest, Prompt};
 use super::respond::ResponseMeta;
 use super::{App, Snapshot, random_seed, request_id};
+use crate::audit::time::Timestamp;
 use crate::auth::{Identity, Scope, bearer_token};
 use crate::limits::Admission;
 use crate::metrics::RequestLabels;
@@ -269,6 +270,10 @@ async fn run(
                     "the gpu-host did not start the generation before the request timeout",
                 )
             })??;
+    let weights = VerifiedWeights {
+        digest: started.model_digest.clone(),
+        verified_at_unix_ms: started.weights_verified_at_unix_ms,
+    };
     let generation = Generation::start(
         started,
         events,
@@ -284,11 +289,40 @@ async fn run(
     );
     // Only plugins with response hooks see the output.
     let hooks = hooks.filter(Hooks::has_response_chain);
-    if stream {
-        Ok(Sse::new(generation.into_sse(include_usage, hooks)).into_response())
+    let mut response = if stream {
+        Sse::new(generation.into_sse(include_usage, hooks)).into_response()
     } else {
-        Ok(Json(generation.collect(hooks).await?).into_response())
+        Json(generation.collect(hooks).await?).into_response()
+    };
+    response.headers_mut().extend(weights_headers(&weights));
+    Ok(response)
+}
+
+/// Which weights answered, as the gpu-host verified them.
+#[derive(Debug)]
+struct VerifiedWeights {
+    digest: String,
+    verified_at_unix_ms: u64,
+}
+
+/// `x-bulkhead-model-digest` and `x-bulkhead-weights-verified-at` (RFC 3339).
+fn weights_headers(weights: &VerifiedWeights) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    let pairs = [
+        ("x-bulkhead-model-digest", weights.digest.clone()),
+        (
+            "x-bulkhead-weights-verified-at",
+            Timestamp(weights.verified_at_unix_ms).to_string(),
+        ),
+    ];
+    for (name, value) in pairs {
+        // A digest from the host that is not a valid header value is left out
+        // rather than failing a finished generation.
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
     }
+    headers
 }
 
 fn to_upstream(

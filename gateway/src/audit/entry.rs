@@ -115,6 +115,16 @@ pub enum Event {
         digest: String,
         outcome: Outcome,
     },
+    /// A model the gpu-host took out of service because its resident
+    /// weights no longer match what was verified at load.
+    #[serde(rename = "model.quarantine")]
+    ModelQuarantine {
+        model: String,
+        /// The digest the weights were verified against.
+        digest: String,
+        /// The gpu-host's finding (which chunk changed).
+        reason: String,
+    },
     /// A plugin stored for a tenant (new or replacing a version).
     #[serde(rename = "plugin.upload")]
     PluginUpload {
@@ -166,6 +176,7 @@ impl Event {
             Event::GatewayStart { .. } => "gateway.start",
             Event::ModelRegister { .. } => "model.register",
             Event::ModelUnregister { .. } => "model.unregister",
+            Event::ModelQuarantine { .. } => "model.quarantine",
             Event::PluginUpload { .. } => "plugin.upload",
             Event::PluginDelete { .. } => "plugin.delete",
             Event::PolicyReload { .. } => "policy.reload",
@@ -280,6 +291,11 @@ mod tests {
                 outcome: Outcome::Refused {
                     reason: "not registered".into(),
                 },
+            },
+            Event::ModelQuarantine {
+                model: "m".into(),
+                digest: sha256_text(&[1; 32]),
+                reason: "chunk 3 changed".into(),
             },
             Event::PluginDelete {
                 tenant: "t".into(),

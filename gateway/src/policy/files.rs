@@ -85,6 +85,9 @@ pub struct LocalGpuHostFile {
     pub queue_capacity: Option<Spanned<usize>>,
     /// Longest wait between restarts of a crashed child, in milliseconds.
     pub restart_backoff_max_ms: Option<Spanned<u64>>,
+    /// Bytes per second the child re-hashes resident weights (0: off;
+    /// default: the gpu-host's, 64 MiB/s).
+    pub scrub_bytes_per_s: Option<Spanned<u64>>,
     /// The device tenants' `[gpu]` tables are checked against: `"cpu"`
     /// (default: `threads` cores, or all) or `"mi325x"`.
     pub device: Option<Spanned<String>>,

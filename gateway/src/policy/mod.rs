@@ -122,6 +122,8 @@ pub struct LocalGpuHost {
     pub workers: usize,
     pub queue_capacity: usize,
     pub restart_backoff_max: Duration,
+    /// `None`: the gpu-host's default scrub rate.
+    pub scrub_bytes_per_s: Option<u64>,
     /// (name, absolute GGUF path).
     pub models: Vec<(String, PathBuf)>,
     /// The device tenants' `[gpu]` tables are planned on.

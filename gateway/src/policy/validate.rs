@@ -417,6 +417,7 @@ fn check_local(
         workers,
         queue_capacity,
         restart_backoff_max: Duration::from_millis(restart_backoff_max_ms),
+        scrub_bytes_per_s: local.scrub_bytes_per_s.as_ref().map(|v| *v.get_ref()),
         models,
         device,
         model_reservation_bytes,

@@ -1,6 +1,7 @@
 //! The gateway's side of the gRPC contract: a client for one gpu-host, whether
 //! a remote one or the local child [`supervisor`] keeps running.
 
+mod model_watch;
 mod supervisor;
 
 use std::time::Duration;
@@ -18,6 +19,7 @@ use tonic::service::Interceptor;
 use tonic::transport::Channel;
 use tonic::{Code, Status, Streaming};
 
+pub use model_watch::watch_models;
 pub use supervisor::{ChildConfig, Supervisor, SupervisorError};
 
 /// Whether the gpu-host can take requests.
@@ -46,6 +48,10 @@ pub enum UpstreamError {
     /// The host refused an argument (the message names it).
     #[error("{0}")]
     InvalidArgument(String),
+    /// The model is out of service: its resident weights no longer match
+    /// what was verified (the message says which chunk).
+    #[error("{0}")]
+    ModelUnavailable(String),
     /// The host broke the contract (events out of order, unknown codes).
     #[error("the GPU host answered unexpectedly: {0}")]
     Protocol(String),
@@ -58,6 +64,7 @@ impl From<Status> for UpstreamError {
             Code::NotFound => UpstreamError::ModelNotFound(message),
             Code::InvalidArgument | Code::OutOfRange => UpstreamError::InvalidArgument(message),
             Code::ResourceExhausted => UpstreamError::Overloaded(message),
+            Code::FailedPrecondition => UpstreamError::ModelUnavailable(message),
             // A dropped connection shows up as UNAVAILABLE or UNKNOWN (h2 reset),
             // a killed host mid-stream as CANCELLED or INTERNAL from h2.
             Code::Unavailable | Code::Unknown | Code::Cancelled | Code::Internal => {

@@ -90,6 +90,9 @@ impl ChildConfig {
             .arg("--queue-capacity")
             .arg(self.host.queue_capacity.to_string())
             .arg("--exit-with-parent");
+        if let Some(rate) = self.host.scrub_bytes_per_s {
+            command.arg("--scrub-bytes-per-s").arg(rate.to_string());
+        }
         if let Some(threads) = self.host.threads {
             command.arg("--threads").arg(threads.to_string());
         }

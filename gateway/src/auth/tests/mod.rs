@@ -223,6 +223,7 @@ fn policy(dir: &TempDir, tenants: Vec<TenantPolicy>) -> Policy {
                 workers: 1,
                 queue_capacity: 1,
                 restart_backoff_max: Duration::from_secs(1),
+                scrub_bytes_per_s: None,
                 models: Vec::new(),
                 device: bulkhead_partition::Device::mi325x(),
                 model_reservation_bytes: 0,

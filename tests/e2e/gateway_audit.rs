@@ -98,7 +98,7 @@ fn a_gateway_audits_its_control_plane_and_its_proofs_verify() {
         &format!(
             "{}{}\n[audit]\ndir = \"{}\"\n",
             gateway_toml(""),
-            policies.plugins_table(),
+            policies.state_tables(),
             audit.0.display()
         ),
     );

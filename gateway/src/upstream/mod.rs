@@ -1,6 +1,7 @@
 //! The gateway's side of the gRPC contract: a client for one gpu-host, whether
 //! a remote one or the local child [`supervisor`] keeps running.
 
+mod models;
 mod supervisor;
 
 use std::time::Duration;
@@ -18,6 +19,7 @@ use tonic::service::Interceptor;
 use tonic::transport::Channel;
 use tonic::{Code, Status, Streaming};
 
+pub use models::LoadError;
 pub use supervisor::{ChildConfig, Supervisor, SupervisorError};
 
 /// Whether the gpu-host can take requests.

@@ -261,3 +261,111 @@ fn quoted(names: &[&str]) -> String {
     }
     list
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::{DirOptions, KeyKind, Manifest, SigningKey};
+    use crate::policy::Publisher;
+
+    /// A folder with `files`, signed by a fresh key; the trust that lists
+    /// that key, and the bundle.
+    fn signed(files: &[&str]) -> (Trust, Vec<u8>, PathBuf) {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "bulkhead-registration-verify-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in files {
+            std::fs::write(dir.join(name), name.as_bytes()).unwrap();
+        }
+        let key = SigningKey::generate(KeyKind::Ed25519);
+        let bundle = Manifest::of_dir(&dir, &DirOptions::default())
+            .unwrap()
+            .sign(&key);
+        let trust = Trust {
+            publishers: vec![Publisher {
+                name: "p".into(),
+                key: key.public_key(),
+            }],
+        };
+        (trust, bundle, dir)
+    }
+
+    fn claim<'a>(dir: &'a Path, file: Option<&'a str>, bundle: &'a [u8]) -> Claim<'a> {
+        Claim {
+            name: "m",
+            dir,
+            file,
+            bundle,
+        }
+    }
+
+    #[test]
+    fn a_trusted_bundle_becomes_a_registration_of_its_only_gguf() {
+        let (trust, bundle, dir) = signed(&["config.json", "m.gguf"]);
+        let r = verify(&trust, &claim(&dir, None, &bundle), Source::Policy).unwrap();
+        assert_eq!(
+            (r.publisher.as_str(), r.file.name.as_str()),
+            ("p", "m.gguf")
+        );
+        assert_eq!(r.file.size, Some(6));
+        assert!(r.digest.starts_with("sha256:") && r.digest.len() == 7 + 64);
+        let load = r.load_request().unwrap();
+        assert_eq!(load.path, dir.join("m.gguf").to_string_lossy());
+        assert_eq!((load.size, load.sha256.len()), (6, 32));
+        assert_eq!(load.chunk_root.len(), 32);
+        assert_eq!(load.digest, r.digest);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn claims_are_refused_naming_what_is_wrong() {
+        let (trust, bundle, dir) = signed(&["a.gguf", "b.gguf"]);
+        let refuse = |claim: Claim<'_>| {
+            verify(&trust, &claim, Source::Policy)
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(refuse(claim(&dir, None, &bundle)).contains("lists 2 .gguf files"));
+        assert!(refuse(claim(&dir, Some("c.gguf"), &bundle)).contains("is not in the signed"));
+        assert!(
+            verify(
+                &trust,
+                &claim(&dir, Some("b.gguf"), &bundle),
+                Source::Policy
+            )
+            .is_ok()
+        );
+        assert!(refuse(claim(Path::new("rel/dir"), None, &bundle)).contains("absolute"));
+        assert!(refuse(claim(Path::new("/a/../b"), None, &bundle)).contains("`..`"));
+        assert!(refuse(claim(&dir, None, b"{")).contains("not JSON"));
+        let huge = vec![b' '; MAX_REGISTRATION_BUNDLE_BYTES + 1];
+        assert!(refuse(claim(&dir, None, &huge)).contains("limited to"));
+        let mut bad_name = claim(&dir, None, &bundle);
+        bad_name.name = "a/b";
+        assert!(refuse(bad_name).contains("is not valid"));
+        // Another key: untrusted, naming the signing key and the publishers.
+        let (_, other_bundle, other_dir) = signed(&["a.gguf"]);
+        let why = refuse(claim(&other_dir, None, &other_bundle));
+        assert!(
+            why.starts_with(
+                "no trusted publisher's key verifies the signature (it was signed by key sha256:"
+            ) && why.ends_with("trust.toml trusts `p`"),
+            "{why}"
+        );
+        let why = verify(
+            &Trust::default(),
+            &claim(&dir, Some("a.gguf"), &bundle),
+            Source::Policy,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(why.ends_with("trust.toml lists no publishers"), "{why}");
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&other_dir);
+    }
+}

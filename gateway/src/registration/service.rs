@@ -460,15 +460,20 @@ impl ModelRegistry {
 async fn run(
     inner: Arc<Inner>,
     mut host_state: watch::Receiver<UpstreamState>,
-    mut reloads: watch::Receiver<u64>,
+    reloads: watch::Receiver<u64>,
 ) {
+    // `None` once the policy watcher is gone (the gateway is shutting down).
+    let mut reloads = Some(reloads);
     let mut tick = tokio::time::interval(RECONCILE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Set after a reload: failed loads are tried again (the files may have
     // been fixed along with the policy).
     let mut retry_failed = true;
+    // Backs off while the host cannot be asked at all.
+    let mut unreachable_wait = RETRY_UNREACHABLE;
     loop {
         let state = *host_state.borrow_and_update();
+        let mut next_try = None;
         match state {
             UpstreamState::Starting => {
                 inner.serving.send_replace(UpstreamState::Starting);
@@ -479,30 +484,56 @@ async fn run(
             }
             UpstreamState::Ready => {
                 let reached = reconcile(&inner, retry_failed).await;
-                retry_failed = false;
                 // A remote host that cannot be reached is reported by each
                 // request at once (503), as before registrations existed.
                 inner.serving.send_replace(UpstreamState::Ready);
-                if !reached {
-                    tokio::select! {
-                        _ = tokio::time::sleep(RETRY_UNREACHABLE) => continue,
-                        changed = host_state.changed() => if changed.is_err() { return },
+                if reached {
+                    retry_failed = false;
+                    unreachable_wait = RETRY_UNREACHABLE;
+                } else {
+                    next_try = Some(unreachable_wait);
+                    unreachable_wait = (unreachable_wait * 2).min(RECONCILE_EVERY);
+                }
+            }
+        }
+        // Wait for something that calls for another pass.
+        loop {
+            tokio::select! {
+                changed = host_state.changed() => {
+                    if changed.is_err() {
+                        return;
                     }
-                    continue;
+                    break;
                 }
+                reloaded = reload(&mut reloads) => {
+                    if reloaded {
+                        retry_failed = true;
+                        break;
+                    }
+                    // Shutting down: keep following the host until it stops.
+                    reloads = None;
+                }
+                () = sleep_or_never(next_try) => break,
+                _ = tick.tick() => break,
             }
         }
-        tokio::select! {
-            changed = host_state.changed() => if changed.is_err() { return },
-            changed = reloads.changed() => {
-                if changed.is_err() {
-                    // The watcher is gone (shutting down): keep following the host.
-                    reloads = watch::channel(0).1;
-                }
-                retry_failed = true;
-            }
-            _ = tick.tick() => {}
-        }
+    }
+}
+
+/// Sleeps for `wait`, or forever without one.
+async fn sleep_or_never(wait: Option<Duration>) {
+    match wait {
+        Some(wait) => tokio::time::sleep(wait).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Resolves with true after a policy reload, false once the watcher is
+/// gone; never when there is none.
+async fn reload(reloads: &mut Option<watch::Receiver<u64>>) -> bool {
+    match reloads {
+        Some(reloads) => reloads.changed().await.is_ok(),
+        None => std::future::pending().await,
     }
 }
 

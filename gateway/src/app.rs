@@ -17,6 +17,7 @@ use crate::limits::Limiters;
 use crate::metrics::{Metrics, ResultLabels};
 use crate::plugins::{PluginEngine, PluginEngineConfig, PluginError, PluginRegistry, StoreError};
 use crate::policy::{self, GatewayPlugins, PolicyErrors, UpstreamSettings};
+use crate::registration::{ModelRegistry, RegistrationError};
 use crate::upstream::{
     ChildConfig, DEFAULT_READY_WAIT, Supervised, Supervisor, SupervisorError, Upstream,
     UpstreamError, UpstreamState,
@@ -54,6 +55,8 @@ pub enum ServeError {
     PluginStore(#[from] StoreError),
     #[error("the audit log: {0}")]
     Audit(#[from] AuditError),
+    #[error("the model registry: {0}")]
+    Registration(#[from] RegistrationError),
 }
 
 /// Loads and validates a policy folder into a snapshot: the policy, its
@@ -111,15 +114,22 @@ pub async fn serve(
         .await?;
     let plugins = open_plugins(&gateway.plugins).await?;
 
-    let (upstream, supervisor) = match &gateway.upstream {
+    // `host`'s readiness is the process's; requests get a handle that
+    // also waits for the registered models (`ModelRegistry::start`).
+    let (host, host_state, supervisor) = match &gateway.upstream {
         UpstreamSettings::Local(host) => {
             let config = ChildConfig::new(host.clone())?;
             let (state_tx, state_rx) = watch::channel(UpstreamState::Starting);
             let target = Target::Unix(config.socket.clone());
             let supervisor = Supervisor::start(config, state_tx, metrics.upstream_starts.clone());
-            let upstream =
-                Upstream::new(&target, None, state_rx, DEFAULT_READY_WAIT, Supervised::Yes)?;
-            (upstream, Some(supervisor))
+            let upstream = Upstream::new(
+                &target,
+                None,
+                state_rx.clone(),
+                DEFAULT_READY_WAIT,
+                Supervised::Yes,
+            )?;
+            (upstream, state_rx, Some(supervisor))
         }
         UpstreamSettings::Remote { target, secret } => {
             // Nobody supervises a remote host: it is assumed up, and a call
@@ -129,11 +139,11 @@ pub async fn serve(
             let upstream = Upstream::new(
                 target,
                 secret.as_deref(),
-                state_rx,
+                state_rx.clone(),
                 DEFAULT_READY_WAIT,
                 Supervised::No,
             )?;
-            (upstream, None)
+            (upstream, state_rx, None)
         }
     };
 
@@ -162,12 +172,23 @@ pub async fn serve(
         )
         .map_err(|e| ServeError::Watch(e.to_string()))?
     };
+    let (models, upstream) = ModelRegistry::start(
+        Arc::clone(&snapshot),
+        host,
+        host_state,
+        reloads.subscribe(),
+        audit.clone(),
+        gateway.models_registry.clone(),
+        metrics.upstream_starts.clone(),
+    )
+    .await?;
 
     let model_watch =
         crate::upstream::watch_models(upstream.clone(), Arc::clone(&metrics), audit.clone());
     let app = App {
         snapshot,
         upstream,
+        models,
         metrics,
         plugins,
         audit,
@@ -303,10 +324,12 @@ fn warn_restart_only_changes(running: &policy::GatewaySettings, new: &policy::Ga
         || running.max_body_bytes != new.max_body_bytes
         || running.plugins.store != new.plugins.store
         || running.audit != new.audit
+        || running.models_registry != new.models_registry
     {
         tracing::warn!(
-            "gateway.toml changed listen, max_body_bytes, the upstream, the plugin store or \
-             the audit log; those take effect at the next restart (the rest is live)"
+            "gateway.toml changed listen, max_body_bytes, the upstream, the plugin store, \
+             the audit log or the model registry; those take effect at the next restart (the \
+             rest, models included, is live)"
         );
     }
 }

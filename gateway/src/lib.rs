@@ -15,6 +15,7 @@ mod metrics;
 pub mod models;
 pub mod plugins;
 pub mod policy;
+pub mod registration;
 mod upstream;
 
 pub use api::{

@@ -1,4 +1,4 @@
-//! The committed quickstart model, `models/bulkhead-demo-tiny-q8_0.gguf`,
+//! The committed quickstart model, `models/bulkhead-demo-tiny/bulkhead-demo-tiny-q8_0.gguf`,
 //! against the fixture `tools/demo-model/train.py` recorded next to it: the
 //! model loads, its tokenizer gives Hugging Face `tokenizers`' ids and
 //! round-trips text, and greedy decoding matches llama.cpp token for token.
@@ -34,7 +34,7 @@ fn reference() -> Reference {
 }
 
 fn model() -> Model {
-    Model::open(models().join("bulkhead-demo-tiny-q8_0.gguf")).unwrap()
+    Model::open(models().join("bulkhead-demo-tiny/bulkhead-demo-tiny-q8_0.gguf")).unwrap()
 }
 
 fn tokenizer(model: &Model) -> Tokenizer {

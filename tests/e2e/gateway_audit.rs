@@ -98,7 +98,7 @@ fn a_gateway_audits_its_control_plane_and_its_proofs_verify() {
         &format!(
             "{}{}\n[audit]\ndir = \"{}\"\n",
             gateway_toml(""),
-            policies.plugins_table(),
+            policies.state_tables(),
             audit.0.display()
         ),
     );
@@ -109,9 +109,26 @@ fn a_gateway_audits_its_control_plane_and_its_proofs_verify() {
     let key = audit.0.join("audit.pub.pem");
     let key = key.to_str().unwrap();
 
-    // A new log: the key's creation, then the start with the policy files.
+    // A new log: the key's creation, the start with the policy files, then
+    // the configured demo model, loaded (every byte verified) before the
+    // gateway said it was ready.
     let first = entries(&gateway, &admin);
-    assert_eq!(actions(&first), ["key.change", "gateway.start"]);
+    assert_eq!(
+        actions(&first),
+        ["key.change", "gateway.start", "model.register"]
+    );
+    let model = &first[2];
+    assert_eq!(model["model"], "bulkhead-demo-tiny");
+    assert_eq!(model["outcome"]["result"], "accepted");
+    assert_eq!(model["actor"]["kind"], "operator");
+    let signature: Value =
+        serde_json::from_slice(&std::fs::read(bulkhead_tests::demo_model_signature()).unwrap())
+            .unwrap();
+    assert_eq!(
+        model["manifest"], signature,
+        "the signed manifest as signed"
+    );
+    assert!(model["digest"].as_str().unwrap().starts_with("sha256:"));
     assert_eq!(first[1]["actor"]["kind"], "gateway");
     let files = first[1]["policy_files"].as_array().unwrap();
     assert!(files.iter().any(
@@ -163,7 +180,7 @@ fn a_gateway_audits_its_control_plane_and_its_proofs_verify() {
             .starts_with("text/plain")
     );
     assert!(
-        checkpoint.body.starts_with("bulkhead.local/audit\n2\n"),
+        checkpoint.body.starts_with("bulkhead.local/audit\n3\n"),
         "{}",
         checkpoint.body
     );
@@ -246,7 +263,7 @@ fn a_gateway_audits_its_control_plane_and_its_proofs_verify() {
         new.to_str().unwrap(),
     ]);
     assert!(ok, "{out}");
-    assert!(out.contains("extends the one of size 2"), "{out}");
+    assert!(out.contains("extends the one of size 3"), "{out}");
     for index in [0, all.len() / 2, all.len() - 1] {
         let (ok, out) = cli(&[
             "audit",

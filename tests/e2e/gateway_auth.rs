@@ -5,7 +5,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use bulkhead_tests::{Gateway, PolicyDir, demo_model};
+use bulkhead_tests::{Gateway, PolicyDir, demo_model_entry};
 use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
 use serde_json::{Value, json};
 
@@ -22,14 +22,12 @@ fn now() -> i64 {
 /// use the model `beta-only`.
 fn policies() -> PolicyDir {
     let policies = PolicyDir::new("auth");
-    let model = demo_model();
     policies.write(
         "gateway.toml",
         &format!(
-            "[local_gpu_host]\nthreads = 1\n\n\
-             [[local_gpu_host.models]]\nname = \"bulkhead-demo-tiny\"\npath = \"{0}\"\n\n\
-             [[local_gpu_host.models]]\nname = \"beta-only\"\npath = \"{0}\"\n",
-            model.display()
+            "[local_gpu_host]\nthreads = 1\n{}{}",
+            demo_model_entry("bulkhead-demo-tiny"),
+            demo_model_entry("beta-only")
         ),
     );
     policies.write("beta.secret", BETA_SECRET);

@@ -5,7 +5,8 @@
 //! gateway's metrics show it and the audit log records it.
 //!
 //! The gateway talks to a gpu-host this test starts itself (a remote
-//! `[upstream]` on a Unix socket), so the test can reach the host's hook.
+//! `[upstream]` on a Unix socket, told by the gateway to load the signed
+//! demo model), so the test can reach the host's hook.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -13,12 +14,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bulkhead_gateway::audit::time::Timestamp;
-use bulkhead_protocol::digest::{FileDigest, to_hex};
+use bulkhead_protocol::digest::to_hex;
 use bulkhead_protocol::v1::CorruptResidentWeightsRequest;
 use bulkhead_protocol::v1::gpu_host_client::GpuHostClient;
 use bulkhead_protocol::{Target, connect};
-use bulkhead_tests::{Gateway, PolicyDir, bin, demo_model};
+use bulkhead_tests::{Gateway, PolicyDir, bin, demo_model, demo_model_dir, demo_model_signature};
 use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
 
 const MODEL: &str = "bulkhead-demo-tiny";
 
@@ -47,15 +49,13 @@ fn start_host() -> Host {
         .arg("serve")
         .arg("--listen")
         .arg(format!("unix:{}", socket.display()))
-        .arg("--model")
-        .arg(format!("{MODEL}={}", demo_model().display()))
         .args(["--threads", "1", "--enable-test-hooks"])
         // Fast, so the flip is found within a few milliseconds.
         .args(["--scrub-bytes-per-s", "1000000000"])
         .stdout(Stdio::piped())
         .spawn()
         .expect("bulkhead-gpu-host starts");
-    // Its first stdout line says it listens (models are loaded by then).
+    // Its first stdout line says it listens.
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
@@ -92,8 +92,11 @@ fn responses_name_verified_weights_and_a_flipped_bit_takes_the_model_out_of_serv
     policies.write(
         "gateway.toml",
         &format!(
-            "[upstream]\ntarget = \"unix:{}\"\n\n[audit]\ndir = \"{}\"\n",
+            "[upstream]\ntarget = \"unix:{}\"\n\n[[upstream.models]]\nname = \"{MODEL}\"\n\
+             dir = \"{}\"\nsignature = \"{}\"\n\n[audit]\ndir = \"{}\"\n",
             host.socket.display(),
+            demo_model_dir().display(),
+            demo_model_signature().display(),
             audit_dir.display()
         ),
     );
@@ -103,14 +106,16 @@ fn responses_name_verified_weights_and_a_flipped_bit_takes_the_model_out_of_serv
     let token = policies.token("demo", &[]);
     let admin = policies.token("demo", &["--scope", "admin"]);
 
-    // Every answer says which weights answered: the chunk root the host
-    // computed while loading the file, and when it last checked every byte.
+    // Every answer says which weights answered — the signed manifest's
+    // subject digest: for a one-file folder, SHA-256 over the file's SHA-256
+    // (model-signing's rule) — and when the host last checked every byte.
     let r = chat(&gateway, &token);
     assert_eq!(r.status, 200, "{}", r.body);
-    let expected = FileDigest::of(&std::fs::read(demo_model()).unwrap());
+    let file_sha256 = Sha256::digest(std::fs::read(demo_model()).unwrap());
+    let subject: [u8; 32] = Sha256::digest(file_sha256).into();
     assert_eq!(
         r.header("x-bulkhead-model-digest"),
-        Some(format!("chunks-sha256:{}", to_hex(&expected.chunk_root)).as_str())
+        Some(format!("sha256:{}", to_hex(&subject)).as_str())
     );
     let verified_at =
         Timestamp::parse(r.header("x-bulkhead-weights-verified-at").unwrap()).unwrap();

@@ -126,22 +126,47 @@ fn build_plugins(workspace: &str) -> PathBuf {
     target_dir.join("wasm32-wasip2/release")
 }
 
-/// The demo model every e2e test serves.
-pub fn demo_model() -> PathBuf {
+/// The demo model's folder, signed as a whole by the development
+/// publisher `bulkhead-dev` (`tools/demo-model/sign`).
+pub fn demo_model_dir() -> PathBuf {
     repo()
-        .join("models/bulkhead-demo-tiny-q8_0.gguf")
+        .join("models/bulkhead-demo-tiny")
         .canonicalize()
         .expect("the demo model is in the repository")
 }
 
+/// The demo model folder's signature bundle.
+pub fn demo_model_signature() -> PathBuf {
+    demo_model_dir().with_extension("sig")
+}
+
+/// The demo model's GGUF (inside [`demo_model_dir`]).
+pub fn demo_model() -> PathBuf {
+    demo_model_dir().join("bulkhead-demo-tiny-q8_0.gguf")
+}
+
+/// A `[[local_gpu_host.models]]` entry serving the signed demo model as
+/// `name`.
+pub fn demo_model_entry(name: &str) -> String {
+    format!(
+        "\n[[local_gpu_host.models]]\nname = \"{name}\"\ndir = \"{}\"\nsignature = \"{}\"\n",
+        demo_model_dir().display(),
+        demo_model_signature().display()
+    )
+}
+
 /// A policy folder in a fresh temp dir, starting as a copy of `policies/`
-/// with a `gateway.toml` pointing at the demo model by absolute path, and a
-/// plugin store of its own beside it (outside the watched folder).
+/// (whose trust.toml trusts the demo model's publisher) with a
+/// `gateway.toml` pointing at the signed demo model by absolute path, and a
+/// plugin store and model registry of its own beside it (outside the
+/// watched folder).
 #[derive(Debug)]
 pub struct PolicyDir {
     pub path: PathBuf,
     /// The plugin store `gateway.toml` names (`[plugins] store`).
     pub store: PathBuf,
+    /// The model registry `gateway.toml` names (`[models] registry`).
+    pub registry: PathBuf,
 }
 
 impl PolicyDir {
@@ -149,20 +174,34 @@ impl PolicyDir {
         let path = std::env::temp_dir().join(format!("bulkhead-e2e-{name}-{}", std::process::id()));
         let store =
             path.with_file_name(format!("bulkhead-e2e-{name}-{}-store", std::process::id()));
+        let registry = path.with_file_name(format!(
+            "bulkhead-e2e-{name}-{}-registry",
+            std::process::id()
+        ));
         let _ = std::fs::remove_dir_all(&path);
         let _ = std::fs::remove_dir_all(&store);
+        let _ = std::fs::remove_dir_all(&registry);
         copy_dir(&repo().join("policies"), &path);
-        let dir = PolicyDir { path, store };
+        let dir = PolicyDir {
+            path,
+            store,
+            registry,
+        };
         dir.write(
             "gateway.toml",
-            &format!("{}{}", gateway_toml(""), dir.plugins_table()),
+            &format!("{}{}", gateway_toml(""), dir.state_tables()),
         );
         dir
     }
 
-    /// The `[plugins]` table naming this folder's own store.
-    pub fn plugins_table(&self) -> String {
-        format!("\n[plugins]\nstore = \"{}\"\n", self.store.display())
+    /// The `[plugins]` and `[models]` tables naming this folder's own
+    /// plugin store and model registry.
+    pub fn state_tables(&self) -> String {
+        format!(
+            "\n[plugins]\nstore = \"{}\"\n\n[models]\nregistry = \"{}\"\n",
+            self.store.display(),
+            self.registry.display()
+        )
     }
 
     /// Writes (atomically: temp file + rename) a file of the folder.
@@ -202,16 +241,16 @@ impl Drop for PolicyDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
         let _ = std::fs::remove_dir_all(&self.store);
+        let _ = std::fs::remove_dir_all(&self.registry);
     }
 }
 
-/// A `gateway.toml` serving the demo model as `bulkhead-demo-tiny` from a
-/// local gpu-host with one thread, plus `extra` top-level settings.
+/// A `gateway.toml` serving the signed demo model as `bulkhead-demo-tiny`
+/// from a local gpu-host with one thread, plus `extra` top-level settings.
 pub fn gateway_toml(extra: &str) -> String {
     format!(
-        "{extra}\n[local_gpu_host]\nthreads = 1\nworkers = 2\nrestart_backoff_max_ms = 500\n\n\
-         [[local_gpu_host.models]]\nname = \"bulkhead-demo-tiny\"\npath = \"{}\"\n",
-        demo_model().display()
+        "{extra}\n[local_gpu_host]\nthreads = 1\nworkers = 2\nrestart_backoff_max_ms = 500\n{}",
+        demo_model_entry("bulkhead-demo-tiny")
     )
 }
 

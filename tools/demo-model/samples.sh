@@ -4,7 +4,7 @@
 # `cargo build --release`.
 set -eu
 gpu=${GPU_HOST:-target/release/bulkhead-gpu-host}
-model=models/bulkhead-demo-tiny-q8_0.gguf
+model=models/bulkhead-demo-tiny/bulkhead-demo-tiny-q8_0.gguf
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 

@@ -16,7 +16,7 @@ Stages, all run by default (see README.md next to this file):
   reference  record the fixture the Rust test checks: llama.cpp's prompt
              tokens and 32 greedy tokens, and HF tokenizer ids for some strings.
 
-Outputs: models/bulkhead-demo-tiny-q8_0.gguf, models/bulkhead-demo-tiny.reference.json;
+Outputs: models/bulkhead-demo-tiny/bulkhead-demo-tiny-q8_0.gguf, models/bulkhead-demo-tiny.reference.json;
 intermediate files go to tools/demo-model/build/ (not committed).
 """
 
@@ -43,7 +43,8 @@ REPO = HERE.parent.parent
 BUILD = HERE / "build"
 MODELS = REPO / "models"
 NAME = "bulkhead-demo-tiny"
-Q8_PATH = MODELS / f"{NAME}-q8_0.gguf"
+# The model folder is signed as a whole: re-sign it with tools/demo-model/sign.
+Q8_PATH = MODELS / NAME / f"{NAME}-q8_0.gguf"
 REF_PATH = MODELS / f"{NAME}.reference.json"
 
 SEED = 1234
@@ -589,7 +590,7 @@ def main():
 
     random.seed(SEED)
     BUILD.mkdir(parents=True, exist_ok=True)
-    MODELS.mkdir(parents=True, exist_ok=True)
+    Q8_PATH.parent.mkdir(parents=True, exist_ok=True)
     import torch
     from tokenizers import Tokenizer
 

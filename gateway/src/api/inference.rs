@@ -257,6 +257,16 @@ async fn run(
     started_at: Instant,
     request_id: &str,
 ) -> Result<Response, ApiError> {
+    // Checked here, after the plugins, so a rewritten model is checked too.
+    let registration = app.models.get(&request.model).ok_or_else(|| {
+        ApiError::not_found(
+            "model_not_found",
+            format!(
+                "model `{}` is not registered on this gateway",
+                request.model
+            ),
+        )
+    })?;
     let meta = ResponseMeta::new(request.endpoint, request_id, &request.model);
     let (stream, include_usage) = (request.stream, request.include_usage);
     let upstream_request = to_upstream(request, max_tokens, &tenant.id, request_id);
@@ -270,6 +280,17 @@ async fn run(
                     "the gpu-host did not start the generation before the request timeout",
                 )
             })??;
+    if started.model_digest != registration.digest {
+        // Dropping the stream cancels the generation.
+        return Err(ApiError::unavailable(
+            "model_unavailable",
+            format!(
+                "the gpu-host serves other weights under `{}` than its registration \
+                 ({}); they are not served",
+                registration.name, registration.digest
+            ),
+        ));
+    }
     let weights = VerifiedWeights {
         digest: started.model_digest.clone(),
         verified_at_unix_ms: started.weights_verified_at_unix_ms,

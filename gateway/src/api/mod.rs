@@ -10,6 +10,7 @@ mod inference;
 mod local_run;
 mod openai;
 mod plugins;
+mod registrations;
 mod respond;
 
 use std::sync::Arc;
@@ -28,6 +29,7 @@ use crate::limits::Limiters;
 use crate::metrics::Metrics;
 use crate::plugins::PluginRegistry;
 use crate::policy::Policy;
+use crate::registration::ModelRegistry;
 use crate::upstream::{Upstream, UpstreamState};
 
 pub use error::ApiError;
@@ -47,7 +49,12 @@ pub struct Snapshot {
 #[derive(Clone, Debug)]
 pub struct App {
     pub snapshot: Arc<ArcSwap<Snapshot>>,
+    /// The gpu-host, ready once it listens and the configured models are
+    /// loaded.
     pub upstream: Upstream,
+    /// The registered models: the request path serves only these
+    /// (`get`); the registration API (`registrations.rs`) changes them.
+    pub models: ModelRegistry,
     pub metrics: Arc<Metrics>,
     /// Tenant plugins: the request path reads them with `get`; the plugin
     /// API (`plugins.rs`) uploads and deletes them.
@@ -69,6 +76,14 @@ pub fn router(app: App, max_body_bytes: usize) -> Router {
         .route(
             "/v1/plugins/{name}",
             get(plugins::get).put(plugins::put).delete(plugins::delete),
+        )
+        .route(
+            "/admin/v1/models",
+            get(registrations::list).post(registrations::register),
+        )
+        .route(
+            "/admin/v1/models/{name}",
+            axum::routing::delete(registrations::unregister),
         )
         .route("/admin/v1/audit/checkpoint", get(audit::checkpoint))
         .route("/admin/v1/audit/entries", get(audit::entries))
@@ -112,8 +127,8 @@ fn splitmix64(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// `GET /v1/models`: the models this tenant may use (those the host serves,
-/// when it can be asked).
+/// `GET /v1/models`: the models this tenant may use that are registered
+/// (and that the host serves, when it can be asked).
 async fn models(State(app): State<App>, headers: HeaderMap) -> Response {
     let snapshot = app.snapshot.load_full();
     let identity = match inference::authenticate(&snapshot, &headers).and_then(|id| {
@@ -131,6 +146,7 @@ async fn models(State(app): State<App>, headers: HeaderMap) -> Response {
     let data: Vec<_> = tenant
         .models
         .iter()
+        .filter(|name| app.models.get(name).is_some())
         .filter(|name| {
             served
                 .as_ref()
@@ -146,7 +162,8 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// Readiness: a policy is loaded and the gpu-host takes requests.
+/// Readiness: a policy is loaded, the gpu-host takes requests and the
+/// configured models have been loaded (or refused, loudly).
 async fn readyz(State(app): State<App>) -> Response {
     match app.upstream.state() {
         UpstreamState::Ready => (StatusCode::OK, "ready\n").into_response(),

@@ -13,7 +13,6 @@ use bulkhead_gateway::audit::note::{open_checkpoint, unverified_checkpoint};
 use bulkhead_gateway::audit::verify::{VerifyOptions, verify_log};
 use bulkhead_gateway::audit::{Checkpoint, Entry, Hash, read_verifier};
 use clap::{Args, Subcommand};
-use http_body_util::{BodyExt, Empty, Limited};
 
 #[derive(Debug, Args)]
 pub struct AuditArgs {
@@ -263,68 +262,25 @@ fn hashes(value: &serde_json::Value) -> anyhow::Result<Vec<Hash>> {
         .collect()
 }
 
-/// Largest response read: a page of 1,000 entries of up to 1 MiB each.
-const MAX_RESPONSE_BYTES: usize = 1 << 30;
-
 struct Client {
-    base: String,
-    token: String,
+    gateway: super::http::Gateway,
     key: PathBuf,
-    http: hyper_util::client::legacy::Client<
-        hyper_util::client::legacy::connect::HttpConnector,
-        Empty<bytes::Bytes>,
-    >,
 }
 
 impl Client {
     fn new(remote: &Remote) -> anyhow::Result<Client> {
-        let token = match &remote.token {
-            Some(token) => token.clone(),
-            None => std::env::var("BULKHEAD_TOKEN")
-                .context("pass --token or set BULKHEAD_TOKEN (a token with the `admin` scope)")?,
-        };
-        if !remote.url.starts_with("http://") {
-            bail!(
-                "--url must start with http:// (put TLS in front of the gateway and use it from there)"
-            );
-        }
-        let http =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build_http();
         Ok(Client {
-            base: remote.url.trim_end_matches('/').to_string(),
-            token,
+            gateway: super::http::Gateway::new(
+                &remote.url,
+                remote.token.as_deref(),
+                Duration::from_secs(30),
+            )?,
             key: remote.key.clone(),
-            http,
         })
     }
 
-    async fn get(&self, path: &str) -> anyhow::Result<(u16, Vec<u8>)> {
-        let request = axum::http::Request::get(format!("{}{path}", self.base))
-            .header("authorization", format!("Bearer {}", self.token))
-            .body(Empty::new())
-            .context("building the request")?;
-        let response = tokio::time::timeout(Duration::from_secs(30), self.http.request(request))
-            .await
-            .context("the gateway did not answer in 30 s")?
-            .with_context(|| format!("GET {}{path}", self.base))?;
-        let status = response.status().as_u16();
-        let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
-            .collect()
-            .await
-            .map_err(|e| anyhow::anyhow!("reading the response: {e}"))?
-            .to_bytes();
-        Ok((status, body.to_vec()))
-    }
-
     async fn get_json(&self, path: &str) -> anyhow::Result<serde_json::Value> {
-        let (status, body) = self.get(path).await?;
-        let value: serde_json::Value = serde_json::from_slice(&body)
-            .with_context(|| format!("GET {path}: {status}, not JSON"))?;
-        if status != 200 {
-            bail!("GET {path}: {status}: {}", value["error"]["message"]);
-        }
-        Ok(value)
+        self.gateway.get_json(path).await
     }
 
     async fn checkpoint(&self, file: Option<&Path>) -> anyhow::Result<Checkpoint> {
@@ -340,10 +296,13 @@ impl Client {
                 file.display().to_string(),
             ),
             None => {
-                let (status, body) = self.get("/admin/v1/audit/checkpoint").await?;
-                let text = String::from_utf8_lossy(&body).into_owned();
-                if status != 200 {
-                    bail!("GET /admin/v1/audit/checkpoint: {status}: {text}");
+                let reply = self
+                    .gateway
+                    .send("GET", "/admin/v1/audit/checkpoint", None)
+                    .await?;
+                let text = String::from_utf8_lossy(&reply.body).into_owned();
+                if reply.status != 200 {
+                    bail!("GET /admin/v1/audit/checkpoint: {}: {text}", reply.status);
                 }
                 (text, "the gateway's checkpoint".to_string())
             }

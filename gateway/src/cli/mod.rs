@@ -1,7 +1,9 @@
 //! Command-line interface of `bulkhead`.
 
 mod audit;
+mod http;
 mod model;
+mod model_api;
 mod plugin;
 mod policy;
 mod serve;
@@ -29,7 +31,8 @@ enum Command {
         #[command(subcommand)]
         command: policy::PolicyCommand,
     },
-    /// Sign and verify model folders (OpenSSF model-signing format)
+    /// Sign and verify model folders (OpenSSF model-signing format); register
+    /// them with a running gateway
     Model(model::ModelArgs),
     /// Check and run plugin components locally (for plugin authors)
     Plugin(plugin::PluginArgs),

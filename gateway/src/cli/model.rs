@@ -1,5 +1,6 @@
 //! `bulkhead model keygen|sign|verify`: publisher keys and model signatures
-//! in the OpenSSF model-signing format (`gateway/src/models/`).
+//! in the OpenSSF model-signing format (`gateway/src/models/`); `register`,
+//! `unregister` and `list` call a running gateway (`model_api.rs`).
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -68,6 +69,45 @@ enum ModelCommand {
         #[arg(long, value_name = "PUB.pem")]
         public_key: PathBuf,
     },
+    /// Register a signed model folder with a running gateway
+    ///
+    /// The gateway verifies the signature with the publishers in its
+    /// trust.toml, has its gpu-host load the weights (every byte checked
+    /// against the signed digests), keeps the registration across restarts
+    /// and records it in the audit log. DIR is sent as an absolute path: it
+    /// must be readable by the gpu-host. Exits 0 only when registered;
+    /// otherwise prints the gateway's reason.
+    Register {
+        /// The signed model folder.
+        dir: PathBuf,
+        /// Its signature bundle (from `bulkhead model sign`).
+        #[arg(long, value_name = "SIG")]
+        signature: PathBuf,
+        /// The name tenants will ask for.
+        #[arg(long)]
+        name: String,
+        /// The GGUF file in DIR, as the manifest names it (default: the only
+        /// .gguf file it lists).
+        #[arg(long)]
+        file: Option<String>,
+        #[command(flatten)]
+        remote: super::model_api::Remote,
+    },
+    /// Unregister a model registered through the API
+    ///
+    /// The gateway stops serving it at once and its gpu-host unloads it.
+    /// Models configured in gateway.toml are removed there instead.
+    Unregister {
+        /// The model's name.
+        name: String,
+        #[command(flatten)]
+        remote: super::model_api::Remote,
+    },
+    /// List a running gateway's registered models and their state
+    List {
+        #[command(flatten)]
+        remote: super::model_api::Remote,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -89,6 +129,15 @@ pub(super) fn run(args: ModelArgs) -> anyhow::Result<ExitCode> {
             signature,
             public_key,
         } => verify(&dir, &signature, &public_key),
+        ModelCommand::Register {
+            dir,
+            signature,
+            name,
+            file,
+            remote,
+        } => super::model_api::register(&remote, &dir, &signature, &name, file.as_deref()),
+        ModelCommand::Unregister { name, remote } => super::model_api::unregister(&remote, &name),
+        ModelCommand::List { remote } => super::model_api::list(&remote),
     }
 }
 

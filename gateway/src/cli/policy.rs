@@ -4,7 +4,7 @@ use std::io::{self, Write};
 use std::path::Path;
 use std::process::ExitCode;
 
-use bulkhead_gateway::policy::{self, Policy, UpstreamSettings};
+use bulkhead_gateway::policy::{self, Policy};
 use clap::Subcommand;
 
 #[derive(Debug, Subcommand)]
@@ -67,16 +67,7 @@ fn summary(policy: &Policy) -> String {
         .iter()
         .filter(|(name, _)| name.starts_with("classes"))
         .count();
-    let models = match &policy.gateway.upstream {
-        UpstreamSettings::Local(local) => local.models.len(),
-        // A remote gpu-host's models are unknown here: count those tenants name.
-        UpstreamSettings::Remote { .. } => policy
-            .tenants
-            .values()
-            .flat_map(|tenant| &tenant.models)
-            .collect::<std::collections::BTreeSet<_>>()
-            .len(),
-    };
+    let models = policy.models.len();
     format!(
         "{}, {}, {}",
         counted(policy.tenants.len(), "tenant", "tenants"),

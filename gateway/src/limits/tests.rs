@@ -364,16 +364,18 @@ fn builds_from_a_policy() {
                 queue_capacity: 1,
                 restart_backoff_max: Duration::from_secs(1),
                 scrub_bytes_per_s: None,
-                models: Vec::new(),
                 device: bulkhead_partition::Device::mi325x(),
                 model_reservation_bytes: 0,
             }),
             plugins: Default::default(),
             audit: None,
+            models_registry: None,
         },
         tenants: BTreeMap::from([("acme".to_owned(), tenant)]),
         files: Vec::new(),
         partitions: None,
+        trust: Default::default(),
+        models: Vec::new(),
     };
     let fake = FakeRelativeClock::default();
     let limiters = Limiters::with_clock(&policy, LimitClock::fake(fake));

@@ -30,6 +30,19 @@ pub struct GatewayFile {
     pub plugins: Option<PluginsGatewayFile>,
     /// The audit log (`[audit]`).
     pub audit: Option<AuditGatewayFile>,
+    /// Model registration (`[models]`).
+    pub models: Option<ModelsGatewayFile>,
+}
+
+/// `[models]` in `gateway.toml`: registrations made through the admin API.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelsGatewayFile {
+    /// Folder where models registered through the admin API are kept (one
+    /// JSON file each), relative to the policy folder unless absolute, and
+    /// outside it; created (0700) if missing. Unset: `POST
+    /// /admin/v1/models` answers 501. Read at start only.
+    pub registry: Option<Spanned<PathBuf>>,
 }
 
 /// `[audit]` in `gateway.toml`: the tamper-evident audit log. Read at start
@@ -69,6 +82,10 @@ pub struct UpstreamFile {
     pub target: Spanned<String>,
     /// File holding the bearer secret the gpu-host expects (required for `tcp:`).
     pub secret_file: Option<Spanned<PathBuf>>,
+    /// Models the gateway has the remote gpu-host load (`dir` is a path on
+    /// that host, so it must be absolute; the signature is read here).
+    #[serde(default)]
+    pub models: Vec<ModelFile>,
 }
 
 /// `[local_gpu_host]` in `gateway.toml`.
@@ -103,14 +120,26 @@ pub struct LocalGpuHostFile {
     pub models: Vec<ModelFile>,
 }
 
-/// One `[[local_gpu_host.models]]` entry.
+/// One `[[local_gpu_host.models]]` (or `[[upstream.models]]`) entry: a
+/// signed model folder. The gateway has the gpu-host load it only when the
+/// signature verifies with a publisher's key in `trust.toml`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelFile {
     /// The name tenants ask for (`model` in requests).
     pub name: Spanned<String>,
-    /// GGUF file, relative to the policy folder unless absolute.
-    pub path: Spanned<PathBuf>,
+    /// The model folder, signed as a whole (`bulkhead model sign DIR`),
+    /// relative to the policy folder unless absolute.
+    pub dir: Option<Spanned<PathBuf>>,
+    /// The GGUF file inside `dir`, as the manifest names it (default: the
+    /// only `.gguf` file in the manifest).
+    pub file: Option<Spanned<String>>,
+    /// The signature bundle of `dir`, relative to the policy folder unless
+    /// absolute.
+    pub signature: Option<Spanned<PathBuf>>,
+    /// Refused: the unsigned form of earlier versions (a bare GGUF path).
+    /// Kept in the shape only to answer it with how to sign the model.
+    pub path: Option<Spanned<PathBuf>>,
 }
 
 /// `tenants/ID.toml`: one tenant.
@@ -261,7 +290,8 @@ pub struct ClassFile {
     pub limits: LimitsFile,
 }
 
-/// `trust.toml`: trusted model publishers (used by model registration; may be empty).
+/// `trust.toml`: trusted model publishers. A model is served only when one
+/// of their keys verifies its signature (may be empty: then no model is).
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrustFile {
@@ -273,7 +303,9 @@ pub struct TrustFile {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PublisherFile {
+    /// The publisher's name, shown with every model it signed.
     pub name: Spanned<String>,
-    /// PEM public key (P-256 or Ed25519).
+    /// SPKI PEM public key (ECDSA P-256 or Ed25519), relative to the policy
+    /// folder unless absolute.
     pub public_key: Spanned<PathBuf>,
 }

@@ -5,9 +5,7 @@
 //! Checked, not yet enforced: the gpu-host does not partition yet.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::ops::Range;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use bulkhead_partition::{
@@ -28,7 +26,7 @@ pub(super) fn check_device(
     source: &SourceFile,
     local: &LocalGpuHostFile,
     threads: Option<usize>,
-    models: &[(String, PathBuf)],
+    files_bytes: u64,
     errors: &mut Vec<PolicyError>,
 ) -> (Device, u64) {
     let memory = local
@@ -59,11 +57,6 @@ pub(super) fn check_device(
             Device::mi325x() // stand-in; the error discards it
         }
     };
-    let files_bytes: u64 = models
-        .iter()
-        .filter_map(|(_, path)| fs::metadata(path).ok()) // unreadable: reported already
-        .map(|meta| meta.len())
-        .sum();
     let reservation = match &local.model_reservation {
         None => files_bytes,
         Some(written) => {

@@ -6,10 +6,12 @@
 mod files;
 mod gpu;
 mod load;
+mod models;
 mod plugins;
 mod source;
 #[cfg(test)]
 mod test_folder;
+mod trust;
 mod validate;
 mod watch;
 
@@ -26,15 +28,17 @@ use crate::plugins::{PluginConfig, PluginLimits};
 
 pub use files::{
     AuditGatewayFile, ClassFile, GatewayFile, GpuFile, IsolationFile, JwtFile, LimitsFile,
-    LocalGpuHostFile, ModelFile, PluginLimitsFile, PluginsGatewayFile, TenantFile,
-    TenantPluginsFile, TrustFile, UpstreamFile,
+    LocalGpuHostFile, ModelFile, ModelsGatewayFile, PluginLimitsFile, PluginsGatewayFile,
+    PublisherFile, TenantFile, TenantPluginsFile, TrustFile, UpstreamFile,
 };
 pub use load::{MAX_CLASS_FILES, MAX_FILE_BYTES, MAX_TENANT_FILES, file_digests, load};
+pub use models::MAX_CONFIGURED_MODELS;
 pub use plugins::{
     MAX_CHAIN_PLUGINS, MAX_CONFIG_ENTRIES, MAX_CONFIG_KEY_BYTES, MAX_CONFIG_VALUE_BYTES,
     MAX_PLUGIN_DEADLINE, MAX_PLUGIN_LOG_BYTES, MAX_PLUGIN_OUTPUT_BYTES,
 };
 pub use source::{PolicyError, PolicyErrors, SourceFile};
+pub use trust::{MAX_PUBLISHERS, Publisher, Trust};
 pub use watch::{PolicyWatcher, RELOAD_DEBOUNCE, RELOAD_MAX_DELAY, ReloadStats, watch};
 
 /// Where the HTTP API listens when neither `gateway.toml` nor `--listen` says.
@@ -65,6 +69,11 @@ pub struct Policy {
     /// device (`None` with a remote upstream, whose device is not known
     /// here). Checked, not yet sent to the gpu-host.
     pub partitions: Option<Arc<Layout>>,
+    /// `trust.toml`: the publishers whose keys may sign served models.
+    pub trust: Trust,
+    /// The models gateway.toml configures, each verified with `trust`, in
+    /// file order.
+    pub models: Vec<Arc<crate::registration::Registration>>,
 }
 
 /// `gateway.toml`, with defaults applied.
@@ -78,6 +87,9 @@ pub struct GatewaySettings {
     pub plugins: GatewayPlugins,
     /// `[audit]`, paths resolved; `None`: no audit log.
     pub audit: Option<crate::audit::AuditSettings>,
+    /// `[models] registry` (absolute): where API registrations are kept;
+    /// `None`: registering through the API is off.
+    pub models_registry: Option<PathBuf>,
 }
 
 /// `[plugins]` of `gateway.toml`, with paths resolved.
@@ -124,8 +136,6 @@ pub struct LocalGpuHost {
     pub restart_backoff_max: Duration,
     /// `None`: the gpu-host's default scrub rate.
     pub scrub_bytes_per_s: Option<u64>,
-    /// (name, absolute GGUF path).
-    pub models: Vec<(String, PathBuf)>,
     /// The device tenants' `[gpu]` tables are planned on.
     pub device: Device,
     /// Memory of `device` set aside for model weights.

@@ -4,6 +4,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::models::{DirOptions, KeyKind, Manifest, SigningKey};
+
 #[derive(Debug)]
 pub(crate) struct TestFolder {
     path: PathBuf,
@@ -32,6 +34,34 @@ impl TestFolder {
         fs::create_dir_all(path.parent().expect("a file has a parent")).expect("create folders");
         fs::write(&path, text).expect("write a test file");
         self
+    }
+
+    /// A publisher key pair in `keys/publisher.pem` / `keys/publisher.pub.pem`
+    /// and a `trust.toml` trusting it as `test-publisher`.
+    pub(crate) fn trust_publisher(&self) -> &TestFolder {
+        let key = SigningKey::generate(KeyKind::P256);
+        self.write(
+            "keys/publisher.pem",
+            key.to_pkcs8_pem().expect("encode a key").as_bytes(),
+        )
+        .write("keys/publisher.pub.pem", key.public_key().to_spki_pem())
+        .write(
+            "trust.toml",
+            "[[publishers]]\nname = \"test-publisher\"\npublic_key = \"keys/publisher.pub.pem\"\n",
+        )
+    }
+
+    /// `models/NAME/NAME.gguf` holding `weights`, signed with
+    /// `keys/publisher.pem` (see [`trust_publisher`](Self::trust_publisher))
+    /// into `models/NAME.sig`.
+    pub(crate) fn signed_model(&self, name: &str, weights: &[u8]) -> &TestFolder {
+        self.write(&format!("models/{name}/{name}.gguf"), weights);
+        let key = SigningKey::from_pem_file(&self.path.join("keys/publisher.pem"))
+            .expect("trust_publisher wrote the key");
+        let folder = self.path.join("models").join(name);
+        let manifest =
+            Manifest::of_dir(&folder, &DirOptions::default()).expect("hash the model folder");
+        self.write(&format!("models/{name}.sig"), manifest.sign(&key))
     }
 
     pub(crate) fn remove(&self, name: &str) -> &TestFolder {

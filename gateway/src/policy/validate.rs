@@ -12,20 +12,24 @@ use std::io::Read;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bulkhead_protocol::Target;
 use toml::Spanned;
 
 use super::files::{
-    AuditGatewayFile, GatewayFile, LimitsFile, LocalGpuHostFile, ModelFile, PluginsGatewayFile,
-    UpstreamFile,
+    AuditGatewayFile, GatewayFile, LimitsFile, LocalGpuHostFile, ModelsGatewayFile,
+    PluginsGatewayFile, UpstreamFile,
 };
 use super::load::{Folder, Parsed, io_reason};
+use super::models::{HostKind, check_models};
+use super::trust::{Trust, check_trust};
 use super::{
     ClassFile, DEFAULT_LISTEN, GatewayPlugins, GatewaySettings, Limits, LocalGpuHost, Policy,
     PolicyError, SourceFile, TenantFile, TenantPolicy, UpstreamSettings,
 };
+use crate::registration::{MODEL_NAME_RULE, Registration, valid_model_name};
 
 const DEFAULT_MAX_BODY_BYTES: u64 = 1 << 20;
 const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 300_000;
@@ -45,8 +49,9 @@ const MAX_LISTED_NAMES: usize = 20;
 /// Checks `folder` (read from `dir`, which is absolute) and resolves it.
 /// The result is meaningful only if `errors` stayed empty.
 pub(super) fn validate(dir: &Path, folder: Folder, errors: &mut Vec<PolicyError>) -> Policy {
-    let gateway = check_gateway(dir, folder.gateway.as_ref(), errors);
-    // trust.toml: parsing checked its shape; model registration reads it.
+    let trust = check_trust(dir, folder.trust.as_ref(), errors);
+    let mut gateway = check_gateway(dir, folder.gateway.as_ref(), &trust, errors);
+    let models = std::mem::take(&mut gateway.models);
     let classes = check_classes(&folder.classes, &gateway, errors);
     let mut gpu = GpuChecks::default();
     let tenants = check_tenants(dir, folder.tenants, &classes, &gateway, &mut gpu, errors);
@@ -63,6 +68,8 @@ pub(super) fn validate(dir: &Path, folder: Folder, errors: &mut Vec<PolicyError>
         tenants,
         files: folder.files,
         partitions,
+        trust,
+        models,
     }
 }
 
@@ -86,9 +93,12 @@ impl Default for GpuChecks {
 /// `gateway.toml` resolved, plus what the other files are checked against.
 struct Gateway {
     settings: GatewaySettings,
-    /// Models tenants may name; `None` when unknown (a remote upstream serves
-    /// whatever it serves, or gateway.toml itself is broken).
+    /// Models tenants may name; `None` when any valid name may be (models
+    /// registered through the API are not known here, or gateway.toml
+    /// itself is broken).
     served_models: Option<BTreeSet<String>>,
+    /// The configured models that verified.
+    models: Vec<Arc<Registration>>,
     /// The body size no tenant may exceed; `None` when gateway.toml is broken.
     body_cap: Option<u64>,
     /// Limits of a tenant and class that set none.
@@ -101,6 +111,7 @@ struct Gateway {
 fn check_gateway(
     dir: &Path,
     parsed: Option<&Parsed<GatewayFile>>,
+    trust: &Trust,
     errors: &mut Vec<PolicyError>,
 ) -> Gateway {
     let blank = SourceFile::new("gateway.toml", "");
@@ -153,7 +164,7 @@ fn check_gateway(
 
     let local_defaults = LocalGpuHostFile::default();
     let mut device = None;
-    let (upstream, served_models) = match (&file.upstream, &file.local_gpu_host) {
+    let (upstream, models) = match (&file.upstream, &file.local_gpu_host) {
         (Some(remote), local) => {
             if local.is_some() {
                 errors.push(source.error_at(
@@ -162,22 +173,42 @@ fn check_gateway(
                      use a remote gpu-host or a local one, not both",
                 ));
             }
-            (check_upstream(dir, source, remote, errors), None)
+            let models = check_models(dir, source, &remote.models, trust, HostKind::Remote, errors);
+            (check_upstream(dir, source, remote, errors), models)
         }
         (None, local) => {
             let before = errors.len();
-            let local = check_local(
+            let (local, models) = check_local(
                 dir,
                 source,
                 local.as_ref().unwrap_or(&local_defaults),
+                trust,
                 errors,
             );
             if errors.len() == before {
                 device = Some((local.device.clone(), local.model_reservation_bytes));
             }
-            let served = local.models.iter().map(|(name, _)| name.clone()).collect();
-            (UpstreamSettings::Local(local), Some(served))
+            (UpstreamSettings::Local(local), models)
         }
+    };
+    let models_registry = check_registry(dir, source, file.models.as_ref(), errors);
+    // With a registry, tenants may name models registered later through the
+    // API; without one, only the configured models can ever be served.
+    // Every configured name counts, verified or not: a model that failed
+    // is reported once, where it is configured.
+    let configured = match (&file.upstream, &file.local_gpu_host) {
+        (Some(remote), _) => &remote.models,
+        (None, Some(local)) => &local.models,
+        (None, None) => &local_defaults.models,
+    };
+    let served_models = match models_registry {
+        Some(_) => None,
+        None => Some(
+            configured
+                .iter()
+                .map(|m| m.name.get_ref().clone())
+                .collect(),
+        ),
     };
 
     let plugins = check_plugins(dir, source, file.plugins.as_ref(), errors);
@@ -195,8 +226,10 @@ fn check_gateway(
             upstream,
             plugins,
             audit,
+            models_registry,
         },
         served_models: served_models.filter(|_| known),
+        models,
         body_cap: known.then_some(max_body_bytes),
         default_limits: Limits {
             max_body_bytes: Limits::DEFAULT.max_body_bytes.min(max_body_bytes),
@@ -300,6 +333,34 @@ fn check_audit(
     settings
 }
 
+/// `[models] registry`: the folder API registrations are kept in, outside
+/// the watched policy folder (like the plugin store).
+fn check_registry(
+    dir: &Path,
+    source: &SourceFile,
+    models: Option<&ModelsGatewayFile>,
+    errors: &mut Vec<PolicyError>,
+) -> Option<PathBuf> {
+    let registry = models?.registry.as_ref()?;
+    let path = lexically_normal(&dir.join(registry.get_ref()));
+    if registry.get_ref().as_os_str().is_empty() {
+        errors.push(source.error_at(
+            registry.span(),
+            "`registry` is empty: name a folder for registered models, e.g. \"../var/models\"",
+        ));
+    } else if path.starts_with(lexically_normal(dir)) {
+        errors.push(source.error_at(
+            registry.span(),
+            format!(
+                "the model registry {} is inside the policy folder, which is watched for \
+                 changes: put it outside, e.g. \"../var/models\"",
+                path.display()
+            ),
+        ));
+    }
+    Some(path)
+}
+
 /// `path` with `.` and `..` resolved by name (symlinks are not followed).
 fn lexically_normal(path: &Path) -> PathBuf {
     use std::path::Component;
@@ -384,8 +445,9 @@ fn check_local(
     dir: &Path,
     source: &SourceFile,
     local: &LocalGpuHostFile,
+    trust: &Trust,
     errors: &mut Vec<PolicyError>,
-) -> LocalGpuHost {
+) -> (LocalGpuHost, Vec<Arc<Registration>>) {
     let binary = local.binary.as_ref().map(|binary| {
         let path = dir.join(binary.get_ref());
         if let Err(why) = check_readable_file(&path) {
@@ -408,55 +470,30 @@ fn check_local(
         errors,
     )
     .unwrap_or(DEFAULT_RESTART_BACKOFF_MAX_MS);
-    let models = check_models(dir, source, &local.models, errors);
+    let models = check_models(dir, source, &local.models, trust, HostKind::Local, errors);
+    // Weights are loaded once, as large as the signed files.
+    let model_bytes = models
+        .iter()
+        .map(|m| {
+            m.file
+                .size
+                .or_else(|| fs::metadata(m.path()).ok().map(|meta| meta.len()))
+                .unwrap_or(0)
+        })
+        .sum();
     let (device, model_reservation_bytes) =
-        super::gpu::check_device(source, local, threads, &models, errors);
-    LocalGpuHost {
+        super::gpu::check_device(source, local, threads, model_bytes, errors);
+    let host = LocalGpuHost {
         binary,
         threads,
         workers,
         queue_capacity,
         restart_backoff_max: Duration::from_millis(restart_backoff_max_ms),
         scrub_bytes_per_s: local.scrub_bytes_per_s.as_ref().map(|v| *v.get_ref()),
-        models,
         device,
         model_reservation_bytes,
-    }
-}
-
-fn check_models(
-    dir: &Path,
-    source: &SourceFile,
-    models: &[ModelFile],
-    errors: &mut Vec<PolicyError>,
-) -> Vec<(String, PathBuf)> {
-    let mut first_seen: BTreeMap<&str, Range<usize>> = BTreeMap::new();
-    let mut resolved = Vec::new();
-    for model in models {
-        let name = model.name.get_ref();
-        if name.is_empty() {
-            errors.push(source.error_at(model.name.span(), "a model name must not be empty"));
-        } else if let Some(first) = first_seen.get(name.as_str()) {
-            let (line, _) = source.line_col(first.start);
-            errors.push(source.error_at(
-                model.name.span(),
-                format!("model `{name}` is already defined on line {line}"),
-            ));
-        } else {
-            first_seen.insert(name, model.name.span());
-        }
-        let path = dir.join(model.path.get_ref());
-        if let Err(why) = check_readable_file(&path) {
-            errors.push(source.error_at(
-                model.path.span(),
-                format!("model file {}: {why}", path.display()),
-            ));
-        }
-        // Absolute and free of `..` for the gpu-host, whatever its working folder.
-        let path = fs::canonicalize(&path).unwrap_or(path);
-        resolved.push((name.clone(), path));
-    }
-    resolved
+    };
+    (host, models)
 }
 
 /// Ok if `path` is a regular file (after symlinks) this process can open.
@@ -626,15 +663,19 @@ fn check_tenant_models(
             Some(served) if !served.contains(name) => errors.push(source.error_at(
                 model.span(),
                 format!(
-                    "model `{name}` is not served by this gateway; \
-                     gateway.toml [[local_gpu_host.models]] has {}",
+                    "model `{name}` is not served by this gateway: gateway.toml configures {} \
+                     (and has no `[models] registry` for models registered through the API)",
                     quoted_list(served)
                 ),
             )),
-            // A remote gpu-host serves whatever it serves: only the name's shape is ours.
-            None if name.is_empty() => {
-                errors.push(source.error_at(model.span(), "a model name must not be empty"));
-            }
+            // Registered through the API later, maybe: only the name's shape is ours.
+            None if !valid_model_name(name) => errors.push(source.error_at(
+                model.span(),
+                format!(
+                    "model name `{}` is not valid: {MODEL_NAME_RULE}",
+                    name.escape_debug()
+                ),
+            )),
             _ => {}
         }
     }
@@ -695,10 +736,11 @@ fn at_least_one<T: Copy + PartialOrd + From<u8> + Display>(
     Some(*value.get_ref())
 }
 
-const NAME_RULE: &str = "use 1 to 63 of a-z, 0-9, `_` and `-`, starting with a letter or digit";
+pub(super) const NAME_RULE: &str =
+    "use 1 to 63 of a-z, 0-9, `_` and `-`, starting with a letter or digit";
 
 /// `[a-z0-9][a-z0-9_-]{0,62}`: safe in file names, URLs, metric labels.
-fn is_valid_name(name: &str) -> bool {
+pub(super) fn is_valid_name(name: &str) -> bool {
     let mut chars = name.chars();
     let first_ok = chars
         .next()

@@ -2,6 +2,7 @@
 //! a remote one or the local child [`supervisor`] keeps running.
 
 mod model_watch;
+mod models;
 mod supervisor;
 
 use std::time::Duration;
@@ -20,6 +21,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Status, Streaming};
 
 pub use model_watch::watch_models;
+pub use models::LoadError;
 pub use supervisor::{ChildConfig, Supervisor, SupervisorError};
 
 /// Whether the gpu-host can take requests.

@@ -96,11 +96,9 @@ impl ChildConfig {
         if let Some(threads) = self.host.threads {
             command.arg("--threads").arg(threads.to_string());
         }
-        for (name, path) in &self.host.models {
-            command
-                .arg("--model")
-                .arg(format!("{name}={}", path.display()));
-        }
+        // No `--model`: models given on the command line are loaded
+        // unchecked. The gateway loads each registration by `LoadModel`,
+        // with its signed digests, once the child listens.
         command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -224,12 +224,12 @@ fn policy(dir: &TempDir, tenants: Vec<TenantPolicy>) -> Policy {
                 queue_capacity: 1,
                 restart_backoff_max: Duration::from_secs(1),
                 scrub_bytes_per_s: None,
-                models: Vec::new(),
                 device: bulkhead_partition::Device::mi325x(),
                 model_reservation_bytes: 0,
             }),
             plugins: Default::default(),
             audit: None,
+            models_registry: None,
         },
         tenants: tenants
             .into_iter()
@@ -237,6 +237,8 @@ fn policy(dir: &TempDir, tenants: Vec<TenantPolicy>) -> Policy {
             .collect::<BTreeMap<_, _>>(),
         files: Vec::new(),
         partitions: None,
+        trust: Default::default(),
+        models: Vec::new(),
     }
 }
 

@@ -12,7 +12,8 @@ const GIB: u64 = 1 << 30;
 
 fn gateway(device_lines: &str) -> String {
     format!(
-        "[local_gpu_host]\n{device_lines}\n[[local_gpu_host.models]]\nname = \"tiny\"\npath = \"models/tiny.gguf\"\n"
+        "[local_gpu_host]\n{device_lines}\n[[local_gpu_host.models]]\nname = \"tiny\"\n\
+         dir = \"models/tiny\"\nsignature = \"models/tiny.sig\"\n"
     )
 }
 
@@ -26,7 +27,8 @@ fn tenant(id: &str, gpu: &str) -> String {
 fn folder(device_lines: &str, tenants: &[(&str, &str)]) -> TestFolder {
     let folder = TestFolder::new();
     folder
-        .write("models/tiny.gguf", vec![0u8; 4096])
+        .trust_publisher()
+        .signed_model("tiny", &[0u8; 4096])
         .write("gateway.toml", gateway(device_lines));
     for (id, gpu) in tenants {
         folder.write(&format!("tenants/{id}.toml"), tenant(id, gpu));
@@ -229,7 +231,8 @@ fn with_a_remote_upstream_values_are_checked_but_nothing_is_planned() {
     folder
         .write(
             "gateway.toml",
-            "[upstream]\ntarget = \"unix:/run/gpu-host.sock\"\n",
+            "[upstream]\ntarget = \"unix:/run/gpu-host.sock\"\n\n\
+             [models]\nregistry = \"../registry\"\n",
         )
         .write(
             "tenants/a.toml",

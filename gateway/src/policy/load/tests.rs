@@ -17,11 +17,13 @@ workers = 2
 
 [[local_gpu_host.models]]
 name = "tiny"
-path = "models/tiny.gguf"
+dir = "models/tiny"
+signature = "models/tiny.sig"
 
 [[local_gpu_host.models]]
 name = "small"
-path = "models/small.gguf"
+dir = "models/small"
+signature = "models/small.sig"
 "#;
 
 const STANDARD: &str = r#"[limits]
@@ -59,14 +61,15 @@ algorithms = ["EdDSA"]
     )
 }
 
-/// A valid folder: two models, one class, tenants `acme` (class standard) and `beta`.
+/// A valid folder: two signed models and their publisher, one class,
+/// tenants `acme` (class standard) and `beta`.
 fn valid_folder() -> TestFolder {
     let folder = TestFolder::new();
     folder
-        .write("models/tiny.gguf", b"GGUF tiny")
-        .write("models/small.gguf", b"GGUF small")
+        .trust_publisher()
+        .signed_model("tiny", b"GGUF tiny")
+        .signed_model("small", b"GGUF small")
         .write("gateway.toml", GATEWAY)
-        .write("trust.toml", "# no publishers yet\n")
         .write("classes/standard.toml", STANDARD)
         .write("tenants/acme.toml", ACME)
         .write("tenants/beta.toml", plain_tenant("beta"));
@@ -104,13 +107,26 @@ fn a_valid_folder_loads_with_resolved_values() {
     assert_eq!(local.restart_backoff_max, Duration::from_secs(5));
     assert_eq!((local.binary.as_ref(), local.threads), (None, None));
     let models_dir = fs::canonicalize(folder.path().join("models")).unwrap();
+    let models: Vec<_> = policy
+        .models
+        .iter()
+        .map(|m| (m.name.as_str(), m.path(), m.publisher.as_str()))
+        .collect();
     assert_eq!(
-        local.models,
-        vec![
-            ("tiny".to_string(), models_dir.join("tiny.gguf")),
-            ("small".to_string(), models_dir.join("small.gguf")),
+        models,
+        [
+            ("tiny", models_dir.join("tiny/tiny.gguf"), "test-publisher"),
+            (
+                "small",
+                models_dir.join("small/small.gguf"),
+                "test-publisher"
+            ),
         ]
     );
+    assert_eq!(policy.models[0].file.size, Some(9));
+    assert!(policy.models[0].digest.starts_with("sha256:"));
+    assert_eq!(policy.trust.publishers.len(), 1);
+    assert_eq!(policy.gateway.models_registry, None);
 
     assert_eq!(policy.tenants.keys().collect::<Vec<_>>(), ["acme", "beta"]);
     let acme = &policy.tenants["acme"];
@@ -176,7 +192,7 @@ fn defaults_apply_without_gateway_toml() {
         ),
         (1, 64, Duration::from_secs(5))
     );
-    assert!(local.models.is_empty());
+    assert!(policy.models.is_empty());
     assert_eq!(policy.files.len(), 1);
 }
 
@@ -446,20 +462,22 @@ fn tenant_models_must_be_served_by_the_local_gpu_host() {
     assert_eq!(
         errors(&folder),
         [
-            "tenants/acme.toml:3:19: model `huge` is not served by this gateway; \
-             gateway.toml [[local_gpu_host.models]] has `small`, `tiny`",
+            "tenants/acme.toml:3:19: model `huge` is not served by this gateway: gateway.toml \
+             configures `small`, `tiny` (and has no `[models] registry` for models registered \
+             through the API)",
             "tenants/acme.toml:3:27: model `tiny` is listed twice",
         ]
     );
 }
 
 #[test]
-fn with_a_remote_upstream_any_non_empty_model_name_is_accepted() {
+fn with_a_model_registry_any_valid_model_name_is_accepted() {
     let folder = valid_folder();
     folder.write("secret", "0123456789abcdef0123\n");
     folder.write(
         "gateway.toml",
-        "[upstream]\ntarget = \"tcp:10.0.0.5:50051\"\nsecret_file = \"secret\"\n",
+        "[upstream]\ntarget = \"tcp:10.0.0.5:50051\"\nsecret_file = \"secret\"\n\n\
+         [models]\nregistry = \"../var/models\"\n",
     );
     folder.write(
         "tenants/acme.toml",
@@ -480,31 +498,149 @@ fn with_a_remote_upstream_any_non_empty_model_name_is_accepted() {
     folder.write("tenants/acme.toml", ACME.replace(r#"["tiny"]"#, r#"[""]"#));
     assert_eq!(
         errors(&folder),
-        ["tenants/acme.toml:3:11: a model name must not be empty"]
+        [
+            "tenants/acme.toml:3:11: model name `` is not valid: use 1 to 128 of A-Z, a-z, 0-9, \
+             `.`, `:` and `-`, starting with a letter or digit"
+        ]
     );
 }
 
 #[test]
 fn gateway_models_must_be_unique_and_readable() {
     let folder = valid_folder();
-    let gateway = GATEWAY
-        .replace("name = \"small\"", "name = \"tiny\"")
-        .replace("models/small.gguf", "models/missing.gguf");
+    let gateway = GATEWAY.replace("name = \"small\"", "name = \"tiny\"");
     folder.write("gateway.toml", gateway);
     folder.write(
         "tenants/beta.toml",
         plain_tenant("beta").replace("small", "tiny"),
     );
-    let missing = folder.path().join("models/missing.gguf");
+    assert_eq!(
+        errors(&folder),
+        ["gateway.toml:13:8: model `tiny` is already defined on line 8"]
+    );
+
+    let gateway = GATEWAY.replace("models/small\"", "models/missing\"");
+    folder.write("gateway.toml", gateway);
+    let missing = folder.path().join("models/missing");
+    assert_eq!(
+        errors(&folder),
+        [format!(
+            "gateway.toml:14:7: model `small`: model folder {}: no such file or folder",
+            missing.display()
+        )]
+    );
+}
+
+#[test]
+fn configured_models_must_verify_with_a_trusted_publisher() {
+    let folder = valid_folder();
+    // Another key signs `small`: nothing in trust.toml verifies it.
+    let other = crate::models::SigningKey::generate(crate::models::KeyKind::P256);
+    let manifest = crate::models::Manifest::of_dir(
+        &folder.path().join("models/small"),
+        &crate::models::DirOptions::default(),
+    )
+    .unwrap();
+    folder.write("models/small.sig", manifest.sign(&other));
+    let errors_now = errors(&folder);
+    assert_eq!(errors_now.len(), 1, "{errors_now:?}");
+    assert!(
+        errors_now[0].starts_with(&format!(
+            "gateway.toml:15:13: model `small`: no trusted publisher's key verifies the \
+             signature (it was signed by key sha256:{}); trust.toml trusts `test-publisher`",
+            other.public_key().hint()
+        )),
+        "{errors_now:?}"
+    );
+
+    // No trust.toml at all: nothing verifies.
+    let folder = valid_folder();
+    folder.remove("trust.toml");
+    let errors_now = errors(&folder);
+    assert_eq!(errors_now.len(), 2, "{errors_now:?}");
+    assert!(errors_now[0].ends_with("trust.toml lists no publishers"));
+
+    // Weights changed after signing (a different size): the policy says so;
+    // a same-size change is found by the gpu-host, which hashes every byte.
+    let folder = valid_folder();
+    folder.write("models/tiny/tiny.gguf", b"GGUF tiny, but longer");
+    let path = fs::canonicalize(folder.path().join("models/tiny/tiny.gguf")).unwrap();
+    assert_eq!(
+        errors(&folder),
+        [format!(
+            "gateway.toml:9:7: model `tiny`: weights file {}: is 21 bytes but was signed as \
+             9 bytes",
+            path.display()
+        )]
+    );
+
+    // `file` must be in the manifest.
+    let folder = valid_folder();
+    folder.write(
+        "gateway.toml",
+        GATEWAY.replace(
+            "signature = \"models/tiny.sig\"",
+            "signature = \"models/tiny.sig\"\nfile = \"other.gguf\"",
+        ),
+    );
     assert_eq!(
         errors(&folder),
         [
-            "gateway.toml:12:8: model `tiny` is already defined on line 8".to_string(),
-            format!(
-                "gateway.toml:13:8: model file {}: no such file or folder",
-                missing.display()
-            ),
+            "gateway.toml:11:8: model `tiny`: `file` \"other.gguf\" is not in the signed manifest, \
+          which lists `tiny.gguf`"
         ]
+    );
+}
+
+#[test]
+fn the_unsigned_path_form_is_refused_with_how_to_sign() {
+    let folder = valid_folder();
+    folder.write(
+        "gateway.toml",
+        "[[local_gpu_host.models]]\nname = \"tiny\"\npath = \"models/tiny/tiny.gguf\"\n",
+    );
+    folder.write(
+        "tenants/beta.toml",
+        plain_tenant("beta").replace("small", "tiny"),
+    );
+    let errors = errors(&folder);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].starts_with(
+            "gateway.toml:3:8: model `tiny`: `path` is no longer accepted: the gateway serves \
+             only signed models."
+        ),
+        "{errors:?}"
+    );
+    assert!(errors[0].contains("bulkhead model sign DIR --key KEY.pem"));
+}
+
+#[test]
+fn trust_toml_keys_are_read_and_checked() {
+    let folder = valid_folder();
+    folder.write(
+        "trust.toml",
+        "[[publishers]]\nname = \"test-publisher\"\npublic_key = \"keys/publisher.pub.pem\"\n\n\
+         [[publishers]]\nname = \"Bad Name\"\npublic_key = \"keys/missing.pem\"\n\n\
+         [[publishers]]\nname = \"again\"\npublic_key = \"keys/publisher.pub.pem\"\n\n\
+         [[publishers]]\nname = \"private\"\npublic_key = \"keys/publisher.pem\"\n",
+    );
+    let errors = errors(&folder);
+    assert_eq!(errors.len(), 4, "{errors:?}");
+    assert!(errors[0].starts_with("trust.toml:6:8: publisher name `Bad Name` is not valid"));
+    assert!(
+        errors[1].starts_with("trust.toml:7:14: publisher `Bad Name`: public key ")
+            && errors[1].contains("keys/missing.pem"),
+        "{errors:?}"
+    );
+    assert_eq!(
+        errors[2],
+        "trust.toml:11:14: publisher `again` has the same key as publisher `test-publisher`"
+    );
+    assert!(
+        errors[3].starts_with("trust.toml:15:14: publisher `private`: public key ")
+            && errors[3].contains("a private key"),
+        "{errors:?}"
     );
 }
 
@@ -644,11 +780,21 @@ fn the_repositorys_default_policies_are_valid() {
     let policy = load(&dir).unwrap_or_else(|e| panic!("{}", e.in_dir(&dir)));
     let demo = &policy.tenants["demo"];
     assert!(demo.models.contains("bulkhead-demo-tiny"));
-    let UpstreamSettings::Local(local) = &policy.gateway.upstream else {
-        panic!("the default policy runs a local gpu-host");
-    };
-    assert_eq!(local.models[0].0, "bulkhead-demo-tiny");
-    assert!(local.models[0].1.is_file());
+    assert!(matches!(
+        policy.gateway.upstream,
+        UpstreamSettings::Local(_)
+    ));
+    let demo_model = &policy.models[0];
+    assert_eq!(demo_model.name, "bulkhead-demo-tiny");
+    assert_eq!(demo_model.publisher, "bulkhead-dev");
+    assert!(demo_model.path().is_file());
+    assert!(
+        policy
+            .gateway
+            .models_registry
+            .as_deref()
+            .is_some_and(|r| r.ends_with("var/models"))
+    );
     // The store sits beside the policy folder, in `var/` (git-ignored).
     let store = policy
         .gateway
@@ -664,15 +810,22 @@ fn the_repositorys_default_policies_are_valid() {
 fn the_example_tenant_is_a_valid_tenant_file() {
     let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
     let read = |name: &str| fs::read_to_string(policies.join(name)).unwrap();
-    let model = fs::canonicalize(policies.join("../models/bulkhead-demo-tiny-q8_0.gguf")).unwrap();
+    let model = fs::canonicalize(policies.join("../models/bulkhead-demo-tiny")).unwrap();
     let folder = TestFolder::new();
     folder
         .write(
             "gateway.toml",
             format!(
-                "[[local_gpu_host.models]]\nname = \"bulkhead-demo-tiny\"\npath = {:?}\n",
-                model.display().to_string()
+                "[[local_gpu_host.models]]\nname = \"bulkhead-demo-tiny\"\ndir = {:?}\n\
+                 signature = {:?}\n",
+                model.display().to_string(),
+                model.with_extension("sig").display().to_string()
             ),
+        )
+        .write("trust.toml", read("trust.toml"))
+        .write(
+            "dev-keys/bulkhead-dev.pub.pem",
+            read("dev-keys/bulkhead-dev.pub.pem"),
         )
         .write("classes/standard.toml", read("classes/standard.toml"))
         .write("tenants/acme.toml", read("tenants/acme.toml.example"))

@@ -1,0 +1,30 @@
+//! Model registration: the gateway serves only models whose weights match
+//! a signed registration. A registration is a model folder's signature
+//! bundle verified with the key of a publisher in `trust.toml`, plus the
+//! weights file to serve; configured ones come from gateway.toml, others
+//! through the admin API (kept in the `[models] registry` folder).
+//!
+//! ```text
+//! claim (name, dir, file, bundle) ─verify with trust─▶ Registration ─LoadModel(size, chunk root, sha256)─▶ gpu-host hashes every byte
+//! ```
+//!
+//! - [`verify`]: a claim to a [`Registration`] (no file access).
+//! - `disk`: the registry folder, one JSON file per API registration.
+//! - `service`: [`ModelRegistry`], the control plane that keeps the
+//!   gpu-host's models equal to the registrations (after every restart of
+//!   the child, every policy reload) and publishes the table the request
+//!   path reads.
+
+mod disk;
+mod error;
+mod name;
+mod service;
+mod verify;
+
+pub use disk::MAX_API_REGISTRATIONS;
+pub use error::RegistrationError;
+pub use name::{MAX_MODEL_NAME_BYTES, MODEL_NAME_RULE, valid_model_name};
+pub use service::{ModelRegistry, ModelState, ModelView, RECONCILE_EVERY, Registered};
+pub use verify::{
+    Claim, MAX_DIR_BYTES, MAX_REGISTRATION_BUNDLE_BYTES, Registration, Source, verify,
+};

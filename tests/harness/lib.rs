@@ -576,7 +576,7 @@ pub struct Response {
 }
 
 impl Response {
-    fn parse(raw: &[u8]) -> Response {
+    pub fn parse(raw: &[u8]) -> Response {
         let split = raw
             .windows(4)
             .position(|w| w == b"\r\n\r\n")

@@ -5,6 +5,7 @@ mod backend;
 mod config;
 mod generate;
 mod model;
+mod paged;
 mod sampling;
 mod weights;
 
@@ -15,4 +16,5 @@ pub use generate::{
     Piece, generate, generate_streaming,
 };
 pub use model::{ForwardError, KvCache, Logits, Model, PREFILL_CHUNK};
+pub use paged::{BLOCK_TOKENS, BatchEntry, KvBlocks};
 pub use sampling::{Sampler, SamplingError, SamplingParams, argmax};

@@ -12,8 +12,8 @@ mod weights;
 pub use backend::{Backend, CpuBackend, RopeParams};
 pub use config::{Arch, ConfigError, ModelConfig};
 pub use generate::{
-    FinishReason, GenerateError, GenerateRequest, Generation, MAX_STOP_BYTES, MAX_STOP_STRINGS,
-    Piece, generate, generate_streaming,
+    Decoded, Decoding, FinishReason, GenerateError, GenerateRequest, Generation, MAX_STOP_BYTES,
+    MAX_STOP_STRINGS, Next, Piece, generate, generate_streaming,
 };
 pub use model::{ForwardError, KvCache, Logits, Model, PREFILL_CHUNK};
 pub use paged::{BLOCK_TOKENS, BatchEntry, KvBlocks};

@@ -2,6 +2,7 @@
 //! backend, sampling and the generation loop.
 
 mod backend;
+mod batch;
 mod config;
 mod generate;
 mod model;
@@ -10,6 +11,7 @@ mod sampling;
 mod weights;
 
 pub use backend::{Backend, CpuBackend, RopeParams};
+pub use batch::{BatchLimits, BatchStats, Batcher, NewSequence, SequenceError, SequenceSink};
 pub use config::{Arch, ConfigError, ModelConfig};
 pub use generate::{
     Decoded, Decoding, FinishReason, GenerateError, GenerateRequest, Generation, MAX_STOP_BYTES,

@@ -394,7 +394,7 @@ impl KvCache {
 }
 
 /// Why a forward call was refused.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ForwardError {
     #[error("token id {token} is outside the vocabulary of {vocab} tokens")]
     TokenOutOfRange { token: u32, vocab: usize },

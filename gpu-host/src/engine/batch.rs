@@ -197,10 +197,10 @@ impl Batcher {
         if request.prompt_tokens.is_empty() {
             return sink.finished(Err(GenerateError::EmptyPrompt.into()));
         }
-        if !self.pool.tenants().any(|t| t == tenant) {
-            if let Err(e) = self.join_tenant(&tenant) {
-                return sink.finished(Err(SequenceError::Accounting(e)));
-            }
+        if !self.pool.tenants().any(|t| t == tenant)
+            && let Err(e) = self.join_tenant(&tenant)
+        {
+            return sink.finished(Err(SequenceError::Accounting(e)));
         }
         let key = self.next_key;
         self.next_key += 1;

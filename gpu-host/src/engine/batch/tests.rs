@@ -133,7 +133,7 @@ fn sequences_join_and_leave_and_match_generate_alone() {
     let backend = CpuBackend::new(2).unwrap();
     for name in ["llama-q8_0.gguf", "qwen2-q4_0.gguf"] {
         let (model, tok) = fixture(name);
-        let mut reqs = vec![
+        let mut reqs = [
             request(&tok, "Once upon a time", 24),
             request(&tok, "The sky is", 9),
             request(&tok, "One two three four five six seven eight nine ten", 30),

@@ -52,8 +52,7 @@ fn one_sequence_through_blocks_matches_the_contiguous_cache() {
                 }],
             )
             .unwrap();
-        let mut pos = prompt.len();
-        for step in 0..10 {
+        for (step, pos) in (prompt.len()..).take(10).enumerate() {
             assert_eq!(bits(&got), bits(&want), "{name}: step {step}");
             let next = [argmax(&want)];
             want = model
@@ -71,7 +70,6 @@ fn one_sequence_through_blocks_matches_the_contiguous_cache() {
                     }],
                 )
                 .unwrap();
-            pos += 1;
         }
     }
 }
@@ -124,7 +122,7 @@ fn batched_steps_match_each_sequence_alone() {
 
         // Sequence s joins at step s (its whole prompt is one chunk), then
         // decodes along with those already running.
-        let mut pos = vec![0usize; 3];
+        let mut pos = [0usize; 3];
         let mut next: Vec<Option<u32>> = vec![None; 3];
         let mut got: Vec<Vec<Vec<u32>>> = vec![Vec::new(); 3];
         for step in 0..steps + 3 {

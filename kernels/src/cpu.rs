@@ -92,6 +92,10 @@ enum TokenGrouping {
     /// Up to [`Avx2::MAX_TOKENS`] tokens per weight row, where a multi-token
     /// kernel exists.
     UpToFour,
+    /// As `UpToFour`, but only for the types whose multi-token kernels keep
+    /// the one-row accumulation order (Q4_0, Q8_0, Q4_K): every result is
+    /// bit-identical to a one-row call.
+    Exact,
 }
 
 /// Weight rows one grouped kernel call takes.
@@ -206,6 +210,22 @@ impl CpuKernels {
         self.matmul_by(w, x, n_tokens, out, TokenGrouping::One);
     }
 
+    /// [`CpuKernels::matmul`] with every row of the result bit-identical to
+    /// what a one-token call computes for that token: batched decode, where
+    /// a sequence must get the same logits whatever else is in the batch.
+    /// Multi-token kernels only where they sum in the one-row order (Q4_0,
+    /// Q8_0, Q4_K); single-row dots otherwise (F16, Q6_K, …).
+    ///
+    /// # Panics
+    /// As [`CpuKernels::matmul`].
+    pub fn matmul_row_exact(&self, w: &QuantMatrix, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+        let grouping = match w.ty {
+            GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q4K => TokenGrouping::Exact,
+            _ => TokenGrouping::One,
+        };
+        self.matmul_by(w, x, n_tokens, out, grouping);
+    }
+
     fn matmul_by(
         &self,
         w: &QuantMatrix,
@@ -233,7 +253,9 @@ impl CpuKernels {
         let b = self.backend;
         // Decode (one token) stays on the single-row kernels: nothing to share.
         let grouped = match (b, grouping) {
-            (Backend::Avx2(k), TokenGrouping::UpToFour) if n_tokens > 1 => Some(k),
+            (Backend::Avx2(k), TokenGrouping::UpToFour | TokenGrouping::Exact) if n_tokens > 1 => {
+                Some(k)
+            }
             _ => None,
         };
         match w.ty {

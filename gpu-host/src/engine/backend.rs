@@ -22,7 +22,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// `out[t][r] = w[r] · x[t]` for `n_tokens` rows of `x`.
     fn matmul(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]);
     /// As [`Backend::matmul`], but every row of `x` computed exactly as a
-    /// one-row `matmul` computes it (the multi-token kernels sum in another
+    /// one-row `matmul` computes it (some multi-token kernels sum in another
     /// order). Still one pass over the weights for all rows: batched decode.
     fn matmul_per_row(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]);
     /// Row `token` of an embedding table, dequantized into `out`.
@@ -85,7 +85,7 @@ impl Backend for CpuBackend {
     }
 
     fn matmul_per_row(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]) {
-        self.kernels.matmul_per_token(w, x, n_tokens, out);
+        self.kernels.matmul_row_exact(w, x, n_tokens, out);
     }
 
     fn embedding(&self, table: &QuantMatrix<'_>, token: u32, out: &mut [f32]) {

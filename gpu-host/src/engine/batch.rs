@@ -8,11 +8,11 @@
 //! 2. **Choose** work by deficit round robin across tenants on tokens
 //!    (`bulkhead-partition`'s `Drr`; priority, then arrival, within a
 //!    tenant). Each live sequence has one item: its next chunk (one token
-//!    when decoding, up to [`PREFILL_CHUNK`] of the prompt when prefilling,
+//!    when decoding, up to [`BATCH_PREFILL_CHUNK`] of the prompt when prefilling,
 //!    and for a waiting sequence its first chunk, which admits it). A step
 //!    takes items until [`Batcher::step_tokens`] is spent, at most
 //!    `max_running` sequences hold KV at once, and at most
-//!    [`PREFILL_CHUNK`] prompt tokens run per step — so a long prompt is
+//!    [`BATCH_PREFILL_CHUNK`] prompt tokens run per step — so a long prompt is
 //!    spread over several steps instead of stalling the decodes around it.
 //! 3. **Blocks**: each chosen sequence gets the blocks its chunk needs from
 //!    the `KvPool`; an empty pool preempts by the pool's rule (a tenant over
@@ -34,6 +34,22 @@ use bulkhead_partition::{
 use super::backend::Backend;
 use super::generate::{Decoded, Decoding, GenerateError, GenerateRequest, Next, Piece};
 use super::model::{ForwardError, Model, PREFILL_CHUNK};
+
+/// Prompt tokens one step may run, at most (one chunk).
+///
+/// 64, not the lone run's 256 ([`PREFILL_CHUNK`]): every running sequence
+/// waits for the whole step, so the chunk is the decode stall a joining
+/// prompt causes. Prefill is compute-bound on the CPU (the multi-token
+/// kernels), so a smaller chunk costs little prefill speed — the weights
+/// are read once per chunk, ~6 ms for the ~110M Q8_0 bench model against
+/// ~150 ms of compute for 64 tokens on the 2-core dev box, where a 256-token
+/// chunk stalls decodes ~0.6 s. Below ~32 the re-reads start to show.
+/// And 64 divides 256: chunk boundaries, the multi-token kernels' groups of
+/// four and the element-wise kernels' 8-wide lanes all fall on the same
+/// positions as in a lone run, so rows stay bit-identical to `generate`.
+pub const BATCH_PREFILL_CHUNK: usize = 64;
+
+const _: () = assert!(PREFILL_CHUNK.is_multiple_of(BATCH_PREFILL_CHUNK));
 use super::paged::{BLOCK_TOKENS, BatchEntry, KvBlocks};
 use crate::Tokenizer;
 
@@ -114,12 +130,12 @@ struct Sequence {
 }
 
 impl Sequence {
-    /// The next chunk to run: the rest of the history, at most one forward
-    /// chunk, cut where [`Model::forward`] cuts a prompt (multiples of
-    /// [`PREFILL_CHUNK`]) so rows compute exactly as in a lone run.
+    /// The next chunk to run: the rest of the history, at most one chunk,
+    /// cut at multiples of [`BATCH_PREFILL_CHUNK`] (see there why rows then
+    /// compute exactly as in a lone run).
     fn next_chunk(&self) -> std::ops::Range<usize> {
         let end = self.decoding.history().len();
-        let boundary = (self.cached / PREFILL_CHUNK + 1) * PREFILL_CHUNK;
+        let boundary = (self.cached / BATCH_PREFILL_CHUNK + 1) * BATCH_PREFILL_CHUNK;
         self.cached..end.min(boundary)
     }
 }
@@ -178,7 +194,7 @@ impl Batcher {
     /// Tokens one step may run: a decode row for every running sequence
     /// plus one prefill chunk.
     pub fn step_tokens(&self) -> u64 {
-        (self.limits.max_running + PREFILL_CHUNK) as u64
+        (self.limits.max_running + BATCH_PREFILL_CHUNK) as u64
     }
 
     /// Queues a sequence; it joins at a coming step. A request that is
@@ -347,7 +363,7 @@ impl Batcher {
             s.queued = false;
             let range = s.next_chunk();
             let is_prefill = range.len() > 1 || s.kv.is_none() || s.cached == 0;
-            if is_prefill && prefill + range.len() > PREFILL_CHUNK {
+            if is_prefill && prefill + range.len() > BATCH_PREFILL_CHUNK {
                 deferred.push(key);
                 continue;
             }

@@ -11,7 +11,9 @@ mod sampling;
 mod weights;
 
 pub use backend::{Backend, CpuBackend, RopeParams};
-pub use batch::{BatchLimits, BatchStats, Batcher, NewSequence, SequenceError, SequenceSink};
+pub use batch::{
+    BATCH_PREFILL_CHUNK, BatchLimits, BatchStats, Batcher, NewSequence, SequenceError, SequenceSink,
+};
 pub use config::{Arch, ConfigError, ModelConfig};
 pub use generate::{
     Decoded, Decoding, FinishReason, GenerateError, GenerateRequest, Generation, MAX_STOP_BYTES,

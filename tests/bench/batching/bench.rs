@@ -22,8 +22,8 @@ use std::time::Instant;
 
 use bulkhead_gpu_host::Tokenizer;
 use bulkhead_gpu_host::engine::{
-    Backend, BatchLimits, Batcher, CpuBackend, Decoded, GenerateRequest, Model, NewSequence, Piece,
-    SamplingParams, SequenceError, SequenceSink, generate,
+    Backend, BatchLimits, Batcher, CpuBackend, Decoded, GenerateRequest, Logits, Model,
+    NewSequence, Piece, SamplingParams, SequenceError, SequenceSink, generate,
 };
 use bulkhead_gpu_host::gguf::Gguf;
 use bulkhead_gpu_host::gguf::Value;
@@ -267,6 +267,18 @@ fn alone(model: &Model, tok: &Tokenizer, backend: &CpuBackend, max_tokens: usize
     (g.tokens.len() - 1) as f64 / g.decode_time.as_secs_f64()
 }
 
+/// Milliseconds of one forward call of `n` prompt tokens (a prefill chunk),
+/// the step time a joining prompt adds for every running sequence.
+fn chunk_ms(model: &Model, backend: &CpuBackend, n: usize) -> f64 {
+    let tokens: Vec<u32> = (0..n as u32).map(|i| 3 + i % 700).collect();
+    let mut cache = model.new_cache(n);
+    let start = Instant::now();
+    model
+        .forward(backend, &mut cache, &tokens, Logits::Last)
+        .unwrap();
+    start.elapsed().as_secs_f64() * 1e3
+}
+
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
@@ -300,6 +312,18 @@ fn main() {
             .collect(),
     );
     println!("one at a time (generate, contiguous cache): {one_at_a_time:.1} tok/s");
+    let chunks: Vec<String> = [1, 16, 64, 256]
+        .iter()
+        .map(|&n| {
+            let ms = median(
+                (0..a.repeats)
+                    .map(|_| chunk_ms(&model, &backend, n))
+                    .collect(),
+            );
+            format!("{n}: {ms:.0} ms")
+        })
+        .collect();
+    println!("one forward call of N prompt tokens: {}", chunks.join(", "));
     println!("| concurrent | decode tok/s (total) | per sequence | vs one at a time |");
     println!("|---:|---:|---:|---:|");
     for &n in &a.concurrency {

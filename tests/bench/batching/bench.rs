@@ -4,8 +4,8 @@
 //! (`generate`, the contiguous cache, as the CLI runs it).
 //!
 //! The model is a random-weights Llama of ~114M parameters (dim 768, 12
-//! layers, 12 heads, ffn 3072, Q8_0), written with the in-repo GGUF writer
-//! and the fixture tokenizer (768 tokens). Throughput does not depend on
+//! layers, 12 heads, ffn 3072; Q8_0, or F32 with `--weights f32`), written
+//! with the in-repo GGUF writer and the fixture tokenizer (768 tokens). Throughput does not depend on
 //! what the weights say; the row of the end-of-sequence token in the output
 //! projection is zero so no sequence stops early.
 //!
@@ -41,6 +41,7 @@ struct Args {
     repeats: usize,
     max_tokens: usize,
     concurrency: Vec<usize>,
+    weights: GgmlType,
 }
 
 fn args() -> Args {
@@ -49,6 +50,7 @@ fn args() -> Args {
         repeats: 3,
         max_tokens: 64,
         concurrency: vec![1, 4, 16, 32],
+        weights: GgmlType::Q8_0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -62,6 +64,13 @@ fn args() -> Args {
                     .split(',')
                     .map(|n| n.parse().expect("--concurrency 1,4,16"))
                     .collect()
+            }
+            "--weights" => {
+                a.weights = match value.as_str() {
+                    "q8_0" => GgmlType::Q8_0,
+                    "f32" => GgmlType::F32,
+                    _ => panic!("--weights q8_0|f32"),
+                }
             }
             _ => panic!("unknown flag {flag}"),
         }
@@ -102,9 +111,34 @@ fn q8_0(rng: &mut Rng, rows: usize, cols: usize, zero_row: Option<usize>) -> Vec
     out
 }
 
+/// `rows × cols` random weights of type `ty` (Q8_0 or F32), about ±0.02.
+fn matrix(
+    rng: &mut Rng,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    zero_row: Option<usize>,
+) -> Vec<u8> {
+    if ty == GgmlType::Q8_0 {
+        return q8_0(rng, rows, cols, zero_row);
+    }
+    let mut out = Vec::with_capacity(rows * cols * 4);
+    for r in 0..rows {
+        for _ in 0..cols {
+            let v = if Some(r) == zero_row {
+                0.0
+            } else {
+                ((rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.04
+            };
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    out
+}
+
 /// Writes the bench model next to the fixtures' tokenizer, once.
-fn model_file(out: &Path) -> PathBuf {
-    let path = out.join("batching-110m-q8_0.gguf");
+fn model_file(out: &Path, ty: GgmlType) -> PathBuf {
+    let path = out.join(format!("batching-110m-{}.gguf", ty.name().to_lowercase()));
     if path.exists() {
         return path;
     }
@@ -143,14 +177,14 @@ fn model_file(out: &Path) -> PathBuf {
     w.tensor(
         "token_embd.weight",
         &[d, vocab as u64],
-        GgmlType::Q8_0,
-        q8_0(&mut rng, vocab, DIM, None),
+        ty,
+        matrix(&mut rng, ty, vocab, DIM, None),
     );
     w.tensor(
         "output.weight",
         &[d, vocab as u64],
-        GgmlType::Q8_0,
-        q8_0(&mut rng, vocab, DIM, Some(eos)),
+        ty,
+        matrix(&mut rng, ty, vocab, DIM, Some(eos)),
     );
     w.tensor_f32("output_norm.weight", &[d], &ones);
     for l in 0..LAYERS {
@@ -159,23 +193,23 @@ fn model_file(out: &Path) -> PathBuf {
             w.tensor(
                 &n(&format!("{t}.weight")),
                 &[d, d],
-                GgmlType::Q8_0,
-                q8_0(&mut rng, DIM, DIM, None),
+                ty,
+                matrix(&mut rng, ty, DIM, DIM, None),
             );
         }
         for t in ["ffn_gate", "ffn_up"] {
             w.tensor(
                 &n(&format!("{t}.weight")),
                 &[d, FFN as u64],
-                GgmlType::Q8_0,
-                q8_0(&mut rng, FFN, DIM, None),
+                ty,
+                matrix(&mut rng, ty, FFN, DIM, None),
             );
         }
         w.tensor(
             &n("ffn_down.weight"),
             &[FFN as u64, d],
-            GgmlType::Q8_0,
-            q8_0(&mut rng, DIM, FFN, None),
+            ty,
+            matrix(&mut rng, ty, DIM, FFN, None),
         );
         w.tensor_f32(&n("attn_norm.weight"), &[d], &ones);
         w.tensor_f32(&n("ffn_norm.weight"), &[d], &ones);
@@ -287,7 +321,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
 fn main() {
     let a = args();
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-models");
-    let path = model_file(&out);
+    let path = model_file(&out, a.weights);
     let model = Model::open(&path).unwrap();
     let tok = Tokenizer::from_metadata(model.gguf().metadata()).unwrap();
     let backend = CpuBackend::new(a.threads).unwrap();

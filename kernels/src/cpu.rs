@@ -92,6 +92,10 @@ enum TokenGrouping {
     /// Up to [`Avx2::MAX_TOKENS`] tokens per weight row, where a multi-token
     /// kernel exists.
     UpToFour,
+    /// As `UpToFour`, but only for the types whose multi-token kernels keep
+    /// the one-row accumulation order (Q4_0, Q8_0, Q4_K): every result is
+    /// bit-identical to a one-row call.
+    Exact,
 }
 
 /// Weight rows one grouped kernel call takes.
@@ -206,6 +210,22 @@ impl CpuKernels {
         self.matmul_by(w, x, n_tokens, out, TokenGrouping::One);
     }
 
+    /// [`CpuKernels::matmul`] with every row of the result bit-identical to
+    /// what a one-token call computes for that token: batched decode, where
+    /// a sequence must get the same logits whatever else is in the batch.
+    /// Multi-token kernels only where they sum in the one-row order (Q4_0,
+    /// Q8_0, Q4_K); single-row dots otherwise (F16, Q6_K, …).
+    ///
+    /// # Panics
+    /// As [`CpuKernels::matmul`].
+    pub fn matmul_row_exact(&self, w: &QuantMatrix, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+        let grouping = match w.ty {
+            GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q4K => TokenGrouping::Exact,
+            _ => TokenGrouping::One,
+        };
+        self.matmul_by(w, x, n_tokens, out, grouping);
+    }
+
     fn matmul_by(
         &self,
         w: &QuantMatrix,
@@ -233,7 +253,9 @@ impl CpuKernels {
         let b = self.backend;
         // Decode (one token) stays on the single-row kernels: nothing to share.
         let grouped = match (b, grouping) {
-            (Backend::Avx2(k), TokenGrouping::UpToFour) if n_tokens > 1 => Some(k),
+            (Backend::Avx2(k), TokenGrouping::UpToFour | TokenGrouping::Exact) if n_tokens > 1 => {
+                Some(k)
+            }
             _ => None,
         };
         match w.ty {
@@ -515,6 +537,7 @@ impl CpuKernels {
                 kv_offset: (h / group) * head_dim,
                 n_pos: start_pos + t + 1,
                 scale,
+                pages: None,
             };
             match backend {
                 Backend::Scalar => attend_head(ScalarOps, view, scores, o),
@@ -523,6 +546,134 @@ impl CpuKernels {
         };
         // q·k and the weighted sum of v: 2 · head_dim per (query head, position).
         let macs = n_tokens * n_heads * (2 * start_pos + n_tokens) * head_dim;
+        if self.threads() == 1 || macs < MIN_PARALLEL_MACS {
+            let mut scores = Vec::new();
+            for (idx, o) in out.chunks_exact_mut(head_dim).enumerate() {
+                head(idx, o, &mut scores);
+            }
+        } else {
+            self.pool.install(|| {
+                out.par_chunks_exact_mut(head_dim)
+                    .enumerate()
+                    .for_each_init(Vec::new, |scores, (idx, o)| head(idx, o, scores));
+            });
+        }
+    }
+}
+
+/// One sequence of a [`CpuKernels::attention_paged`] call.
+#[derive(Clone, Copy, Debug)]
+pub struct PagedSeq<'a> {
+    /// Its query rows in this call (they follow the previous sequence's).
+    pub n_tokens: usize,
+    /// Cache position of its first query row.
+    pub start_pos: usize,
+    /// Its block table: position `p` lives in block `blocks[p / block_tokens]`.
+    pub blocks: &'a [u32],
+}
+
+/// The shape of a [`CpuKernels::attention_paged`] call.
+#[derive(Clone, Copy, Debug)]
+pub struct PagedShape {
+    /// Positions per block.
+    pub block_tokens: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+}
+
+impl CpuKernels {
+    /// Causal attention for several sequences at once over a paged f32 KV
+    /// pool: `k_pool`/`v_pool` are blocks of `block_tokens` rows of
+    /// `n_kv_heads · head_dim`, and each sequence reads its positions
+    /// through its own block table. `q` and `out` hold every sequence's rows
+    /// in order. Each (row, head) is computed exactly as
+    /// [`CpuKernels::attention`] computes it over a contiguous cache holding
+    /// the same values. Parallel over all (row, head) pairs of all sequences.
+    ///
+    /// # Panics
+    /// If the shape is inconsistent, a table is too short for its positions
+    /// or names a block outside the pool (caller bugs).
+    pub fn attention_paged(
+        &self,
+        q: &[f32],
+        k_pool: &[f32],
+        v_pool: &[f32],
+        seqs: &[PagedSeq<'_>],
+        shape: PagedShape,
+        out: &mut [f32],
+    ) {
+        let PagedShape {
+            block_tokens,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            scale,
+        } = shape;
+        assert!(
+            head_dim > 0 && block_tokens > 0,
+            "attention_paged: zero size"
+        );
+        assert!(
+            n_kv_heads > 0 && n_heads.is_multiple_of(n_kv_heads),
+            "attention_paged: n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}"
+        );
+        let q_width = n_heads * head_dim;
+        let kv_width = n_kv_heads * head_dim;
+        let rows: usize = seqs.iter().map(|s| s.n_tokens).sum();
+        assert_eq!(
+            q.len(),
+            rows * q_width,
+            "attention_paged: q is not rows × width"
+        );
+        assert_eq!(
+            out.len(),
+            q.len(),
+            "attention_paged: out and q lengths differ"
+        );
+        assert_eq!(
+            k_pool.len(),
+            v_pool.len(),
+            "attention_paged: K and V pools differ"
+        );
+        let pool_blocks = k_pool.len() / (block_tokens * kv_width);
+        // (sequence, position of the row) for every query row.
+        let mut row_of = Vec::with_capacity(rows);
+        let mut macs = 0;
+        for (i, s) in seqs.iter().enumerate() {
+            let n_ctx = s.start_pos + s.n_tokens;
+            assert!(
+                s.blocks.len() * block_tokens >= n_ctx,
+                "attention_paged: block table shorter than {n_ctx} positions"
+            );
+            assert!(
+                s.blocks.iter().all(|&b| (b as usize) < pool_blocks),
+                "attention_paged: block outside the pool"
+            );
+            row_of.extend((0..s.n_tokens).map(|t| (i, s.start_pos + t)));
+            macs += s.n_tokens * n_heads * (2 * s.start_pos + s.n_tokens) * head_dim;
+        }
+        let group = n_heads / n_kv_heads;
+        let backend = self.backend;
+        let head = |idx: usize, o: &mut [f32], scores: &mut Vec<f32>| {
+            let (r, h) = (idx / n_heads, idx % n_heads);
+            let (s, pos) = row_of[r];
+            let view = HeadView {
+                q: &q[idx * head_dim..(idx + 1) * head_dim],
+                k: k_pool,
+                v: v_pool,
+                kv_width,
+                kv_offset: (h / group) * head_dim,
+                n_pos: pos + 1,
+                scale,
+                pages: Some((seqs[s].blocks, block_tokens)),
+            };
+            match backend {
+                Backend::Scalar => attend_head(ScalarOps, view, scores, o),
+                Backend::Avx2(k) => attend_head(k, view, scores, o),
+            }
+        };
         if self.threads() == 1 || macs < MIN_PARALLEL_MACS {
             let mut scores = Vec::new();
             for (idx, o) in out.chunks_exact_mut(head_dim).enumerate() {
@@ -581,12 +732,31 @@ struct HeadView<'a> {
     kv_offset: usize,
     n_pos: usize,
     scale: f32,
+    /// `None`: position `p` is row `p` of `k`/`v`. `Some((table, block_tokens))`:
+    /// it is row `p % block_tokens` of block `table[p / block_tokens]`.
+    pages: Option<(&'a [u32], usize)>,
 }
 
-/// `out = Σ_p softmax_p(scale · q·k_p) v_p` over positions `0..n_pos`.
+impl HeadView<'_> {
+    fn row(&self, p: usize) -> usize {
+        match self.pages {
+            None => p,
+            Some((table, block_tokens)) => {
+                table[p / block_tokens] as usize * block_tokens + p % block_tokens
+            }
+        }
+    }
+}
+
+/// `out = Σ_p softmax_p(scale · q·k_p) v_p` over positions `0..n_pos`. The
+/// same dots and axpys in the same order whether the cache is contiguous or
+/// paged, so both give bit-identical results.
 fn attend_head<O: VecOps>(ops: O, h: HeadView, scores: &mut Vec<f32>, out: &mut [f32]) {
     let d = out.len();
-    let at = |p: usize| p * h.kv_width + h.kv_offset..p * h.kv_width + h.kv_offset + d;
+    let at = |p: usize| {
+        let start = h.row(p) * h.kv_width + h.kv_offset;
+        start..start + d
+    };
     scores.clear();
     scores.extend((0..h.n_pos).map(|p| ops.dot(h.q, &h.k[at(p)]) * h.scale));
     ops.softmax(scores);

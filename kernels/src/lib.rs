@@ -19,7 +19,7 @@ mod types;
 pub mod avx2;
 pub mod scalar;
 
-pub use cpu::{AttentionShape, CpuKernels, QuantMatrix};
+pub use cpu::{AttentionShape, CpuKernels, PagedSeq, PagedShape, QuantMatrix};
 pub use dequant::{dequantize_row, dequantize_row_scalar};
 pub use error::KernelError;
 pub use isa::Isa;

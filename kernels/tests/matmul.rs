@@ -225,6 +225,32 @@ fn grouped_matmul_matches_per_token_matmul() {
     }
 }
 
+/// Batched decode relies on this: each row of a `matmul_row_exact` call is
+/// bit for bit what a one-token `matmul` gives, for every type, on both ISAs.
+#[test]
+fn row_exact_matmul_equals_one_token_calls_bit_for_bit() {
+    let kernels = [Some(&*SCALAR_3), AVX2_1.as_ref(), AVX2_3.as_ref()];
+    for k in kernels.into_iter().flatten() {
+        for ty in GgmlType::ALL {
+            let cols = if ty.block_elements() == 256 { 512 } else { 768 };
+            let case = Case::new(ty, 70, cols, 7, 41);
+            let mut rows = vec![f32::NAN; case.n_tokens * case.rows];
+            k.matmul_row_exact(&case.matrix(), &case.x, case.n_tokens, &mut rows);
+            for t in 0..case.n_tokens {
+                let mut one = vec![f32::NAN; case.rows];
+                let x = &case.x[t * cols..(t + 1) * cols];
+                k.matmul(&case.matrix(), x, 1, &mut one);
+                let got = &rows[t * case.rows..(t + 1) * case.rows];
+                let same = got
+                    .iter()
+                    .zip(&one)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{ty} {:?}×{} token {t}", k.isa(), k.threads());
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 

@@ -235,6 +235,100 @@ impl KvPool {
         KvPool::new(total, limits)
     }
 
+    /// Adds `tenant` to the pool (a shared partition whose tenants are
+    /// known only as their requests arrive). The guarantees must still add
+    /// up to at most the pool: lower the others first ([`KvPool::set_limits`]).
+    pub fn add_tenant(&mut self, tenant: &str, limits: TenantBlocks) -> Result<(), PartitionError> {
+        if self.tenants.contains_key(tenant) {
+            return Err(PartitionError::InvalidKvPool {
+                reason: format!("tenant {tenant} is listed twice"),
+            });
+        }
+        self.check_limits(tenant, limits, 0)?;
+        let account = Account {
+            limits,
+            held: 0,
+            reserved: 0,
+        };
+        self.tenants.insert(Arc::from(tenant), account);
+        Ok(())
+    }
+
+    /// Changes `tenant`'s limits. Sequences already admitted keep their
+    /// reservations (a lower budget only stops new admissions); a lower
+    /// guarantee makes blocks held above it preemptible.
+    pub fn set_limits(&mut self, tenant: &str, limits: TenantBlocks) -> Result<(), PartitionError> {
+        let old = self
+            .tenants
+            .get(tenant)
+            .ok_or_else(|| PartitionError::UnknownTenant {
+                tenant: tenant.to_string(),
+            })?
+            .limits
+            .guaranteed;
+        self.check_limits(tenant, limits, old)?;
+        if let Some(account) = self.tenants.get_mut(tenant) {
+            account.limits = limits;
+        }
+        Ok(())
+    }
+
+    /// Removes `tenant`, which must have no admitted sequence.
+    pub fn remove_tenant(&mut self, tenant: &str) -> Result<(), PartitionError> {
+        let account = self
+            .tenants
+            .get(tenant)
+            .ok_or_else(|| PartitionError::UnknownTenant {
+                tenant: tenant.to_string(),
+            })?;
+        if account.reserved > 0 || account.held > 0 {
+            return Err(PartitionError::InvalidKvPool {
+                reason: format!("tenant {tenant} still has admitted sequences"),
+            });
+        }
+        self.tenants.remove(tenant);
+        Ok(())
+    }
+
+    /// Tenants in the pool, by name.
+    pub fn tenants(&self) -> impl Iterator<Item = &str> + '_ {
+        self.tenants.keys().map(|t| &**t)
+    }
+
+    /// `limits` for `tenant` keep guaranteed ≤ budget ≤ pool and the sum of
+    /// guarantees (with `replaced` of it taken out) within the pool.
+    fn check_limits(
+        &self,
+        tenant: &str,
+        limits: TenantBlocks,
+        replaced: u64,
+    ) -> Result<(), PartitionError> {
+        let total = u64::from(self.total);
+        if limits.guaranteed > limits.budget || limits.budget > total {
+            return Err(PartitionError::InvalidKvPool {
+                reason: format!(
+                    "tenant {tenant}: guaranteed {} ≤ budget {} ≤ pool {total} does not hold",
+                    limits.guaranteed, limits.budget
+                ),
+            });
+        }
+        let others: u64 = self
+            .tenants
+            .values()
+            .map(|a| a.limits.guaranteed)
+            .sum::<u64>()
+            - replaced;
+        if others.saturating_add(limits.guaranteed) > total {
+            return Err(PartitionError::InvalidKvPool {
+                reason: format!(
+                    "guarantees would add up to {} blocks, above the pool's {total}",
+                    others.saturating_add(limits.guaranteed)
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Admits a sequence of `tenant` that may grow to `prompt_tokens +
     /// max_tokens`, reserving that many blocks of its budget.
     pub fn admit(

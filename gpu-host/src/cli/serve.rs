@@ -20,10 +20,16 @@ pub struct ServeArgs {
     /// Threads of the CPU backend (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// Generations run at once; they share the backend's threads.
-    #[arg(long, default_value_t = 1)]
-    workers: usize,
-    /// Requests that may wait for a worker; more get RESOURCE_EXHAUSTED.
+    /// Sequences one model's continuous batch holds at once: each decode
+    /// step runs them as one forward pass (`--workers` is the old name).
+    #[arg(long, alias = "workers", default_value_t = DEFAULT_MAX_BATCH)]
+    max_batch: usize,
+    /// KV cache per model, e.g. `2GiB` (units B, KiB, MiB, GiB, kB, MB, GB):
+    /// its pool of 16-token blocks. Default: a quarter of host memory, at
+    /// most 4 GiB. Pages are only touched as blocks are first used.
+    #[arg(long, value_parser = parse_kv_memory)]
+    kv_memory: Option<u64>,
+    /// Requests that may wait to join a batch; more get RESOURCE_EXHAUSTED.
     #[arg(long, default_value_t = 64)]
     queue_capacity: usize,
     /// File holding the bearer secret clients must send (`authorization: Bearer ...`):
@@ -44,6 +50,25 @@ pub struct ServeArgs {
     enable_test_hooks: bool,
 }
 
+/// 32 sequences: on the 2-core dev box decode throughput still grows from
+/// 16 to 32 (tests/bench/batching), and 32 decode rows plus a 256-token
+/// prefill chunk keep one step's scratch a few MiB for a ~110M model.
+const DEFAULT_MAX_BATCH: usize = 32;
+
+/// Cap of the default `--kv-memory`.
+const DEFAULT_KV_MEMORY_CAP_BYTES: u64 = 4 << 30;
+
+fn parse_kv_memory(text: &str) -> Result<u64, String> {
+    bulkhead_partition::parse_bytes(text).map_err(|e| e.to_string())
+}
+
+/// A quarter of host memory, at most 4 GiB (1 GiB when memory is unknown).
+fn default_kv_memory() -> u64 {
+    bulkhead_partition::host_memory_bytes()
+        .map_or(1 << 30, |m| m / 4)
+        .min(DEFAULT_KV_MEMORY_CAP_BYTES)
+}
+
 /// 64 MiB/s: see `--scrub-bytes-per-s`.
 const DEFAULT_SCRUB_BYTES_PER_S: u64 = 64 << 20;
 
@@ -57,7 +82,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         listen: a.listen,
         models: a.models,
         threads: super::threads(a.threads),
-        workers: a.workers,
+        max_batch: a.max_batch,
+        kv_memory_bytes: a.kv_memory.unwrap_or_else(default_kv_memory),
         queue_capacity: a.queue_capacity,
         auth_secret,
         scrub: ScrubConfig {

@@ -1,7 +1,9 @@
 //! The ops the forward pass needs, behind one trait so that backends (CPU
 //! today, HIP later) are interchangeable.
 
-use bulkhead_kernels::{AttentionShape, CpuKernels, Isa, KernelError, QuantMatrix, RopeStyle};
+use bulkhead_kernels::{
+    AttentionShape, CpuKernels, Isa, KernelError, PagedSeq, PagedShape, QuantMatrix, RopeStyle,
+};
 
 /// RoPE parameters shared by every call in a model.
 #[derive(Clone, Copy, Debug)]
@@ -19,6 +21,10 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn name(&self) -> String;
     /// `out[t][r] = w[r] · x[t]` for `n_tokens` rows of `x`.
     fn matmul(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]);
+    /// As [`Backend::matmul`], but every row of `x` computed exactly as a
+    /// one-row `matmul` computes it (some multi-token kernels sum in another
+    /// order). Still one pass over the weights for all rows: batched decode.
+    fn matmul_per_row(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]);
     /// Row `token` of an embedding table, dequantized into `out`.
     fn embedding(&self, table: &QuantMatrix<'_>, token: u32, out: &mut [f32]);
     /// RMSNorm of each `weight.len()`-wide row of `x`, scaled by `weight`.
@@ -27,6 +33,17 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn rope(&self, x: &mut [f32], heads: usize, pos: usize, params: &RopeParams);
     /// Causal attention of `n_tokens` queries over the cache (see [`AttentionShape`]).
     fn attention(&self, q: &[f32], k: &[f32], v: &[f32], shape: AttentionShape, out: &mut [f32]);
+    /// Causal attention of several sequences over a paged KV pool, each
+    /// through its block table; bit-identical per row to [`Backend::attention`].
+    fn attention_paged(
+        &self,
+        q: &[f32],
+        k_pool: &[f32],
+        v_pool: &[f32],
+        seqs: &[PagedSeq<'_>],
+        shape: PagedShape,
+        out: &mut [f32],
+    );
     /// `gate = silu(gate) * up`.
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]);
     /// `a += b`.
@@ -67,6 +84,10 @@ impl Backend for CpuBackend {
         self.kernels.matmul(w, x, n_tokens, out);
     }
 
+    fn matmul_per_row(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+        self.kernels.matmul_row_exact(w, x, n_tokens, out);
+    }
+
     fn embedding(&self, table: &QuantMatrix<'_>, token: u32, out: &mut [f32]) {
         let row_bytes = table.data.len() / table.rows;
         let start = token as usize * row_bytes;
@@ -95,6 +116,19 @@ impl Backend for CpuBackend {
 
     fn attention(&self, q: &[f32], k: &[f32], v: &[f32], shape: AttentionShape, out: &mut [f32]) {
         self.kernels.attention(q, k, v, shape, out);
+    }
+
+    fn attention_paged(
+        &self,
+        q: &[f32],
+        k_pool: &[f32],
+        v_pool: &[f32],
+        seqs: &[PagedSeq<'_>],
+        shape: PagedShape,
+        out: &mut [f32],
+    ) {
+        self.kernels
+            .attention_paged(q, k_pool, v_pool, seqs, shape, out);
     }
 
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {

@@ -8,6 +8,7 @@ use super::backend::Backend;
 use super::model::{ForwardError, Logits, Model};
 use super::sampling::{Sampler, SamplingError, SamplingParams};
 use crate::Tokenizer;
+use crate::tokenizer::TextStream;
 
 /// Largest number of stop strings and their length, as OpenAI allows (4) with room.
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -139,7 +140,7 @@ pub fn generate_streaming(
             context,
         });
     }
-    let mut sampler = Sampler::new(req.sampling.clone())?;
+    let mut decoding = Decoding::new(req, tokenizer)?;
     let mut cache = model.new_cache(prompt_len + req.max_tokens);
 
     let started = Instant::now();
@@ -147,71 +148,190 @@ pub fn generate_streaming(
     let prompt_time = started.elapsed();
 
     let decode_started = Instant::now();
-    let mut history = req.prompt_tokens.clone();
-    let mut tokens = Vec::new();
-    let mut decoder = tokenizer.stream_decoder();
-    let mut stops = StopScanner::new(&req.stop);
-    let mut finish_reason = FinishReason::Length;
-    let mut out = PieceSink {
-        on_piece,
-        unsent: Vec::new(),
-        cancelled: false,
-    };
-    while tokens.len() < req.max_tokens {
-        let next = sampler.sample(&mut logits, &history);
-        if tokenizer.is_end_of_generation(next) {
-            finish_reason = FinishReason::Stop;
-            break;
-        }
-        tokens.push(next);
-        history.push(next);
-        out.unsent.push(next);
-        let piece = decoder.push(next);
-        let stopped = stops.push(&piece, &mut |text| out.send(text));
-        if out.cancelled {
-            return Err(GenerateError::Cancelled);
-        }
-        if stopped {
-            finish_reason = FinishReason::Stop;
-            break;
-        }
-        if tokens.len() == req.max_tokens {
-            break;
-        }
-        logits = model.forward(backend, &mut cache, &[next], Logits::Last)?;
-    }
-    if !stops.stopped {
-        let tail = decoder.finish();
-        if !stops.push(&tail, &mut |text| out.send(text)) {
-            stops.flush(&mut |text| out.send(text));
+    if decoding.is_done() {
+        // max_tokens 0: nothing to sample.
+    } else {
+        loop {
+            match decoding.next(tokenizer, &mut logits, on_piece) {
+                Next::Run(token) => {
+                    logits = model.forward(backend, &mut cache, &[token], Logits::Last)?;
+                }
+                Next::Done => break,
+                Next::Cancelled => return Err(GenerateError::Cancelled),
+            }
         }
     }
-    if !out.unsent.is_empty() {
-        out.send("");
-    }
-    if out.cancelled {
-        return Err(GenerateError::Cancelled);
-    }
+    let done = decoding.finish(on_piece)?;
     Ok(Generation {
         prompt_tokens: req.prompt_tokens.clone(),
-        tokens,
-        text: stops.emitted,
-        finish_reason,
+        tokens: done.tokens,
+        text: done.text,
+        finish_reason: done.finish_reason,
         prompt_time,
         decode_time: decode_started.elapsed(),
     })
 }
 
+/// What a sequence does after [`Decoding::next`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Run this token through the model and call `next` with its logits.
+    Run(u32),
+    /// Generation ended: call [`Decoding::finish`].
+    Done,
+    /// The caller's callback broke: stop without finishing.
+    Cancelled,
+}
+
+/// A finished sequence's output.
+#[derive(Clone, Debug)]
+pub struct Decoded {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub finish_reason: FinishReason,
+}
+
+/// One sequence's decoding state between forward passes: sampler, history,
+/// text assembly, stop strings and max_tokens. [`generate_streaming`] and
+/// the batch scheduler both drive it, so a sequence streams the same pieces
+/// and ends the same way whether it runs alone or in a batch.
+#[derive(Debug)]
+pub struct Decoding {
+    sampler: Sampler,
+    history: Vec<u32>,
+    tokens: Vec<u32>,
+    max_tokens: usize,
+    text: TextStream,
+    stops: StopScanner,
+    finish_reason: FinishReason,
+    unsent: Vec<u32>,
+    done: bool,
+}
+
+impl Decoding {
+    /// The state before the first sampled token; checks the sampling params.
+    pub fn new(req: &GenerateRequest, tokenizer: &Tokenizer) -> Result<Decoding, GenerateError> {
+        Ok(Decoding {
+            sampler: Sampler::new(req.sampling.clone())?,
+            history: req.prompt_tokens.clone(),
+            tokens: Vec::new(),
+            max_tokens: req.max_tokens,
+            text: tokenizer.stream_decoder().detach(),
+            stops: StopScanner::new(req.stop.clone()),
+            finish_reason: FinishReason::Length,
+            unsent: Vec::new(),
+            done: req.max_tokens == 0,
+        })
+    }
+
+    /// True once nothing more is to be sampled.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Prompt and generated tokens: what the cache must hold before the
+    /// next token is sampled (a preempted sequence recomputes them).
+    pub fn history(&self) -> &[u32] {
+        &self.history
+    }
+
+    /// Tokens generated so far.
+    pub fn generated(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Samples from the logits of the last token run, streams what became
+    /// final text through `on_piece`, and says what to do next.
+    pub fn next(
+        &mut self,
+        tokenizer: &Tokenizer,
+        logits: &mut [f32],
+        on_piece: &mut dyn FnMut(Piece<'_>) -> ControlFlow<()>,
+    ) -> Next {
+        if self.done {
+            return Next::Done;
+        }
+        let next = self.sampler.sample(logits, &self.history);
+        if tokenizer.is_end_of_generation(next) {
+            self.finish_reason = FinishReason::Stop;
+            self.done = true;
+            return Next::Done;
+        }
+        self.tokens.push(next);
+        self.history.push(next);
+        self.unsent.push(next);
+        let piece = self.text.push(tokenizer, next);
+        let mut out = PieceSink {
+            on_piece,
+            unsent: &mut self.unsent,
+            cancelled: false,
+        };
+        let stopped = self.stops.push(&piece, &mut |text| out.send(text));
+        if out.cancelled {
+            self.done = true;
+            return Next::Cancelled;
+        }
+        if stopped {
+            self.finish_reason = FinishReason::Stop;
+            self.done = true;
+            return Next::Done;
+        }
+        if self.tokens.len() == self.max_tokens {
+            self.done = true;
+            return Next::Done;
+        }
+        Next::Run(next)
+    }
+
+    /// Streams the text held back (an unfinished character, a partial stop
+    /// string) and the tokens not yet sent, and returns the output.
+    pub fn finish(
+        self,
+        on_piece: &mut dyn FnMut(Piece<'_>) -> ControlFlow<()>,
+    ) -> Result<Decoded, GenerateError> {
+        let Decoding {
+            tokens,
+            text,
+            mut stops,
+            finish_reason,
+            mut unsent,
+            ..
+        } = self;
+        let mut out = PieceSink {
+            on_piece,
+            unsent: &mut unsent,
+            cancelled: false,
+        };
+        if !stops.stopped {
+            let tail = text.finish();
+            if !stops.push(&tail, &mut |t| out.send(t)) {
+                stops.flush(&mut |t| out.send(t));
+            }
+        }
+        if !out.unsent.is_empty() {
+            out.send("");
+        }
+        if out.cancelled {
+            return Err(GenerateError::Cancelled);
+        }
+        Ok(Decoded {
+            tokens,
+            text: stops.emitted,
+            finish_reason,
+        })
+    }
+}
+
 /// Hands text to the caller together with the tokens generated since the last piece.
 struct PieceSink<'f> {
     on_piece: &'f mut dyn FnMut(Piece<'_>) -> ControlFlow<()>,
-    unsent: Vec<u32>,
+    unsent: &'f mut Vec<u32>,
     cancelled: bool,
 }
 
 impl PieceSink<'_> {
     fn send(&mut self, text: &str) {
-        let tokens = std::mem::take(&mut self.unsent);
+        let tokens = std::mem::take(self.unsent);
         let flow = (self.on_piece)(Piece {
             text,
             tokens: &tokens,
@@ -222,15 +342,15 @@ impl PieceSink<'_> {
 
 /// Holds back text that might be the beginning of a stop string.
 #[derive(Debug)]
-struct StopScanner<'s> {
-    stops: &'s [String],
+struct StopScanner {
+    stops: Vec<String>,
     pending: String,
     emitted: String,
     stopped: bool,
 }
 
-impl<'s> StopScanner<'s> {
-    fn new(stops: &'s [String]) -> Self {
+impl StopScanner {
+    fn new(stops: Vec<String>) -> Self {
         StopScanner {
             stops,
             pending: String::new(),
@@ -256,7 +376,7 @@ impl<'s> StopScanner<'s> {
         }
         // Keep the longest suffix of `pending` that is a proper prefix of a stop string.
         let mut keep = 0;
-        for s in self.stops {
+        for s in &self.stops {
             for (i, _) in s.char_indices().skip(1) {
                 if i > keep && self.pending.ends_with(&s[..i]) {
                     keep = i;
@@ -289,7 +409,7 @@ mod tests {
 
     fn scan(stops: &[&str], pieces: &[&str]) -> (String, bool, Vec<String>) {
         let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
-        let mut s = StopScanner::new(&stops);
+        let mut s = StopScanner::new(stops);
         let mut seen = Vec::new();
         let mut stopped = false;
         for p in pieces {

@@ -2,17 +2,23 @@
 //! backend, sampling and the generation loop.
 
 mod backend;
+mod batch;
 mod config;
 mod generate;
 mod model;
+mod paged;
 mod sampling;
 mod weights;
 
 pub use backend::{Backend, CpuBackend, RopeParams};
+pub use batch::{
+    BATCH_PREFILL_CHUNK, BatchLimits, BatchStats, Batcher, NewSequence, SequenceError, SequenceSink,
+};
 pub use config::{Arch, ConfigError, ModelConfig};
 pub use generate::{
-    FinishReason, GenerateError, GenerateRequest, Generation, MAX_STOP_BYTES, MAX_STOP_STRINGS,
-    Piece, generate, generate_streaming,
+    Decoded, Decoding, FinishReason, GenerateError, GenerateRequest, Generation, MAX_STOP_BYTES,
+    MAX_STOP_STRINGS, Next, Piece, generate, generate_streaming,
 };
 pub use model::{ForwardError, KvCache, Logits, Model, PREFILL_CHUNK};
+pub use paged::{BLOCK_TOKENS, BatchEntry, KvBlocks};
 pub use sampling::{Sampler, SamplingError, SamplingParams, argmax};

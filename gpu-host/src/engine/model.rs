@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use bulkhead_kernels::AttentionShape;
+use bulkhead_kernels::{AttentionShape, QuantMatrix};
 
 use super::backend::{Backend, RopeParams};
 use super::config::{ConfigError, ModelConfig};
@@ -71,6 +71,7 @@ impl Model {
                 .collect(),
             capacity,
             len: 0,
+            kv_dim: kv,
         }
     }
 
@@ -112,13 +113,47 @@ impl Model {
         tokens: &[u32],
         logits: Logits,
     ) -> Vec<f32> {
+        let n = tokens.len();
+        let start = cache.len;
+        let segment = [Segment {
+            rows: n,
+            start_pos: start,
+        }];
+        let wanted: Vec<usize> = match logits {
+            Logits::All => (0..n).collect(),
+            Logits::Last => vec![n - 1],
+        };
+        let mut store = ContiguousStore { cache, start };
+        let out = self.run_layers(backend, tokens, &segment, &mut store, &wanted);
+        cache.len += n;
+        out
+    }
+
+    /// The forward pass proper, shared by the contiguous cache (one
+    /// segment) and the paged pool (one segment per sequence of a batch):
+    /// `tokens` are the rows of `segments` in order; returns the logits of
+    /// the rows in `wanted`, in that order.
+    ///
+    /// Matmuls take every row at once (the weights are read once per call,
+    /// whatever the number of sequences). Everything else is per row or per
+    /// segment, so a sequence's rows are computed bit for bit the same
+    /// whatever else shares the call: the AVX2 element-wise kernels finish a
+    /// slice's tail with scalar code, so running them over a whole batch
+    /// would shift which elements take that path.
+    pub(super) fn run_layers(
+        &self,
+        backend: &dyn Backend,
+        tokens: &[u32],
+        segments: &[Segment],
+        kv: &mut dyn KvStore,
+        wanted: &[usize],
+    ) -> Vec<f32> {
         let c = &self.config;
         let g = &self.gguf;
         let n = tokens.len();
         let d = c.embedding_dim;
         let q_dim = c.heads * c.head_dim;
-        let kv = c.kv_dim();
-        let start = cache.len;
+        let kv_dim = c.kv_dim();
         let rope = RopeParams {
             head_dim: c.head_dim,
             rot_dim: c.rope_dim,
@@ -126,6 +161,12 @@ impl Model {
             freq_scale: c.rope_scale,
             style: c.rope_style,
         };
+        // Position of every row.
+        let positions: Vec<usize> = segments
+            .iter()
+            .flat_map(|s| s.start_pos..s.start_pos + s.rows)
+            .collect();
+        debug_assert_eq!(positions.len(), n);
 
         let mut x = vec![0.0f32; n * d];
         let embd = self.weights.token_embd.view(g);
@@ -134,18 +175,27 @@ impl Model {
         }
         let mut xn = vec![0.0f32; n * d];
         let mut q = vec![0.0f32; n * q_dim];
-        let mut k = vec![0.0f32; n * kv];
-        let mut v = vec![0.0f32; n * kv];
+        let mut k = vec![0.0f32; n * kv_dim];
+        let mut v = vec![0.0f32; n * kv_dim];
         let mut attn = vec![0.0f32; n * q_dim];
         let mut proj = vec![0.0f32; n * d];
         let mut gate = vec![0.0f32; n * c.ffn_dim];
         let mut up = vec![0.0f32; n * c.ffn_dim];
+        let mm = |w: &QuantMatrix<'_>, x: &[f32], out: &mut [f32]| {
+            matmul_by_segment(backend, segments, w, x, out);
+        };
+        let heads = Heads {
+            n_heads: c.heads,
+            n_kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+        };
 
         for (l, w) in self.weights.layers.iter().enumerate() {
             backend.rms_norm(&x, &w.attn_norm, c.rms_eps, &mut xn);
-            backend.matmul(&w.wq.view(g), &xn, n, &mut q);
-            backend.matmul(&w.wk.view(g), &xn, n, &mut k);
-            backend.matmul(&w.wv.view(g), &xn, n, &mut v);
+            mm(&w.wq.view(g), &xn, &mut q);
+            mm(&w.wk.view(g), &xn, &mut k);
+            mm(&w.wv.view(g), &xn, &mut v);
             for (buf, bias) in [(&mut q, &w.bq), (&mut k, &w.bk), (&mut v, &w.bv)] {
                 if let Some(bias) = bias {
                     for row in buf.chunks_exact_mut(bias.len()) {
@@ -153,60 +203,161 @@ impl Model {
                     }
                 }
             }
-            for t in 0..n {
-                backend.rope(
-                    &mut q[t * q_dim..(t + 1) * q_dim],
-                    c.heads,
-                    start + t,
-                    &rope,
-                );
-                backend.rope(&mut k[t * kv..(t + 1) * kv], c.kv_heads, start + t, &rope);
+            for (t, &pos) in positions.iter().enumerate() {
+                backend.rope(&mut q[t * q_dim..(t + 1) * q_dim], c.heads, pos, &rope);
+                backend.rope(&mut k[t * kv_dim..(t + 1) * kv_dim], c.kv_heads, pos, &rope);
             }
-            cache.k[l][start * kv..(start + n) * kv].copy_from_slice(&k);
-            cache.v[l][start * kv..(start + n) * kv].copy_from_slice(&v);
-            let shape = AttentionShape {
-                n_tokens: n,
-                start_pos: start,
-                n_heads: c.heads,
-                n_kv_heads: c.kv_heads,
-                head_dim: c.head_dim,
-                scale: 1.0 / (c.head_dim as f32).sqrt(),
-            };
-            let seen = (start + n) * kv;
-            backend.attention(
-                &q,
-                &cache.k[l][..seen],
-                &cache.v[l][..seen],
-                shape,
-                &mut attn,
-            );
-            backend.matmul(&w.wo.view(g), &attn, n, &mut proj);
-            backend.add(&mut x, &proj);
+            kv.store(l, &k, &v);
+            kv.attend(backend, l, &q, heads, &mut attn);
+            mm(&w.wo.view(g), &attn, &mut proj);
+            per_segment(segments, d, &mut x, &proj, |a, b| backend.add(a, b));
 
             backend.rms_norm(&x, &w.ffn_norm, c.rms_eps, &mut xn);
-            backend.matmul(&w.w_gate.view(g), &xn, n, &mut gate);
-            backend.matmul(&w.w_up.view(g), &xn, n, &mut up);
-            backend.silu_mul(&mut gate, &up);
-            backend.matmul(&w.w_down.view(g), &gate, n, &mut proj);
-            backend.add(&mut x, &proj);
+            mm(&w.w_gate.view(g), &xn, &mut gate);
+            mm(&w.w_up.view(g), &xn, &mut up);
+            per_segment(segments, c.ffn_dim, &mut gate, &up, |a, b| {
+                backend.silu_mul(a, b)
+            });
+            mm(&w.w_down.view(g), &gate, &mut proj);
+            per_segment(segments, d, &mut x, &proj, |a, b| backend.add(a, b));
         }
-        cache.len += n;
 
         // Only the rows whose logits are wanted go through the output projection.
-        let (rows, first) = match logits {
-            Logits::All => (n, 0),
-            Logits::Last => (1, n - 1),
-        };
+        let rows = wanted.len();
         let mut normed = vec![0.0f32; rows * d];
-        backend.rms_norm(
-            &x[first * d..],
-            &self.weights.output_norm,
-            c.rms_eps,
-            &mut normed,
-        );
+        for (out, &r) in normed.chunks_exact_mut(d).zip(wanted) {
+            backend.rms_norm(
+                &x[r * d..(r + 1) * d],
+                &self.weights.output_norm,
+                c.rms_eps,
+                out,
+            );
+        }
         let mut out = vec![0.0f32; rows * c.vocab_size];
-        backend.matmul(&self.weights.output.view(g), &normed, rows, &mut out);
+        let output = self.weights.output.view(g);
+        if segments.len() == 1 {
+            backend.matmul(&output, &normed, rows, &mut out);
+        } else {
+            // Alone, each of these rows is a one-row projection.
+            backend.matmul_per_row(&output, &normed, rows, &mut out);
+        }
         out
+    }
+}
+
+/// One call (the contiguous cache, evaluation) keeps the plain matmul.
+/// Several sequences: each run of one-row segments (decode steps) is one
+/// per-row matmul, and each longer segment (a prefill chunk) its own
+/// matmul, so every row is computed exactly as when its sequence runs alone.
+fn matmul_by_segment(
+    backend: &dyn Backend,
+    segments: &[Segment],
+    w: &QuantMatrix<'_>,
+    x: &[f32],
+    out: &mut [f32],
+) {
+    let n: usize = segments.iter().map(|s| s.rows).sum();
+    if segments.len() == 1 {
+        backend.matmul(w, x, n, out);
+        return;
+    }
+    let (cols, rows) = (w.cols, w.rows);
+    let mut at = 0;
+    let mut i = 0;
+    while i < segments.len() {
+        let single = segments[i].rows == 1;
+        let mut span = segments[i].rows;
+        i += 1;
+        while single && i < segments.len() && segments[i].rows == 1 {
+            span += 1;
+            i += 1;
+        }
+        let (x, out) = (
+            &x[at * cols..(at + span) * cols],
+            &mut out[at * rows..(at + span) * rows],
+        );
+        if single {
+            backend.matmul_per_row(w, x, span, out);
+        } else {
+            backend.matmul(w, x, span, out);
+        }
+        at += span;
+    }
+}
+
+/// Runs `op(a, b)` on each segment's rows of two `width`-wide row buffers.
+fn per_segment(
+    segments: &[Segment],
+    width: usize,
+    a: &mut [f32],
+    b: &[f32],
+    op: impl Fn(&mut [f32], &[f32]),
+) {
+    let mut at = 0;
+    for s in segments {
+        let span = at..at + s.rows * width;
+        op(&mut a[span.clone()], &b[span]);
+        at += s.rows * width;
+    }
+}
+
+/// Consecutive rows of one forward call that belong to one sequence.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Segment {
+    pub rows: usize,
+    /// Cache position of the first row.
+    pub start_pos: usize,
+}
+
+/// The attention heads of a model.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Heads {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+}
+
+/// Where a forward call keeps keys and values and how attention reads them.
+pub(super) trait KvStore {
+    /// Stores the keys and values of every row of the call for `layer`.
+    fn store(&mut self, layer: usize, k: &[f32], v: &[f32]);
+    /// Attention of every row of the call over what its sequence holds.
+    fn attend(&self, backend: &dyn Backend, layer: usize, q: &[f32], heads: Heads, out: &mut [f32]);
+}
+
+/// One sequence's contiguous cache, the call's rows written from `start`.
+struct ContiguousStore<'c> {
+    cache: &'c mut KvCache,
+    start: usize,
+}
+
+impl KvStore for ContiguousStore<'_> {
+    fn store(&mut self, layer: usize, k: &[f32], v: &[f32]) {
+        let kv = self.cache.kv_dim;
+        let at = self.start * kv..self.start * kv + k.len();
+        self.cache.k[layer][at.clone()].copy_from_slice(k);
+        self.cache.v[layer][at].copy_from_slice(v);
+    }
+
+    fn attend(&self, backend: &dyn Backend, layer: usize, q: &[f32], h: Heads, out: &mut [f32]) {
+        let n = q.len() / (h.n_heads * h.head_dim);
+        let shape = AttentionShape {
+            n_tokens: n,
+            start_pos: self.start,
+            n_heads: h.n_heads,
+            n_kv_heads: h.n_kv_heads,
+            head_dim: h.head_dim,
+            scale: h.scale,
+        };
+        let seen = (self.start + n) * self.cache.kv_dim;
+        backend.attention(
+            q,
+            &self.cache.k[layer][..seen],
+            &self.cache.v[layer][..seen],
+            shape,
+            out,
+        );
     }
 }
 
@@ -217,6 +368,7 @@ pub struct KvCache {
     v: Vec<Vec<f32>>,
     capacity: usize,
     len: usize,
+    kv_dim: usize,
 }
 
 impl KvCache {
@@ -242,10 +394,12 @@ impl KvCache {
 }
 
 /// Why a forward call was refused.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ForwardError {
     #[error("token id {token} is outside the vocabulary of {vocab} tokens")]
     TokenOutOfRange { token: u32, vocab: usize },
     #[error("context full: {needed} positions needed, the cache holds {capacity}")]
     ContextFull { needed: usize, capacity: usize },
+    #[error("KV block {block} is outside the pool of {blocks} blocks")]
+    BlockOutOfRange { block: u32, blocks: u32 },
 }

@@ -1,11 +1,12 @@
 //! The gRPC server of `bulkhead-gpu-host serve`: a registry of loaded models,
-//! a bounded queue drained by worker threads running the (synchronous) engine,
-//! and the `bulkhead.gpu_host.v1.GpuHost` service streaming their output.
+//! a bounded queue in front of one scheduler thread that runs each model's
+//! continuous batch (the synchronous engine), and the
+//! `bulkhead.gpu_host.v1.GpuHost` service streaming their output.
 //!
 //! ```text
-//! gRPC request ─auth─▶ GpuHostService::generate ─validate─▶ Job ─queue─▶ worker thread
-//!      ▲                                                                   │ generate_streaming
-//!      └──────────────── tokio mpsc (Started, Delta…, Finished) ◀──────────┘
+//! gRPC request ─auth─▶ GpuHostService::generate ─validate─▶ Job ─queue─▶ scheduler thread
+//!      ▲                                                                  │ Batcher::step per model
+//!      └──── tokio mpsc (Started, Delta…, Finished) ◀─ outbox (try_send) ◀┘
 //! ```
 
 mod auth;
@@ -13,7 +14,9 @@ mod listen;
 mod queue;
 mod registry;
 mod request;
+mod scheduler;
 mod service;
+mod sink;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -42,11 +45,13 @@ pub struct ServeConfig {
     /// The models to load at start, each under its name (more can be loaded
     /// later with `LoadModel`).
     pub models: Vec<ModelSpec>,
-    /// Threads of the CPU backend shared by all workers.
+    /// Threads of the CPU backend (the scheduler's forward passes use them all).
     pub threads: usize,
-    /// Generations that run at once (each on its own thread).
-    pub workers: usize,
-    /// Requests that may wait for a worker before new ones get RESOURCE_EXHAUSTED.
+    /// Sequences one model's batch holds at once (decode rows per step).
+    pub max_batch: usize,
+    /// Bytes of KV cache per model (its pool of 16-token blocks).
+    pub kv_memory_bytes: u64,
+    /// Requests that may wait to join a batch before new ones get RESOURCE_EXHAUSTED.
     pub queue_capacity: usize,
     /// Bearer secret required from clients (mandatory on TCP).
     pub auth_secret: Option<AuthSecret>,
@@ -73,7 +78,7 @@ pub enum ServeError {
     },
     #[error("starting the CPU backend: {0}")]
     Backend(String),
-    #[error("starting the worker threads: {0}")]
+    #[error("starting the scheduler thread: {0}")]
     Workers(std::io::Error),
     #[error("starting the weight scrub: {0}")]
     Scrub(std::io::Error),
@@ -96,7 +101,7 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// A host with its models loaded and workers started, not yet listening.
+/// A host with its models loaded and its scheduler started, not yet listening.
 #[derive(Debug)]
 pub struct Server {
     listen: Target,
@@ -109,14 +114,14 @@ pub struct Server {
 }
 
 impl Server {
-    /// Checks the config, loads every model and starts the workers (blocking).
+    /// Checks the config, loads every model and starts the scheduler (blocking).
     pub fn load(config: ServeConfig) -> Result<Server, ServeError> {
         if matches!(config.listen, Target::Tcp(_)) && config.auth_secret.is_none() {
             return Err(ServeError::TcpWithoutSecret);
         }
         for (name, value) in [
             ("threads", config.threads),
-            ("workers", config.workers),
+            ("max batch", config.max_batch),
             ("queue capacity", config.queue_capacity),
         ] {
             if value == 0 {
@@ -126,7 +131,11 @@ impl Server {
         let registry = Arc::new(ModelRegistry::load(&config.models)?);
         let backend =
             CpuBackend::new(config.threads).map_err(|e| ServeError::Backend(e.to_string()))?;
-        let (queue, workers) = WorkQueue::start(config.queue_capacity, config.workers, backend)
+        let scheduler = scheduler::SchedulerConfig {
+            max_running: config.max_batch,
+            kv_memory_bytes: config.kv_memory_bytes,
+        };
+        let (queue, workers) = WorkQueue::start(config.queue_capacity, scheduler, backend)
             .map_err(ServeError::Workers)?;
         let listed = registry.clone();
         let scrubber = Scrubber::start(
@@ -153,7 +162,7 @@ impl Server {
 
     /// Binds the listener, calls `on_listening` with the bound address (the
     /// real port for `tcp:…:0`), and serves until `shutdown` resolves; then
-    /// stops accepting, lets streams in flight finish and stops the workers.
+    /// stops accepting, lets streams in flight finish and stops the scheduler.
     pub async fn run(
         self,
         on_listening: impl FnOnce(&Target),
@@ -179,7 +188,8 @@ impl Server {
                     .await
             }
         };
-        // The router (and with it the queue's sender) is gone: workers finish and exit.
+        // The router (and with it the queue's sender) is gone: the scheduler
+        // finishes every sequence, delivers their events and exits.
         drop(self.scrubber);
         let workers = self.workers;
         let _ = tokio::task::spawn_blocking(move || workers.join()).await;

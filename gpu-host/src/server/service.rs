@@ -16,7 +16,8 @@ use super::request::to_engine;
 use crate::verify::Expected;
 use crate::verify::flip_resident_bit;
 
-/// Events buffered per stream before a slow client makes its worker wait.
+/// Events buffered per stream in its channel; beyond that they wait in the
+/// stream's backlog on the scheduler (see `sink.rs`).
 const EVENT_BUFFER: usize = 64;
 
 /// Whether the test-only RPCs answer (`--enable-test-hooks`).
@@ -108,6 +109,8 @@ impl GpuHost for GpuHostService {
         self.queue.submit(Job {
             model,
             request: engine_request,
+            tenant: req.tenant.clone(),
+            priority: req.priority.unwrap_or(0),
             events,
         })?;
         Ok(Response::new(ReceiverStream::new(stream)))
@@ -132,6 +135,8 @@ impl GpuHost for GpuHostService {
             queued: small(self.queue.queued()),
             queue_capacity: small(self.queue.capacity()),
             workers: small(self.queue.workers()),
+            running: small(self.queue.running()),
+            max_running: small(self.queue.max_running()),
         }))
     }
 

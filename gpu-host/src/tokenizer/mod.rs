@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use pretokenize::PreTokenizer;
 use special::{Fragment, SpecialMatcher};
-pub use stream::StreamDecoder;
+pub use stream::{StreamDecoder, TextStream};
 use unicode_normalization::{IsNormalized, UnicodeNormalization, is_nfc_quick};
 
 /// Largest vocabulary accepted. Real ones are ≤ 262k; 4M bounds the memory a

@@ -10,23 +10,49 @@ use super::Tokenizer;
 #[derive(Debug)]
 pub struct StreamDecoder<'t> {
     tokenizer: &'t Tokenizer,
-    pending: Vec<u8>,
-    /// SentencePiece drops the space that starts the output.
-    strip_leading_space: bool,
+    text: TextStream,
 }
 
 impl<'t> StreamDecoder<'t> {
     pub(super) fn new(tokenizer: &'t Tokenizer, strip_leading_space: bool) -> Self {
         Self {
             tokenizer,
-            pending: Vec::new(),
-            strip_leading_space,
+            text: TextStream {
+                pending: Vec::new(),
+                strip_leading_space,
+            },
         }
     }
 
     /// Adds one token; returns the text that is now complete.
     pub fn push(&mut self, id: u32) -> String {
-        let mut bytes = self.tokenizer.token_bytes(id).unwrap_or_default();
+        self.text.push(self.tokenizer, id)
+    }
+
+    /// Flushes whatever is left, replacing an unfinished character with U+FFFD.
+    pub fn finish(self) -> String {
+        self.text.finish()
+    }
+
+    /// The decoder's state without the borrow of the tokenizer, for a
+    /// sequence that lives longer than one call (the batch scheduler).
+    pub fn detach(self) -> TextStream {
+        self.text
+    }
+}
+
+/// A [`StreamDecoder`]'s state; each push is given the tokenizer.
+#[derive(Debug)]
+pub struct TextStream {
+    pending: Vec<u8>,
+    /// SentencePiece drops the space that starts the output.
+    strip_leading_space: bool,
+}
+
+impl TextStream {
+    /// Adds one token; returns the text that is now complete.
+    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> String {
+        let mut bytes = tokenizer.token_bytes(id).unwrap_or_default();
         if self.strip_leading_space && !bytes.is_empty() {
             self.strip_leading_space = false;
             if bytes[0] == b' ' {

@@ -308,3 +308,30 @@ proptest! {
         prop_assert!(pool.is_idle());
     }
 }
+
+#[test]
+fn tenants_join_and_leave_a_shared_pool_within_its_guarantees() {
+    let mut pool = KvPool::new(64, [("a", blocks(64, 64))]).unwrap();
+    // The pool is fully guaranteed to a: b fits only once a's share shrinks.
+    assert!(pool.add_tenant("b", blocks(32, 64)).is_err());
+    pool.set_limits("a", blocks(32, 64)).unwrap();
+    pool.add_tenant("b", blocks(32, 64)).unwrap();
+    assert!(pool.add_tenant("b", blocks(0, 64)).is_err(), "listed twice");
+    assert!(
+        pool.set_limits("a", blocks(33, 64)).is_err(),
+        "above the pool"
+    );
+    assert!(
+        pool.set_limits("a", blocks(8, 4)).is_err(),
+        "guarantee above budget"
+    );
+    let seq = pool.admit("b", 10, 10).unwrap();
+    pool.allocate(seq).unwrap();
+    assert!(pool.remove_tenant("b").is_err(), "b still holds a sequence");
+    pool.release(seq).unwrap();
+    pool.remove_tenant("b").unwrap();
+    assert_eq!(pool.tenants().collect::<Vec<_>>(), ["a"]);
+    pool.set_limits("a", blocks(64, 64)).unwrap();
+    assert!(pool.admit("b", 1, 1).is_err());
+    assert!(pool.is_idle());
+}

@@ -1,0 +1,583 @@
+//! Iteration-level continuous batching of one model: sequences join and
+//! leave between steps, and each step runs every chosen sequence's next
+//! tokens as one batched forward pass over the paged KV pool.
+//!
+//! A step:
+//! 1. **Leave**: sequences whose sink says stop (client gone, model out of
+//!    service) release their blocks before anything runs.
+//! 2. **Choose** work by deficit round robin across tenants on tokens
+//!    (`bulkhead-partition`'s `Drr`; priority, then arrival, within a
+//!    tenant). Each live sequence has one item: its next chunk (one token
+//!    when decoding, up to [`BATCH_PREFILL_CHUNK`] of the prompt when prefilling,
+//!    and for a waiting sequence its first chunk, which admits it). A step
+//!    takes items until [`Batcher::step_tokens`] is spent, at most
+//!    `max_running` sequences hold KV at once, and at most
+//!    [`BATCH_PREFILL_CHUNK`] prompt tokens run per step — so a long prompt is
+//!    spread over several steps instead of stalling the decodes around it.
+//! 3. **Blocks**: each chosen sequence gets the blocks its chunk needs from
+//!    the `KvPool`; an empty pool preempts by the pool's rule (a tenant over
+//!    its guarantee first; the victim recomputes later) or the requester waits.
+//! 4. **Run** one `forward_batch`, then sample every sequence whose chunk
+//!    completed its input; finished sequences leave and free their blocks.
+//!
+//! Admission reserves prompt + `max_tokens` of the tenant's budget. Tenants
+//! share one pool with equal weights: each active tenant (one with a
+//! sequence here) is guaranteed an equal share and may borrow the rest.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::ControlFlow;
+
+use bulkhead_partition::{
+    DEFAULT_QUANTUM_TOKENS, Drr, KvPool, PartitionError, SeqId, TenantBlocks, Victim,
+};
+
+use super::backend::Backend;
+use super::generate::{Decoded, Decoding, GenerateError, GenerateRequest, Next, Piece};
+use super::model::{ForwardError, Model, PREFILL_CHUNK};
+
+/// Prompt tokens one step may run, at most (one chunk).
+///
+/// 64, not the lone run's 256 ([`PREFILL_CHUNK`]): every running sequence
+/// waits for the whole step, so the chunk is the decode stall a joining
+/// prompt causes. Prefill is compute-bound on the CPU (the multi-token
+/// kernels), so a smaller chunk costs little prefill speed — the weights
+/// are read once per chunk, ~6 ms for the ~110M Q8_0 bench model against
+/// ~150 ms of compute for 64 tokens on the 2-core dev box, where a 256-token
+/// chunk stalls decodes ~0.6 s. Below ~32 the re-reads start to show.
+/// And 64 divides 256: chunk boundaries, the multi-token kernels' groups of
+/// four and the element-wise kernels' 8-wide lanes all fall on the same
+/// positions as in a lone run, so rows stay bit-identical to `generate`.
+pub const BATCH_PREFILL_CHUNK: usize = 64;
+
+const _: () = assert!(PREFILL_CHUNK.is_multiple_of(BATCH_PREFILL_CHUNK));
+use super::paged::{BLOCK_TOKENS, BatchEntry, KvBlocks};
+use crate::Tokenizer;
+
+/// Where one sequence's output goes; the batcher calls it from its thread.
+pub trait SequenceSink {
+    /// The sequence joined the batch (it holds KV blocks from now on).
+    fn started(&mut self);
+    /// Streamed output; `Break` when the receiver is gone.
+    fn piece(&mut self, piece: Piece<'_>) -> ControlFlow<()>;
+    /// Asked before every step; `Break` stops the sequence at once (the
+    /// sink has told its receiver why, if anyone is listening).
+    fn check(&mut self) -> ControlFlow<()>;
+    /// The end of a sequence that was not stopped by `check` or `piece`.
+    fn finished(&mut self, result: Result<Decoded, SequenceError>);
+}
+
+/// Why a sequence ended without output.
+#[derive(Debug, thiserror::Error)]
+pub enum SequenceError {
+    /// Its prompt + `max_tokens` can never fit its tenant's share of the pool.
+    #[error(
+        "kv_budget_exceeded: the request needs {needed_tokens} tokens of KV cache \
+         (prompt + max_tokens) and tenant `{tenant}` has {available_tokens} {of}"
+    )]
+    KvBudget {
+        tenant: String,
+        needed_tokens: u64,
+        available_tokens: u64,
+        of: &'static str,
+    },
+    #[error(transparent)]
+    Generate(#[from] GenerateError),
+    #[error("KV accounting: {0}")]
+    Accounting(PartitionError),
+}
+
+/// Limits of one batcher.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchLimits {
+    /// Sequences holding KV at once (the most decode rows in a step).
+    pub max_running: usize,
+    /// Blocks in the model's KV pool.
+    pub kv_blocks: u32,
+}
+
+/// A sequence to add to a batch.
+pub struct NewSequence {
+    pub tenant: String,
+    /// Higher runs first within its tenant.
+    pub priority: i32,
+    pub request: GenerateRequest,
+    pub sink: Box<dyn SequenceSink>,
+}
+
+impl std::fmt::Debug for NewSequence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewSequence")
+            .field("tenant", &self.tenant)
+            .field("priority", &self.priority)
+            .field("request", &self.request)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Sequence {
+    tenant: String,
+    priority: i32,
+    request: GenerateRequest,
+    sink: Box<dyn SequenceSink>,
+    decoding: Decoding,
+    /// Its account in the pool once admitted.
+    kv: Option<SeqId>,
+    table: Vec<u32>,
+    /// Positions of `decoding.history()` in the cache.
+    cached: usize,
+    /// Whether it has an item in the round robin.
+    queued: bool,
+}
+
+impl Sequence {
+    /// The next chunk to run: the rest of the history, at most one chunk,
+    /// cut at multiples of [`BATCH_PREFILL_CHUNK`] (see there why rows then
+    /// compute exactly as in a lone run).
+    fn next_chunk(&self) -> std::ops::Range<usize> {
+        let end = self.decoding.history().len();
+        let boundary = (self.cached / BATCH_PREFILL_CHUNK + 1) * BATCH_PREFILL_CHUNK;
+        self.cached..end.min(boundary)
+    }
+}
+
+/// Numbers for `Health` and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// Sequences waiting to join.
+    pub waiting: usize,
+    /// Sequences holding KV (running or preempted for recompute).
+    pub running: usize,
+    pub kv_blocks_used: u32,
+    pub kv_blocks_total: u32,
+    /// Sequences preempted (blocks taken back, recomputed later) so far.
+    pub preemptions: u64,
+}
+
+/// The continuous batch of one model.
+pub struct Batcher {
+    limits: BatchLimits,
+    pool: KvPool,
+    kv: KvBlocks,
+    drr: Drr<u64>,
+    sequences: BTreeMap<u64, Sequence>,
+    next_key: u64,
+    preemptions: u64,
+}
+
+impl std::fmt::Debug for Batcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher")
+            .field("limits", &self.limits)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Batcher {
+    /// An empty batch for `model` with a zeroed pool of `limits.kv_blocks`.
+    pub fn new(model: &Model, limits: BatchLimits) -> Result<Batcher, PartitionError> {
+        let pool = KvPool::new(limits.kv_blocks, [])?;
+        Ok(Batcher {
+            limits: BatchLimits {
+                max_running: limits.max_running.max(1),
+                ..limits
+            },
+            pool,
+            kv: model.new_kv_blocks(limits.kv_blocks),
+            drr: Drr::new(DEFAULT_QUANTUM_TOKENS),
+            sequences: BTreeMap::new(),
+            next_key: 0,
+            preemptions: 0,
+        })
+    }
+
+    /// Tokens one step may run: a decode row for every running sequence
+    /// plus one prefill chunk.
+    pub fn step_tokens(&self) -> u64 {
+        (self.limits.max_running + BATCH_PREFILL_CHUNK) as u64
+    }
+
+    /// Queues a sequence; it joins at a coming step. A request that is
+    /// invalid or can never fit is answered through its sink at once.
+    pub fn add(&mut self, tokenizer: &Tokenizer, new: NewSequence) {
+        let NewSequence {
+            tenant,
+            priority,
+            request,
+            mut sink,
+        } = new;
+        let decoding = match Decoding::new(&request, tokenizer) {
+            Ok(d) => d,
+            Err(e) => return sink.finished(Err(e.into())),
+        };
+        if request.prompt_tokens.is_empty() {
+            return sink.finished(Err(GenerateError::EmptyPrompt.into()));
+        }
+        if !self.pool.tenants().any(|t| t == tenant)
+            && let Err(e) = self.join_tenant(&tenant)
+        {
+            return sink.finished(Err(SequenceError::Accounting(e)));
+        }
+        let key = self.next_key;
+        self.next_key += 1;
+        self.sequences.insert(
+            key,
+            Sequence {
+                tenant,
+                priority,
+                request,
+                sink,
+                decoding,
+                kv: None,
+                table: Vec::new(),
+                cached: 0,
+                queued: false,
+            },
+        );
+        self.enqueue(key);
+    }
+
+    /// Sequences waiting or running.
+    pub fn is_idle(&self) -> bool {
+        self.sequences.is_empty()
+    }
+
+    pub fn stats(&self) -> BatchStats {
+        let running = self.sequences.values().filter(|s| s.kv.is_some()).count();
+        BatchStats {
+            waiting: self.sequences.len() - running,
+            running,
+            kv_blocks_used: self.pool.total_blocks() - self.pool.free_blocks(),
+            kv_blocks_total: self.pool.total_blocks(),
+            preemptions: self.preemptions,
+        }
+    }
+
+    /// Blocks `tenant` holds now.
+    pub fn held_blocks(&self, tenant: &str) -> u64 {
+        self.pool.held_blocks(tenant).unwrap_or(0)
+    }
+
+    /// Runs one step; returns how many tokens went through the model
+    /// (0: nothing could run).
+    pub fn step(
+        &mut self,
+        model: &Model,
+        tokenizer: &Tokenizer,
+        backend: &dyn Backend,
+    ) -> Result<usize, ForwardError> {
+        self.drop_stopped();
+        let chosen = self.choose();
+        if chosen.is_empty() {
+            return Ok(0);
+        }
+        // Decode rows first: they form one per-row matmul (see `Model::run_layers`).
+        let mut order = chosen.clone();
+        order.sort_by_key(|(key, range)| (range.len() > 1, *key));
+        let inputs: Vec<(u64, Vec<u32>, usize, bool)> = order
+            .iter()
+            .filter_map(|(key, range)| {
+                let s = self.sequences.get(key)?;
+                let history = s.decoding.history();
+                let wants = range.end == history.len();
+                Some((*key, history[range.clone()].to_vec(), range.start, wants))
+            })
+            .collect();
+        let entries: Vec<BatchEntry<'_>> = inputs
+            .iter()
+            .filter_map(|(key, tokens, start_pos, logits)| {
+                let s = self.sequences.get(key)?;
+                Some(BatchEntry {
+                    tokens,
+                    start_pos: *start_pos,
+                    blocks: &s.table,
+                    logits: *logits,
+                })
+            })
+            .collect();
+        let ran: usize = inputs.iter().map(|i| i.1.len()).sum();
+        let logits = match model.forward_batch(backend, &mut self.kv, &entries) {
+            Ok(l) => l,
+            Err(e) => {
+                // A bug, not the clients' fault: end what was chosen, keep serving.
+                for (key, ..) in &inputs {
+                    self.end(*key, Some(Err(GenerateError::Forward(e.clone()).into())));
+                }
+                return Err(e);
+            }
+        };
+        let vocab = model.config().vocab_size;
+        let mut rows = logits.chunks_exact(vocab);
+        for (key, tokens, _, wants) in inputs {
+            let Some(s) = self.sequences.get_mut(&key) else {
+                continue;
+            };
+            s.cached += tokens.len();
+            if !wants {
+                continue;
+            }
+            let Some(row) = rows.next() else { break };
+            let mut row = row.to_vec();
+            let sink = &mut s.sink;
+            let next = s
+                .decoding
+                .next(tokenizer, &mut row, &mut |piece| sink.piece(piece));
+            match next {
+                Next::Run(_) => {}
+                Next::Done => self.end(key, None),
+                Next::Cancelled => self.end(key, Some(Err(GenerateError::Cancelled.into()))),
+            }
+        }
+        for key in order.into_iter().map(|(k, _)| k) {
+            self.enqueue(key);
+        }
+        Ok(ran)
+    }
+
+    /// Ends sequences their sinks stop (client gone, model out of service):
+    /// their blocks are free before the step runs.
+    fn drop_stopped(&mut self) {
+        let stopped: Vec<u64> = self
+            .sequences
+            .iter_mut()
+            .filter_map(|(key, s)| s.sink.check().is_break().then_some(*key))
+            .collect();
+        for key in stopped {
+            self.end(key, Some(Err(GenerateError::Cancelled.into())));
+        }
+    }
+
+    /// Picks this step's work (module docs): `(sequence, history range)`.
+    fn choose(&mut self) -> Vec<(u64, std::ops::Range<usize>)> {
+        let budget = self.step_tokens();
+        let mut spent = 0u64;
+        let mut prefill = 0usize;
+        let mut chosen: Vec<(u64, std::ops::Range<usize>)> = Vec::new();
+        let mut deferred = Vec::new();
+        while spent < budget {
+            let Some(item) = self.drr.pop() else { break };
+            let key = item.item;
+            let Some(s) = self.sequences.get_mut(&key) else {
+                continue; // ended while queued
+            };
+            s.queued = false;
+            let range = s.next_chunk();
+            let is_prefill = range.len() > 1 || s.kv.is_none() || s.cached == 0;
+            if is_prefill && prefill + range.len() > BATCH_PREFILL_CHUNK {
+                deferred.push(key);
+                continue;
+            }
+            if s.kv.is_none() && !self.admit(key) {
+                deferred.push(key);
+                continue;
+            }
+            match self.grow(key, range.end, &mut chosen, &mut deferred) {
+                Grown::Yes => {}
+                Grown::No => {
+                    deferred.push(key);
+                    continue;
+                }
+            }
+            spent += range.len() as u64;
+            if is_prefill {
+                prefill += range.len();
+            }
+            chosen.push((key, range));
+        }
+        for key in deferred {
+            self.enqueue(key);
+        }
+        chosen
+    }
+
+    /// Admits a waiting sequence into the pool if a slot and its tenant's
+    /// budget allow; refuses it for good if it can never fit.
+    fn admit(&mut self, key: u64) -> bool {
+        let running = self.sequences.values().filter(|s| s.kv.is_some()).count();
+        if running >= self.limits.max_running {
+            return false;
+        }
+        let Some(s) = self.sequences.get_mut(&key) else {
+            return false;
+        };
+        let prompt = s.request.prompt_tokens.len() as u64;
+        match self
+            .pool
+            .admit(&s.tenant, prompt, s.request.max_tokens as u64)
+        {
+            Ok(seq) => {
+                s.kv = Some(seq);
+                s.sink.started();
+                true
+            }
+            Err(e) if e.is_retryable() => false,
+            Err(PartitionError::KvBudgetExceeded {
+                tenant,
+                needed_tokens,
+                available_tokens,
+                of,
+                ..
+            }) => {
+                let err = SequenceError::KvBudget {
+                    tenant,
+                    needed_tokens,
+                    available_tokens,
+                    of,
+                };
+                self.end(key, Some(Err(err)));
+                false
+            }
+            Err(e) => {
+                self.end(key, Some(Err(SequenceError::Accounting(e))));
+                false
+            }
+        }
+    }
+
+    /// Gives `key` blocks for `positions` positions, preempting by the
+    /// pool's rule when it is empty. A victim already chosen for this step
+    /// is taken out of it.
+    fn grow(
+        &mut self,
+        key: u64,
+        positions: usize,
+        chosen: &mut Vec<(u64, std::ops::Range<usize>)>,
+        deferred: &mut Vec<u64>,
+    ) -> Grown {
+        let needed = positions.div_ceil(BLOCK_TOKENS);
+        loop {
+            let Some(s) = self.sequences.get_mut(&key) else {
+                return Grown::No;
+            };
+            let Some(seq) = s.kv else { return Grown::No };
+            if s.table.len() >= needed {
+                return Grown::Yes;
+            }
+            match self.pool.allocate(seq) {
+                Ok(block) => s.table.push(block.0),
+                Err(PartitionError::KvPoolExhausted { .. }) => match self.pool.choose_victim(seq) {
+                    Ok(Victim::Retry) => {}
+                    Ok(Victim::Preempt(victim)) => {
+                        let Some(vkey) = self.key_of(victim) else {
+                            return Grown::No;
+                        };
+                        self.preempt(vkey);
+                        if let Some(at) = chosen.iter().position(|(k, _)| *k == vkey) {
+                            chosen.remove(at);
+                            deferred.push(vkey);
+                        }
+                        if vkey == key {
+                            return Grown::No;
+                        }
+                    }
+                    Ok(Victim::Wait) | Err(_) => return Grown::No,
+                },
+                Err(e) => {
+                    self.end(key, Some(Err(SequenceError::Accounting(e))));
+                    return Grown::No;
+                }
+            }
+        }
+    }
+
+    /// Frees `key`'s blocks; it keeps its reservation and recomputes its
+    /// cache (prompt and generated tokens) when it runs again.
+    fn preempt(&mut self, key: u64) {
+        if let Some(s) = self.sequences.get_mut(&key)
+            && let Some(seq) = s.kv
+        {
+            let _ = self.pool.preempt(seq);
+            self.preemptions += 1;
+            s.table.clear();
+            s.cached = 0;
+        }
+    }
+
+    fn key_of(&self, seq: SeqId) -> Option<u64> {
+        self.sequences
+            .iter()
+            .find(|(_, s)| s.kv == Some(seq))
+            .map(|(k, _)| *k)
+    }
+
+    /// Puts a live sequence's next item in the round robin (once).
+    fn enqueue(&mut self, key: u64) {
+        let Some(s) = self.sequences.get_mut(&key) else {
+            return;
+        };
+        if s.queued {
+            return;
+        }
+        let cost = s.next_chunk().len().max(1) as u64;
+        if self.drr.push(&s.tenant, s.priority, cost, key).is_ok() {
+            s.queued = true;
+        }
+    }
+
+    /// Removes a sequence, frees its blocks and reservation, and tells its
+    /// sink: `None` finishes it normally, `Some(Err(Cancelled))` silently.
+    fn end(&mut self, key: u64, outcome: Option<Result<Decoded, SequenceError>>) {
+        let Some(mut s) = self.sequences.remove(&key) else {
+            return;
+        };
+        if let Some(seq) = s.kv {
+            let _ = self.pool.release(seq);
+        }
+        match outcome {
+            Some(Err(SequenceError::Generate(GenerateError::Cancelled))) => {}
+            Some(result) => s.sink.finished(result),
+            None => {
+                let sink = &mut s.sink;
+                match s.decoding.finish(&mut |piece| sink.piece(piece)) {
+                    Ok(done) => sink.finished(Ok(done)),
+                    Err(GenerateError::Cancelled) => {}
+                    Err(e) => sink.finished(Err(e.into())),
+                }
+            }
+        }
+        if !self.sequences.values().any(|o| o.tenant == s.tenant) {
+            self.leave_tenant(&s.tenant);
+        }
+    }
+
+    /// A tenant's first sequence: shares are re-divided equally.
+    fn join_tenant(&mut self, tenant: &str) -> Result<(), PartitionError> {
+        let tenants: BTreeSet<String> = self.pool.tenants().map(str::to_string).collect();
+        let share = self.share(tenants.len() + 1);
+        for t in &tenants {
+            self.pool.set_limits(t, share)?;
+        }
+        self.pool.add_tenant(tenant, share)?;
+        self.drr.set_tenant(tenant, 1)
+    }
+
+    /// A tenant's last sequence ended: the others' shares grow back.
+    fn leave_tenant(&mut self, tenant: &str) {
+        if self.pool.remove_tenant(tenant).is_err() {
+            return;
+        }
+        let tenants: Vec<String> = self.pool.tenants().map(str::to_string).collect();
+        let share = self.share(tenants.len());
+        for t in &tenants {
+            let _ = self.pool.set_limits(t, share);
+        }
+    }
+
+    /// Equal weights: each of `n` tenants is guaranteed `1/n` of the pool
+    /// and may reserve (and borrow idle blocks) up to all of it.
+    fn share(&self, n: usize) -> TenantBlocks {
+        let total = u64::from(self.pool.total_blocks());
+        TenantBlocks {
+            guaranteed: total / n.max(1) as u64,
+            budget: total,
+        }
+    }
+}
+
+enum Grown {
+    Yes,
+    No,
+}
+
+#[cfg(test)]
+mod tests;

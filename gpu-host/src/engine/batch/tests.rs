@@ -1,0 +1,355 @@
+//! The batcher on the fixture models: sequences joining and leaving give
+//! exactly what `generate` gives alone, cancellation frees blocks within a
+//! step, and a tenant far over its share cannot hurt another's sequences.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use super::*;
+use crate::engine::{CpuBackend, FinishReason, SamplingParams, generate};
+
+fn fixture(name: &str) -> (Model, Tokenizer) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/models")
+        .join(name);
+    let model = Model::open(path).expect("fixture model opens");
+    let tokenizer = Tokenizer::from_metadata(model.gguf().metadata()).unwrap();
+    (model, tokenizer)
+}
+
+/// What a sink saw.
+#[derive(Debug, Default)]
+struct Log {
+    started: bool,
+    text: String,
+    tokens: Vec<u32>,
+    result: Option<Result<FinishReason, String>>,
+    /// Set by the test: the client went away.
+    closed: bool,
+}
+
+struct TestSink(Rc<RefCell<Log>>);
+
+impl SequenceSink for TestSink {
+    fn started(&mut self) {
+        self.0.borrow_mut().started = true;
+    }
+    fn piece(&mut self, piece: Piece<'_>) -> ControlFlow<()> {
+        let mut log = self.0.borrow_mut();
+        log.text.push_str(piece.text);
+        log.tokens.extend_from_slice(piece.tokens);
+        if log.closed {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    }
+    fn check(&mut self) -> ControlFlow<()> {
+        if self.0.borrow().closed {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    }
+    fn finished(&mut self, result: Result<Decoded, SequenceError>) {
+        let mut log = self.0.borrow_mut();
+        log.result = Some(match result {
+            Ok(d) => {
+                assert_eq!(
+                    (d.text.as_str(), &d.tokens),
+                    (log.text.as_str(), &log.tokens)
+                );
+                Ok(d.finish_reason)
+            }
+            Err(e) => Err(e.to_string()),
+        });
+    }
+}
+
+fn request(tokenizer: &Tokenizer, prompt: &str, max_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        prompt_tokens: tokenizer.encode(prompt, true),
+        max_tokens,
+        sampling: SamplingParams::default(),
+        stop: Vec::new(),
+    }
+}
+
+fn add(
+    batcher: &mut Batcher,
+    tok: &Tokenizer,
+    tenant: &str,
+    req: GenerateRequest,
+) -> Rc<RefCell<Log>> {
+    let log = Rc::new(RefCell::new(Log::default()));
+    batcher.add(
+        tok,
+        NewSequence {
+            tenant: tenant.to_string(),
+            priority: 0,
+            request: req,
+            sink: Box::new(TestSink(log.clone())),
+        },
+    );
+    log
+}
+
+/// Steps until idle; panics if that takes more than `max_steps` (a stall).
+fn run(
+    batcher: &mut Batcher,
+    model: &Model,
+    tok: &Tokenizer,
+    backend: &CpuBackend,
+    max_steps: usize,
+) {
+    for _ in 0..max_steps {
+        if batcher.is_idle() {
+            return;
+        }
+        batcher.step(model, tok, backend).unwrap();
+    }
+    panic!("not idle after {max_steps} steps: {:?}", batcher.stats());
+}
+
+fn alone(
+    model: &Model,
+    tok: &Tokenizer,
+    backend: &CpuBackend,
+    req: &GenerateRequest,
+) -> (String, Vec<u32>, FinishReason) {
+    let g = generate(model, tok, backend, req, &mut |_| {}).unwrap();
+    (g.text, g.tokens, g.finish_reason)
+}
+
+fn limits(max_running: usize, kv_blocks: u32) -> BatchLimits {
+    BatchLimits {
+        max_running,
+        kv_blocks,
+    }
+}
+
+#[test]
+fn sequences_join_and_leave_and_match_generate_alone() {
+    let backend = CpuBackend::new(2).unwrap();
+    for name in ["llama-q8_0.gguf", "qwen2-q4_0.gguf"] {
+        let (model, tok) = fixture(name);
+        let mut reqs = [
+            request(&tok, "Once upon a time", 24),
+            request(&tok, "The sky is", 9),
+            request(&tok, "One two three four five six seven eight nine ten", 30),
+            request(&tok, "Hello", 17),
+        ];
+        // Seeded sampling and a stop string behave as alone too.
+        reqs[1].sampling = SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            seed: 7,
+            ..SamplingParams::default()
+        };
+        let want0 = alone(&model, &tok, &backend, &reqs[0]);
+        if let Some(word) = want0.0.split_whitespace().nth(2) {
+            reqs[3] = GenerateRequest {
+                stop: vec![word.to_string()],
+                ..reqs[0].clone()
+            };
+        }
+        let wants: Vec<_> = reqs
+            .iter()
+            .map(|r| alone(&model, &tok, &backend, r))
+            .collect();
+
+        let mut batcher = Batcher::new(&model, limits(3, 64)).unwrap();
+        let mut logs = vec![
+            add(&mut batcher, &tok, "t", reqs[0].clone()),
+            add(&mut batcher, &tok, "t", reqs[1].clone()),
+        ];
+        for _ in 0..3 {
+            batcher.step(&model, &tok, &backend).unwrap();
+        }
+        // Two more join while the first two decode; one must wait for a slot.
+        logs.push(add(&mut batcher, &tok, "u", reqs[2].clone()));
+        logs.push(add(&mut batcher, &tok, "u", reqs[3].clone()));
+        batcher.step(&model, &tok, &backend).unwrap();
+        let stats = batcher.stats();
+        assert_eq!((stats.running, stats.waiting), (3, 1), "{stats:?}");
+        run(&mut batcher, &model, &tok, &backend, 500);
+        for (i, (log, want)) in logs.iter().zip(&wants).enumerate() {
+            let log = log.borrow();
+            assert_eq!(log.result, Some(Ok(want.2)), "{name} #{i}");
+            assert_eq!((&log.text, &log.tokens), (&want.0, &want.1), "{name} #{i}");
+        }
+        assert_eq!(batcher.stats().kv_blocks_used, 0);
+    }
+}
+
+/// The batch cuts prompts in 64-token chunks where `generate` cuts 256:
+/// still bit-identical output, on every fixture type (Q8_0; Q4_0 with a
+/// Q6_K/other mix; F16 whose multi-token kernel sums in another order).
+#[test]
+fn a_long_prompt_is_prefilled_in_chunks_while_others_decode() {
+    let backend = CpuBackend::new(2).unwrap();
+    for name in ["llama-q8_0.gguf", "qwen2-q4_0.gguf", "llama-f16.gguf"] {
+        let (model, tok) = fixture(name);
+        let short = request(&tok, "Hello", 40);
+        // The fixture's context is 512: one full 256 chunk and a partial one
+        // for `generate`; seven full 64 chunks and a partial one here.
+        let long_prompt: Vec<u32> = (0..PREFILL_CHUNK as u32 + 203)
+            .map(|i| 3 + i % 200)
+            .collect();
+        let long = GenerateRequest {
+            prompt_tokens: long_prompt,
+            max_tokens: 4,
+            ..short.clone()
+        };
+        let wants = [
+            alone(&model, &tok, &backend, &short),
+            alone(&model, &tok, &backend, &long),
+        ];
+        let mut batcher = Batcher::new(&model, limits(4, 128)).unwrap();
+        let a = add(&mut batcher, &tok, "t", short);
+        batcher.step(&model, &tok, &backend).unwrap();
+        let b = add(&mut batcher, &tok, "t", long);
+        // Every step while the long prompt prefills, the short one decodes a token.
+        for step in 0..7 {
+            let before = a.borrow().tokens.len();
+            let ran = batcher.step(&model, &tok, &backend).unwrap();
+            assert!(
+                ran <= BATCH_PREFILL_CHUNK + 1,
+                "step {step} ran {ran} tokens"
+            );
+            assert_eq!(a.borrow().tokens.len(), before + 1, "{name} step {step}");
+        }
+        run(&mut batcher, &model, &tok, &backend, 500);
+        for (log, want) in [a, b].iter().zip(&wants) {
+            let log = log.borrow();
+            assert_eq!((&log.text, &log.tokens), (&want.0, &want.1), "{name}");
+        }
+    }
+}
+
+#[test]
+fn a_cancelled_sequence_frees_its_blocks_within_one_step() {
+    let backend = CpuBackend::new(1).unwrap();
+    let (model, tok) = fixture("llama-q8_0.gguf");
+    let mut batcher = Batcher::new(&model, limits(4, 64)).unwrap();
+    let gone = add(
+        &mut batcher,
+        &tok,
+        "a",
+        request(&tok, "Once upon a time", 200),
+    );
+    let stays = add(&mut batcher, &tok, "b", request(&tok, "Hello", 20));
+    for _ in 0..20 {
+        batcher.step(&model, &tok, &backend).unwrap();
+    }
+    assert!(batcher.held_blocks("a") > 0);
+    gone.borrow_mut().closed = true;
+    batcher.step(&model, &tok, &backend).unwrap();
+    assert_eq!(batcher.held_blocks("a"), 0, "freed within one step");
+    assert_eq!(
+        gone.borrow().result,
+        None,
+        "a cancelled stream gets no Finished"
+    );
+    run(&mut batcher, &model, &tok, &backend, 100);
+    assert!(stays.borrow().result.as_ref().is_some_and(Result::is_ok));
+    assert_eq!(
+        batcher.stats(),
+        BatchStats {
+            kv_blocks_total: 64,
+            ..BatchStats::default()
+        }
+    );
+}
+
+/// Tenant `flood` sends one request that can never fit its share and many
+/// that together need far more than the pool; tenant `calm`'s sequence runs
+/// beside them. The oversized one is refused with the numbers, the calm
+/// tenant's output is exactly what it is alone, everyone else finishes (no
+/// deadlock), and the pool ends empty.
+#[test]
+fn a_tenant_far_over_its_share_cannot_hurt_another() {
+    let backend = CpuBackend::new(2).unwrap();
+    let (model, tok) = fixture("llama-q8_0.gguf");
+    // 24 blocks = 384 tokens; two tenants are guaranteed 12 blocks (192 tokens) each.
+    let mut batcher = Batcher::new(&model, limits(16, 24)).unwrap();
+    let calm_req = request(&tok, "The sky is", 150);
+    let want = alone(&model, &tok, &backend, &calm_req);
+    let calm = add(&mut batcher, &tok, "calm", calm_req);
+    let huge = add(&mut batcher, &tok, "flood", request(&tok, "Hi", 300));
+    let floods: Vec<_> = (0..10)
+        .map(|i| {
+            add(
+                &mut batcher,
+                &tok,
+                "flood",
+                request(&tok, &format!("Story {i}:"), 100),
+            )
+        })
+        .collect();
+    // Admission happens when a step picks the request up.
+    batcher.step(&model, &tok, &backend).unwrap();
+    let huge_result = huge.borrow().result.clone();
+    let message = match huge_result {
+        Some(Err(m)) => m,
+        other => panic!("the oversized request was not refused: {other:?}"),
+    };
+    assert!(message.starts_with("kv_budget_exceeded:"), "{message}");
+    assert!(
+        message.contains("needs 30") && message.contains("has 192"),
+        "{message}"
+    );
+    let mut peak = 0;
+    for _ in 0..5_000 {
+        if batcher.is_idle() {
+            break;
+        }
+        batcher.step(&model, &tok, &backend).unwrap();
+        peak = peak.max(batcher.held_blocks("flood"));
+    }
+    assert!(batcher.is_idle(), "stalled: {:?}", batcher.stats());
+    assert!(
+        peak > 12,
+        "the flood borrowed idle blocks beyond its share ({peak})"
+    );
+    assert!(
+        batcher.stats().preemptions > 0,
+        "the calm tenant took its share back"
+    );
+    let calm = calm.borrow();
+    assert_eq!(calm.result, Some(Ok(want.2)));
+    assert_eq!((&calm.text, &calm.tokens), (&want.0, &want.1));
+    for f in &floods {
+        assert!(f.borrow().result.as_ref().is_some_and(Result::is_ok));
+    }
+    assert_eq!(batcher.stats().kv_blocks_used, 0);
+}
+
+#[test]
+fn priority_orders_admission_within_a_tenant() {
+    let backend = CpuBackend::new(1).unwrap();
+    let (model, tok) = fixture("llama-q8_0.gguf");
+    let mut batcher = Batcher::new(&model, limits(1, 64)).unwrap();
+    let first = add(&mut batcher, &tok, "t", request(&tok, "Hello", 3));
+    batcher.step(&model, &tok, &backend).unwrap();
+    assert!(first.borrow().started);
+    // The batch is full (one slot): these two wait, the urgent one arriving last.
+    let low = add(&mut batcher, &tok, "t", request(&tok, "Hello", 3));
+    let log = Rc::new(RefCell::new(Log::default()));
+    batcher.add(
+        &tok,
+        NewSequence {
+            tenant: "t".into(),
+            priority: 5,
+            request: request(&tok, "Hello", 3),
+            sink: Box::new(TestSink(log.clone())),
+        },
+    );
+    while first.borrow().result.is_none() {
+        batcher.step(&model, &tok, &backend).unwrap();
+    }
+    batcher.step(&model, &tok, &backend).unwrap();
+    assert!(log.borrow().started, "the urgent one joins next");
+    assert!(!low.borrow().started);
+    run(&mut batcher, &model, &tok, &backend, 100);
+}

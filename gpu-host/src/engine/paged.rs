@@ -1,0 +1,172 @@
+//! The paged KV cache: one model's keys and values as a pool of fixed-size
+//! blocks ([`KV_BLOCK_TOKENS`] positions), and the batched forward pass that
+//! runs several sequences in one call, each reading and writing its
+//! positions through its own block table.
+//!
+//! Which sequence holds which block, and whose budget it is charged to, is
+//! `bulkhead-partition`'s `KvPool`; this module only stores the numbers.
+
+use bulkhead_kernels::{PagedSeq, PagedShape};
+use bulkhead_partition::{KV_BLOCK_TOKENS, KvDtype, KvGeometry, PartitionError};
+
+use super::backend::Backend;
+use super::model::{ForwardError, Heads, KvStore, Model, Segment};
+
+/// Positions per block, as a `usize` for indexing.
+pub const BLOCK_TOKENS: usize = KV_BLOCK_TOKENS as usize;
+
+/// The K and V storage of a block pool: per layer, `blocks` blocks of
+/// [`BLOCK_TOKENS`] rows of `kv_dim` f32s. Allocated zeroed, so pages the
+/// kernel never touches (blocks never handed out) cost no resident memory.
+#[derive(Debug)]
+pub struct KvBlocks {
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    blocks: u32,
+    kv_dim: usize,
+}
+
+impl KvBlocks {
+    /// Blocks in the pool.
+    pub fn blocks(&self) -> u32 {
+        self.blocks
+    }
+}
+
+/// One sequence's part of a batched forward call.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchEntry<'a> {
+    /// Tokens to run (a prefill chunk, or the one token of a decode step).
+    pub tokens: &'a [u32],
+    /// Positions the sequence already holds (where `tokens` start).
+    pub start_pos: usize,
+    /// Its block table, covering at least `start_pos + tokens.len()` positions.
+    pub blocks: &'a [u32],
+    /// Whether to return logits for its last token.
+    pub logits: bool,
+}
+
+impl Model {
+    /// How many bytes one token of KV cache takes (f32 K and V, every layer).
+    pub fn kv_geometry(&self) -> Result<KvGeometry, PartitionError> {
+        let c = self.config();
+        let small = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        KvGeometry::new(
+            small(c.layers),
+            small(c.kv_heads),
+            small(c.head_dim),
+            KvDtype::F32,
+        )
+    }
+
+    /// A zeroed pool of `blocks` KV blocks for this model.
+    pub fn new_kv_blocks(&self, blocks: u32) -> KvBlocks {
+        let kv_dim = self.config().kv_dim();
+        let floats = blocks as usize * BLOCK_TOKENS * kv_dim;
+        let layers = self.config().layers;
+        KvBlocks {
+            k: (0..layers).map(|_| vec![0.0; floats]).collect(),
+            v: (0..layers).map(|_| vec![0.0; floats]).collect(),
+            blocks,
+            kv_dim,
+        }
+    }
+
+    /// Runs every entry's tokens in one forward pass (each matmul takes all
+    /// their rows), writing their keys and values into their blocks; returns
+    /// the logits of each entry that asked, in order (vocab floats each).
+    /// Each entry's results are bit-identical to running it alone through
+    /// [`Model::forward`] with a contiguous cache holding the same positions,
+    /// as long as its tokens are one forward chunk there too.
+    pub fn forward_batch(
+        &self,
+        backend: &dyn Backend,
+        kv: &mut KvBlocks,
+        entries: &[BatchEntry<'_>],
+    ) -> Result<Vec<f32>, ForwardError> {
+        let vocab = self.config().vocab_size;
+        let context = self.config().context_length;
+        let mut tokens = Vec::new();
+        let mut segments = Vec::with_capacity(entries.len());
+        let mut wanted = Vec::new();
+        for e in entries {
+            if let Some(&bad) = e.tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(ForwardError::TokenOutOfRange { token: bad, vocab });
+            }
+            let end = e.start_pos + e.tokens.len();
+            let capacity = (e.blocks.len() * BLOCK_TOKENS).min(context);
+            if e.tokens.is_empty() || end > capacity {
+                return Err(ForwardError::ContextFull {
+                    needed: end,
+                    capacity,
+                });
+            }
+            if let Some(&bad) = e.blocks.iter().find(|&&b| b >= kv.blocks) {
+                return Err(ForwardError::BlockOutOfRange {
+                    block: bad,
+                    blocks: kv.blocks,
+                });
+            }
+            tokens.extend_from_slice(e.tokens);
+            segments.push(Segment {
+                rows: e.tokens.len(),
+                start_pos: e.start_pos,
+            });
+            if e.logits {
+                wanted.push(tokens.len() - 1);
+            }
+        }
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut store = PagedStore { kv, entries };
+        Ok(self.run_layers(backend, &tokens, &segments, &mut store, &wanted))
+    }
+}
+
+/// The pool seen by one batched call.
+struct PagedStore<'a> {
+    kv: &'a mut KvBlocks,
+    entries: &'a [BatchEntry<'a>],
+}
+
+impl KvStore for PagedStore<'_> {
+    fn store(&mut self, layer: usize, k: &[f32], v: &[f32]) {
+        let kv_dim = self.kv.kv_dim;
+        let (kp, vp) = (&mut self.kv.k[layer], &mut self.kv.v[layer]);
+        let mut row = 0;
+        for e in self.entries {
+            for pos in e.start_pos..e.start_pos + e.tokens.len() {
+                let block = e.blocks[pos / BLOCK_TOKENS] as usize;
+                let at = (block * BLOCK_TOKENS + pos % BLOCK_TOKENS) * kv_dim;
+                let src = row * kv_dim..(row + 1) * kv_dim;
+                kp[at..at + kv_dim].copy_from_slice(&k[src.clone()]);
+                vp[at..at + kv_dim].copy_from_slice(&v[src]);
+                row += 1;
+            }
+        }
+    }
+
+    fn attend(&self, backend: &dyn Backend, layer: usize, q: &[f32], h: Heads, out: &mut [f32]) {
+        let seqs: Vec<PagedSeq<'_>> = self
+            .entries
+            .iter()
+            .map(|e| PagedSeq {
+                n_tokens: e.tokens.len(),
+                start_pos: e.start_pos,
+                blocks: e.blocks,
+            })
+            .collect();
+        let shape = PagedShape {
+            block_tokens: BLOCK_TOKENS,
+            n_heads: h.n_heads,
+            n_kv_heads: h.n_kv_heads,
+            head_dim: h.head_dim,
+            scale: h.scale,
+        };
+        backend.attention_paged(q, &self.kv.k[layer], &self.kv.v[layer], &seqs, shape, out);
+    }
+}
+
+#[cfg(test)]
+mod tests;

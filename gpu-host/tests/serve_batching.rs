@@ -1,0 +1,143 @@
+//! `serve` with continuous batching: KV admission over gRPC, many streams
+//! in one batch, and the load numbers in `Health`.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bulkhead_protocol::v1::generate_event::Event;
+use bulkhead_protocol::v1::generate_request::Prompt;
+use bulkhead_protocol::v1::gpu_host_client::GpuHostClient;
+use bulkhead_protocol::{Target, connect, v1};
+use tonic::Code;
+use tonic::transport::Channel;
+
+struct Host {
+    child: Child,
+    dir: PathBuf,
+    target: Target,
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start(name: &str, extra: &[&str]) -> Host {
+    let dir = std::env::temp_dir().join(format!("bulkhead-batch-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("host.sock");
+    let model =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/llama-q8_0.gguf");
+    let child = Command::new(env!("CARGO_BIN_EXE_bulkhead-gpu-host"))
+        .arg("serve")
+        .arg("--listen")
+        .arg(format!("unix:{}", socket.display()))
+        .arg("--model")
+        .arg(format!("llama={}", model.display()))
+        .args(["--threads", "1"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("binary starts");
+    Host {
+        child,
+        dir,
+        target: Target::Unix(socket),
+    }
+}
+
+impl Host {
+    async fn client(&mut self) -> GpuHostClient<Channel> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match connect(&self.target).await {
+                Ok(channel) => return GpuHostClient::new(channel),
+                Err(e) => {
+                    assert!(self.child.try_wait().unwrap().is_none(), "host exited");
+                    assert!(Instant::now() < deadline, "host not ready: {e}");
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+            }
+        }
+    }
+}
+
+fn request(tenant: &str, prompt: &str, max_tokens: u32) -> v1::GenerateRequest {
+    v1::GenerateRequest {
+        model: "llama".into(),
+        prompt: Some(Prompt::Text(prompt.into())),
+        max_tokens: Some(max_tokens),
+        tenant: tenant.into(),
+        ..Default::default()
+    }
+}
+
+/// Text and token count of a stream run to its end.
+async fn run(
+    client: &mut GpuHostClient<Channel>,
+    req: v1::GenerateRequest,
+) -> Result<(String, usize), tonic::Status> {
+    let mut stream = client.generate(req).await?.into_inner();
+    let (mut text, mut tokens) = (String::new(), 0);
+    while let Some(event) = stream.message().await? {
+        if let Some(Event::Delta(d)) = event.event {
+            text.push_str(&d.text);
+            tokens += d.token_ids.len();
+        }
+    }
+    Ok((text, tokens))
+}
+
+/// 256 KiB of KV for this model (2 layers × 2 KV heads × 64 × f32 × K,V =
+/// 2 KiB a token) is 8 blocks of 16 tokens: 128 tokens.
+#[tokio::test]
+async fn a_request_that_cannot_fit_the_kv_cache_is_refused_with_the_numbers() {
+    let mut host = start("kv", &["--kv-memory", "256KiB"]);
+    let mut client = host.client().await;
+    let err = run(&mut client, request("acme", "Hello", 200))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+    assert!(
+        err.message().starts_with("kv_budget_exceeded:"),
+        "{}",
+        err.message()
+    );
+    assert!(err.message().contains("has 128 "), "{}", err.message());
+    let (_, tokens) = run(&mut client, request("acme", "Hello", 20))
+        .await
+        .unwrap();
+    assert!(tokens > 0);
+}
+
+#[tokio::test]
+async fn many_streams_share_one_batch_and_health_counts_them() {
+    let mut host = start("many", &["--max-batch", "8"]);
+    let client = host.client().await;
+    let alone = run(&mut client.clone(), request("a", "Once upon a time", 24))
+        .await
+        .unwrap();
+    let tasks: Vec<_> = (0..12)
+        .map(|i| {
+            let mut c = client.clone();
+            let tenant = if i % 2 == 0 { "a" } else { "b" };
+            tokio::spawn(async move { run(&mut c, request(tenant, "Once upon a time", 24)).await })
+        })
+        .collect();
+    for task in tasks {
+        assert_eq!(task.await.unwrap().unwrap(), alone);
+    }
+    let health = client
+        .clone()
+        .health(v1::HealthRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((health.workers, health.max_running), (1, 8));
+    assert_eq!((health.queued, health.running), (0, 0));
+}

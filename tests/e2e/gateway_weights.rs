@@ -39,9 +39,8 @@ impl Drop for Host {
     }
 }
 
-fn start_host() -> Host {
-    let dir =
-        std::env::temp_dir().join(format!("bulkhead-e2e-weights-host-{}", std::process::id()));
+fn start_host(name: &str, extra: &[&str]) -> Host {
+    let dir = std::env::temp_dir().join(format!("bulkhead-e2e-{name}-host-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let socket = dir.join("host.sock");
@@ -52,6 +51,7 @@ fn start_host() -> Host {
         .args(["--threads", "1", "--enable-test-hooks"])
         // Fast, so the flip is found within a few milliseconds.
         .args(["--scrub-bytes-per-s", "1000000000"])
+        .args(extra)
         .stdout(Stdio::piped())
         .spawn()
         .expect("bulkhead-gpu-host starts");
@@ -83,7 +83,7 @@ fn chat(gateway: &Gateway, token: &str) -> bulkhead_tests::Response {
 
 #[test]
 fn responses_name_verified_weights_and_a_flipped_bit_takes_the_model_out_of_service() {
-    let host = start_host();
+    let host = start_host("weights", &[]);
     let policies = PolicyDir::new("weights");
     let audit_dir = policies
         .path
@@ -189,4 +189,45 @@ fn responses_name_verified_weights_and_a_flipped_bit_takes_the_model_out_of_serv
     );
     assert!(Timestamp::parse(quarantine["time"].as_str().unwrap()).unwrap() >= started);
     let _ = std::fs::remove_dir_all(&audit_dir);
+}
+
+/// A gateway in front of `host`, serving the signed demo model.
+fn gateway_for(host: &Host, name: &str) -> (PolicyDir, Gateway) {
+    let policies = PolicyDir::new(name);
+    policies.write(
+        "gateway.toml",
+        &format!(
+            "[upstream]\ntarget = \"unix:{}\"\n\n[[upstream.models]]\nname = \"{MODEL}\"\n\
+             dir = \"{}\"\nsignature = \"{}\"\n",
+            host.socket.display(),
+            demo_model_dir().display(),
+            demo_model_signature().display(),
+        ),
+    );
+    let gateway = Gateway::start(&policies);
+    gateway.wait_ready();
+    (policies, gateway)
+}
+
+#[test]
+fn a_request_that_cannot_fit_the_kv_cache_is_429_saying_what_it_needs() {
+    // 1 MiB of KV cache: ~170 tokens of the demo model (6 KiB per token).
+    let host = start_host("kv", &["--kv-memory", "1MiB"]);
+    let (policies, gateway) = gateway_for(&host, "kv");
+    let token = policies.token("demo", &[]);
+    let body = |max_tokens: u32| {
+        json!({"model": MODEL, "prompt": "Emma was", "max_tokens": max_tokens, "priority": 5})
+            .to_string()
+    };
+    let r = gateway.request("POST", "/v1/completions", Some(&token), Some(&body(400)));
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert_eq!(r.error_code(), "kv_budget_exceeded");
+    let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(
+        message.contains("needs") && message.contains("tokens"),
+        "{message}"
+    );
+    // One that fits is served (with its priority passed along).
+    let r = gateway.request("POST", "/v1/completions", Some(&token), Some(&body(8)));
+    assert_eq!(r.status, 200, "{}", r.body);
 }

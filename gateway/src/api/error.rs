@@ -191,6 +191,7 @@ impl From<UpstreamError> for ApiError {
                 ApiError::unavailable("upstream_unavailable", e.to_string())
             }
             UpstreamError::Overloaded(_) => ApiError::unavailable("overloaded", e.to_string()),
+            UpstreamError::KvBudgetExceeded(m) => ApiError::rate_limited("kv_budget_exceeded", m),
             UpstreamError::ModelNotFound(m) => ApiError::not_found("model_not_found", m),
             UpstreamError::ModelUnavailable(m) => ApiError::unavailable("model_unavailable", m),
             UpstreamError::InvalidArgument(m) => {

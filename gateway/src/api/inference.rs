@@ -384,7 +384,6 @@ fn to_upstream(
         stop: request.stop,
         tenant: tenant.to_string(),
         request_id: request_id.to_string(),
-        // OpenAI's `priority` is not passed through yet (issue 6).
-        priority: None,
+        priority: request.priority,
     }
 }

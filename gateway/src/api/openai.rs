@@ -52,6 +52,8 @@ pub struct InferenceRequest {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Order among this tenant's waiting requests (higher first; default 0).
+    pub priority: Option<i32>,
 }
 
 /// OpenAI's default `max_tokens` for the legacy completions endpoint.
@@ -61,6 +63,9 @@ pub(crate) const MAX_STOP: usize = 4;
 /// A stop sequence longer than this cannot be meant seriously and costs
 /// matching time on every token.
 pub(crate) const MAX_STOP_BYTES: usize = 256;
+/// `priority` range: wide enough to order a tenant's traffic classes,
+/// small enough that nobody mistakes it for a deadline.
+pub(crate) const PRIORITY_RANGE: std::ops::RangeInclusive<i64> = -100..=100;
 /// Messages per chat request (the body limit bounds their size).
 pub(crate) const MAX_MESSAGES: usize = 4096;
 
@@ -117,6 +122,7 @@ impl InferenceRequest {
             stop: p.stop()?,
             stream: p.bool("stream")?.unwrap_or(false),
             include_usage: p.include_usage()?,
+            priority: p.priority()?,
         };
         p.unsupported(endpoint)?;
         Ok(request)
@@ -219,6 +225,27 @@ impl Fields {
                 .or_else(|| v.as_i64().map(|n| n as u64))
                 .map(Some)
                 .ok_or_else(|| ApiError::invalid_param("seed", "`seed` must be an integer")),
+        }
+    }
+
+    fn priority(&mut self) -> Result<Option<i32>, ApiError> {
+        match self.take("priority") {
+            None => Ok(None),
+            Some(v) => v
+                .as_i64()
+                .filter(|n| PRIORITY_RANGE.contains(n))
+                .and_then(|n| i32::try_from(n).ok())
+                .map(Some)
+                .ok_or_else(|| {
+                    ApiError::invalid_param(
+                        "priority",
+                        format!(
+                            "`priority` must be an integer from {} to {} (higher runs first among your requests)",
+                            PRIORITY_RANGE.start(),
+                            PRIORITY_RANGE.end()
+                        ),
+                    )
+                }),
         }
     }
 
@@ -481,6 +508,24 @@ mod tests {
         assert_eq!(r.seed, Some(u64::MAX));
         assert_eq!(r.stop, vec!["\n".to_string()]);
         assert!(r.stream && r.include_usage);
+    }
+
+    #[test]
+    fn priority_is_a_bounded_integer() {
+        let body = |p: &str| format!(r#"{{"model":"m","prompt":"a","priority":{p}}}"#);
+        assert_eq!(completion(&body("7")).unwrap().priority, Some(7));
+        assert_eq!(completion(&body("-100")).unwrap().priority, Some(-100));
+        assert_eq!(
+            completion(r#"{"model":"m","prompt":"a"}"#)
+                .unwrap()
+                .priority,
+            None
+        );
+        for bad in ["101", "-101", "1.5", "\"high\"", "9223372036854775807"] {
+            let e = completion(&body(bad)).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("priority"), "{bad}");
+            assert!(e.message.contains("from -100 to 100"), "{}", e.message);
+        }
     }
 
     #[test]

@@ -44,6 +44,10 @@ pub enum UpstreamError {
     /// The host's queue is full.
     #[error("the GPU host is overloaded: {0}")]
     Overloaded(String),
+    /// The request can never fit the tenant's share of the KV cache (the
+    /// host's message says how many tokens it needs and has).
+    #[error("{0}")]
+    KvBudgetExceeded(String),
     /// The host does not serve the model.
     #[error("{0}")]
     ModelNotFound(String),
@@ -59,12 +63,19 @@ pub enum UpstreamError {
     Protocol(String),
 }
 
+/// How the gpu-host starts a RESOURCE_EXHAUSTED that is the tenant's KV
+/// budget rather than the host's queue.
+const KV_BUDGET_EXCEEDED: &str = "kv_budget_exceeded:";
+
 impl From<Status> for UpstreamError {
     fn from(status: Status) -> UpstreamError {
         let message = status.message().to_string();
         match status.code() {
             Code::NotFound => UpstreamError::ModelNotFound(message),
             Code::InvalidArgument | Code::OutOfRange => UpstreamError::InvalidArgument(message),
+            Code::ResourceExhausted if message.starts_with(KV_BUDGET_EXCEEDED) => {
+                UpstreamError::KvBudgetExceeded(message)
+            }
             Code::ResourceExhausted => UpstreamError::Overloaded(message),
             Code::FailedPrecondition => UpstreamError::ModelUnavailable(message),
             // A dropped connection shows up as UNAVAILABLE or UNKNOWN (h2 reset),
@@ -248,5 +259,31 @@ impl Upstream {
         }
         let mut client = self.client.clone();
         Ok(client.health(HealthRequest {}).await?.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_exhausted_is_the_queue_unless_it_names_the_kv_budget() {
+        let kv = Status::resource_exhausted(
+            "kv_budget_exceeded: the request needs 900 tokens of KV cache, the tenant's share is 512",
+        );
+        assert!(
+            matches!(UpstreamError::from(kv), UpstreamError::KvBudgetExceeded(m) if m.contains("needs 900"))
+        );
+        let full =
+            Status::resource_exhausted("the request queue is full (64 waiting); retry later");
+        assert!(matches!(
+            UpstreamError::from(full),
+            UpstreamError::Overloaded(_)
+        ));
+        let out = Status::failed_precondition("model `m` is out of service: chunk 3");
+        assert!(matches!(
+            UpstreamError::from(out),
+            UpstreamError::ModelUnavailable(_)
+        ));
     }
 }

@@ -96,7 +96,7 @@ pub struct LocalGpuHostFile {
     pub binary: Option<Spanned<PathBuf>>,
     /// CPU backend threads (default: all cores).
     pub threads: Option<Spanned<usize>>,
-    /// Generations that run at once.
+    /// Generations that run at once: the host's batch width (`--max-batch`).
     pub workers: Option<Spanned<usize>>,
     /// Requests that may wait for a worker.
     pub queue_capacity: Option<Spanned<usize>>,

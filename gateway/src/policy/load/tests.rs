@@ -190,7 +190,7 @@ fn defaults_apply_without_gateway_toml() {
             local.queue_capacity,
             local.restart_backoff_max
         ),
-        (1, 64, Duration::from_secs(5))
+        (16, 64, Duration::from_secs(5))
     );
     assert!(policy.models.is_empty());
     assert_eq!(policy.files.len(), 1);

@@ -10,6 +10,7 @@ mod api;
 mod app;
 pub mod audit;
 pub mod auth;
+mod durable;
 pub mod limits;
 mod metrics;
 pub mod models;

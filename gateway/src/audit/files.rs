@@ -2,9 +2,9 @@
 //! by temp file + fsync + rename + fsync of the folder, so a crash leaves
 //! the old file or the new one.
 
-use std::fs::{self, DirBuilder, File, OpenOptions};
-use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::fs::{self, DirBuilder, File};
+use std::io::{self, Read};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::Path;
 
 use super::AuditError;
@@ -31,33 +31,9 @@ pub(crate) fn make_dir(dir: &Path) -> Result<(), AuditError> {
     Ok(())
 }
 
-/// Fsyncs a folder, so a file created or renamed in it survives a crash.
-pub(crate) fn sync_dir(dir: &Path) -> Result<(), AuditError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(AuditError::io("syncing", dir))
-}
-
 /// Replaces `path` with `bytes` atomically (0600).
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AuditError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map_or_else(|| "file".into(), |n| n.to_string_lossy().into_owned());
-    let temp = dir.join(format!(".tmp-{name}"));
-    let written = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .mode(0o600)
-        .open(&temp)
-        .and_then(|mut f| {
-            f.write_all(bytes)?;
-            f.sync_all()
-        });
-    written.map_err(AuditError::io("writing", &temp))?;
-    fs::rename(&temp, path).map_err(AuditError::io("renaming", path))?;
-    sync_dir(dir)
+    crate::durable::write_atomic(path, bytes).map_err(AuditError::io("writing", path))
 }
 
 /// A file's contents up to `limit` bytes; `None` when it does not exist.

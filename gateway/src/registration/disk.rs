@@ -13,7 +13,7 @@
 //! `trust.toml` before its model is loaded.
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -21,13 +21,13 @@ use serde::{Deserialize, Serialize};
 
 use super::verify::MAX_REGISTRATION_BUNDLE_BYTES;
 use super::{RegistrationError, valid_model_name};
+use crate::durable::{TEMP_PREFIX, sync_dir, write_atomic};
 
 /// Most models registered through the API: each is loaded at every restart.
 pub const MAX_API_REGISTRATIONS: usize = 256;
 /// Largest record file: the bundle plus a few short fields.
 const MAX_RECORD_BYTES: u64 = MAX_REGISTRATION_BUNDLE_BYTES as u64 + (16 << 10);
 const LOCK: &str = "lock";
-const TEMP_PREFIX: &str = ".tmp-";
 const SUFFIX: &str = ".json";
 const VERSION: u32 = 1;
 
@@ -224,33 +224,6 @@ fn lock(root: &Path) -> Result<File, RegistrationError> {
         )),
         Err(fs::TryLockError::Error(e)) => Err(RegistrationError::store("locking", &path)(e)),
     }
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let file_name = path.file_name().unwrap_or_default().to_string_lossy();
-    let temp = dir.join(format!("{TEMP_PREFIX}{}-{file_name}", std::process::id()));
-    let written = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&temp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        drop(file);
-        fs::rename(&temp, path)
-    })();
-    if let Err(e) = written {
-        let _ = fs::remove_file(&temp);
-        return Err(e);
-    }
-    sync_dir(dir)
-}
-
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]

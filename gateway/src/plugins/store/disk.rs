@@ -5,20 +5,19 @@
 //! open removes.
 
 use std::fs::{self, DirBuilder, File, OpenOptions, Permissions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
 use super::artifact::{KEY_BYTES, StoreKey};
 use super::name::{PluginName, is_valid_tenant};
 use super::{EntryMeta, LoadFailure, StoreError};
+use crate::durable::{TEMP_PREFIX, sync_dir, write_atomic};
 use crate::plugins::{MAX_COMPONENT_BYTES, PluginDigest};
 
 /// Prefix of temp files; no stored name starts with a dot.
-const TEMP_PREFIX: &str = ".tmp-";
 /// Largest entry file read: an entry is a few hundred bytes.
 const MAX_ENTRY_FILE_BYTES: u64 = 64 << 10;
 /// Largest artifact file read. Cranelift's code for a component is a small
@@ -451,39 +450,6 @@ fn read_bounded(path: &Path, max: u64) -> io::Result<Option<Vec<u8>>> {
     Ok(Some(bytes))
 }
 
-/// Replaces `path` with `bytes` (mode 0600) so that a crash leaves either
-/// the old file or the new one: temp file in the same folder, fsync,
-/// rename, fsync the folder.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let dir = path.parent().expect("store paths have a parent");
-    let file_name = path
-        .file_name()
-        .expect("store paths name a file")
-        .to_string_lossy();
-    let temp = dir.join(format!(
-        "{TEMP_PREFIX}{}-{}-{file_name}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    let written = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&temp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        drop(file);
-        fs::rename(&temp, path)
-    })();
-    if let Err(e) = written {
-        let _ = fs::remove_file(&temp);
-        return Err(e);
-    }
-    sync_dir(dir)
-}
-
 /// Removes `path` (already gone is fine) and fsyncs its folder.
 fn remove_durably(path: &Path) -> io::Result<()> {
     match fs::remove_file(path) {
@@ -492,10 +458,6 @@ fn remove_durably(path: &Path) -> io::Result<()> {
         Err(e) => return Err(e),
     }
     sync_dir(path.parent().expect("store paths have a parent"))
-}
-
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 fn io_error(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError {

@@ -55,3 +55,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Audit(args) => audit::run(args),
     }
 }
+
+/// Creates `path` (never replacing a file) with `mode`, written and synced:
+/// key files the `keygen` commands write.
+fn write_new(path: &std::path::Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+
+    use anyhow::Context as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("cannot write {}", path.display()))
+}

@@ -2,11 +2,10 @@
 //! in the OpenSSF model-signing format (`gateway/src/models/`); `register`,
 //! `unregister` and `list` call a running gateway (`model_api.rs`).
 
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use super::write_new;
 use anyhow::{Context, bail};
 use bulkhead_gateway::models::{
     DirOptions, KeyKind, Manifest, PublicKey, SigningKey, read_bundle_file, verify_dir,
@@ -180,23 +179,6 @@ fn keygen(out: &Path, kind: Kind) -> anyhow::Result<ExitCode> {
         public.display()
     );
     Ok(ExitCode::SUCCESS)
-}
-
-/// Creates `path` (never replacing a file) with `mode` on Unix.
-fn write_new(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
-    let mut options = OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode);
-    #[cfg(not(unix))]
-    let _ = mode;
-    let mut file = options
-        .open(path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
-    file.write_all(bytes)
-        .and_then(|()| file.sync_all())
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
 }
 
 fn sign(dir: &Path, key: &Path, signature: &Path) -> anyhow::Result<ExitCode> {

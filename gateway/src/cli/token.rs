@@ -1,11 +1,10 @@
 //! `bulkhead token`: mint development tokens and key pairs.
 
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
+use super::write_new;
 use anyhow::{Context, bail};
 use bulkhead_gateway::auth::{self, IssueOptions, MAX_DEV_TOKEN_TTL, Scope, Scopes, Verifiers};
 use bulkhead_gateway::policy;
@@ -125,22 +124,6 @@ fn keygen(out: &Path) -> anyhow::Result<ExitCode> {
     write_new(&public, pair.public_pem.as_bytes(), 0o644)?;
     eprintln!("wrote {} and {}", private.display(), public.display());
     Ok(ExitCode::SUCCESS)
-}
-
-/// Creates `path` (never replacing a file) with `mode` on Unix.
-fn write_new(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
-    let mut options = OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode);
-    #[cfg(not(unix))]
-    let _ = mode;
-    let mut file = options
-        .open(path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
-    file.write_all(bytes)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
 }
 
 /// `30s`, `15m`, `1h`, `7d`: a positive whole number and a unit, at most 30 days.

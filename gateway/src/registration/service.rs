@@ -77,6 +77,19 @@ struct Control {
     generation: Option<u64>,
 }
 
+impl Control {
+    /// The current host holds `name` with `digest`, loaded or adopted by us.
+    fn mark_loaded(&mut self, name: &str, digest: &str) {
+        self.loaded.insert(name.to_string(), digest.to_string());
+        self.states.insert(
+            name.to_string(),
+            Attempt::Loaded {
+                digest: digest.to_string(),
+            },
+        );
+    }
+}
+
 /// How the last load of a name went.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Attempt {
@@ -304,15 +317,7 @@ impl ModelRegistry {
         }
         let registration = Arc::new(registration);
         control.records.insert(name.clone(), record);
-        control
-            .loaded
-            .insert(name.clone(), registration.digest.clone());
-        control.states.insert(
-            name.clone(),
-            Attempt::Loaded {
-                digest: registration.digest.clone(),
-            },
-        );
+        control.mark_loaded(&name, &registration.digest);
         self.inner.table.rcu(|table| {
             let mut next = BTreeMap::clone(table);
             next.insert(name.clone(), Arc::clone(&registration));
@@ -581,15 +586,7 @@ async fn reconcile(inner: &Inner, retry_failed: bool) -> bool {
         let on_host = host.iter().find(|m| &m.name == name);
         if on_host.is_some_and(|m| m.digest == registration.digest) {
             // Loaded (by us before, or adopted on a remote host that has it).
-            control
-                .loaded
-                .insert(name.clone(), registration.digest.clone());
-            control.states.insert(
-                name.clone(),
-                Attempt::Loaded {
-                    digest: registration.digest.clone(),
-                },
-            );
+            control.mark_loaded(name, &registration.digest);
             continue;
         }
         if let Some(Attempt::Failed { digest, .. }) = control.states.get(name)
@@ -622,15 +619,7 @@ async fn reconcile(inner: &Inner, retry_failed: bool) -> bool {
                     load_ms = loaded.load_ms,
                     "model loaded, every byte verified"
                 );
-                control
-                    .loaded
-                    .insert(name.clone(), registration.digest.clone());
-                control.states.insert(
-                    name.clone(),
-                    Attempt::Loaded {
-                        digest: registration.digest.clone(),
-                    },
-                );
+                control.mark_loaded(name, &registration.digest);
                 if registration.source == Source::Policy {
                     let event = Event::ModelRegister {
                         model: name.clone(),

@@ -153,8 +153,8 @@ impl ResourceLimiter for CallLimiter {
 /// deadline, memory, output size): that fails this request only, and every
 /// later hook on this instance returns `plugin_already_failed`.
 pub struct PluginCall {
-    /// Keeps the epoch ticker running while this call can still run.
-    _engine: Arc<EngineInner>,
+    /// The engine whose epoch ticker must tick while guest code runs.
+    engine: Arc<EngineInner>,
     store: Store<CallState>,
     plugin: Plugin,
     name: Arc<str>,
@@ -199,7 +199,9 @@ impl PluginCall {
         store.epoch_deadline_trap();
         // Instantiation runs the guest's initializers: same deadline.
         store.set_epoch_deadline(limits.deadline_ticks());
+        let running = engine.ticker.running();
         let instantiated = pre.instantiate(&mut store);
+        drop(running);
         flush_stdio(&mut store, &stdout, &stderr);
         let plugin = match instantiated {
             Ok(plugin) => plugin,
@@ -214,7 +216,7 @@ impl PluginCall {
             }
         };
         Ok(PluginCall {
-            _engine: Arc::clone(engine),
+            engine: Arc::clone(engine),
             store,
             plugin,
             name: call.plugin,
@@ -300,7 +302,9 @@ impl PluginCall {
         // A limit refused in an earlier hook that the guest survived says
         // nothing about this one.
         self.store.data_mut().limiter.hit = None;
+        let running = self.engine.ticker.running();
         let result = call(&self.plugin, &mut self.store);
+        drop(running);
         flush_stdio(&mut self.store, &self.stdout, &self.stderr);
         result.map_err(|e| {
             self.failed = true;

@@ -9,7 +9,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::Duration;
 
 use sha2::{Digest as _, Sha256};
@@ -21,11 +21,12 @@ use super::call::{CallContext, CallState, PluginCall};
 use super::error::PluginError;
 use super::host::HostState;
 use super::limits::{
-    COMPILE_BUDGET, CORE_INSTANCES_PER_COMPONENT, DEFAULT_MAX_INSTANCES, EPOCH_TICK,
-    MAX_COMPILES_IN_FLIGHT, MAX_COMPONENT_BYTES, MAX_MEMORY_BYTES_CEILING,
-    MAX_TABLE_ELEMENTS_CEILING, MAX_WASM_STACK_BYTES, MEMORIES_PER_INSTANCE, TABLES_PER_INSTANCE,
+    COMPILE_BUDGET, CORE_INSTANCES_PER_COMPONENT, DEFAULT_MAX_INSTANCES, MAX_COMPILES_IN_FLIGHT,
+    MAX_COMPONENT_BYTES, MAX_MEMORY_BYTES_CEILING, MAX_TABLE_ELEMENTS_CEILING,
+    MAX_WASM_STACK_BYTES, MEMORIES_PER_INSTANCE, TABLES_PER_INSTANCE,
 };
 use super::store::VerifiedArtifact;
+use super::ticker::EpochTicker;
 use super::{validate, wasi};
 
 /// Engine-wide settings; the defaults are the named constants in `limits`.
@@ -61,7 +62,7 @@ pub(crate) struct EngineInner {
     linker: Linker<CallState>,
     config: PluginEngineConfig,
     compiles_in_flight: Arc<AtomicUsize>,
-    _ticker: EpochTicker,
+    pub(crate) ticker: EpochTicker,
 }
 
 impl fmt::Debug for PluginEngine {
@@ -97,7 +98,7 @@ impl PluginEngine {
                 linker,
                 config,
                 compiles_in_flight: Arc::new(AtomicUsize::new(0)),
-                _ticker: ticker,
+                ticker,
             }),
         })
     }
@@ -331,39 +332,6 @@ impl Drop for CompileSlot {
     }
 }
 
-/// Advances the engine's epoch every [`EPOCH_TICK`] until dropped.
-struct EpochTicker {
-    stop: Option<mpsc::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl EpochTicker {
-    fn start(engine: Engine) -> std::io::Result<Self> {
-        let (stop, stopped) = mpsc::channel::<()>();
-        let thread = thread::Builder::new()
-            .name("plugin-epoch".to_string())
-            .spawn(move || {
-                // Ends when the sender is dropped (Disconnected).
-                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(EPOCH_TICK) {
-                    engine.increment_epoch();
-                }
-            })?;
-        Ok(EpochTicker {
-            stop: Some(stop),
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for EpochTicker {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
 /// The SHA-256 of an upload's bytes: what compiled plugins are cached and
 /// audited by.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -477,8 +445,6 @@ impl CompiledPlugin {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
-
     use super::*;
 
     #[test]
@@ -486,15 +452,6 @@ mod tests {
         // Reserves the default pool's address space (virtual only).
         let engine = PluginEngine::new(PluginEngineConfig::default()).unwrap();
         assert_eq!(engine.config().max_instances, DEFAULT_MAX_INSTANCES);
-    }
-
-    #[test]
-    fn the_epoch_ticker_stops_when_dropped() {
-        let ticker = EpochTicker::start(Engine::default()).unwrap();
-        let started = Instant::now();
-        // Drop joins the thread: it returns once the thread has ended.
-        drop(ticker);
-        assert!(started.elapsed() < Duration::from_secs(1));
     }
 
     #[test]

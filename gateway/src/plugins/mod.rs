@@ -25,6 +25,7 @@ mod error;
 mod host;
 mod limits;
 mod store;
+mod ticker;
 mod types;
 mod validate;
 mod wasi;

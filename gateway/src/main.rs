@@ -5,6 +5,10 @@ mod cli;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
+/// See gateway/Cargo.toml for why.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     let args = cli::Args::parse();
     // Logs go to stderr; `RUST_LOG` overrides the default `info`.

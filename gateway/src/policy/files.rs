@@ -167,7 +167,8 @@ pub struct TenantFile {
 }
 
 /// `[gpu]` in a tenant file. Checked against the device (over-subscription
-/// is an error) but not yet enforced by the gpu-host.
+/// is an error) and enforced by the gpu-host, which plans the same tenant
+/// set against its own cores and KV memory.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuFile {

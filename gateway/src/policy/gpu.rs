@@ -2,7 +2,10 @@
 //! with the partition manager the gpu-host will use (`bulkhead-partition`):
 //! each value where it is written, then all tenants together, so
 //! over-subscription is an error naming the tenants and the numbers.
-//! Checked, not yet enforced: the gpu-host does not partition yet.
+//! Enforced by the gpu-host: the gateway sends it the tenant set
+//! (`upstream::sync_partitions`, `SetPartitions`), and the host plans the
+//! same way against its own device (`--threads` cores, `--kv-memory` bytes
+//! of KV cache) and runs one pinned scheduler per partition.
 
 use std::collections::BTreeMap;
 use std::ops::Range;

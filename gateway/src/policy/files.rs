@@ -185,6 +185,10 @@ pub struct GpuFile {
     pub isolation: Option<Spanned<IsolationFile>>,
     /// Weight for fair sharing in the shared pool (default 1).
     pub weight: Option<Spanned<u32>>,
+    /// How long a request that fits the tenant's KV budget, but not what
+    /// its other requests leave of it, waits before 429
+    /// `kv_budget_exceeded` (default 10000; at most 120000).
+    pub kv_wait_ms: Option<Spanned<u64>>,
 }
 
 /// `isolation` in `[gpu]`.

@@ -22,6 +22,31 @@ use super::{PolicyError, SourceFile, TenantPolicy};
 
 const DEVICES: &str = "\"cpu\" or \"mi325x\"";
 
+/// The most `kv_wait_ms` a tenant may set: the gpu-host's `MAX_KV_WAIT`
+/// (a client left waiting longer is better told to retry).
+pub const MAX_KV_WAIT_MS: u64 = 120_000;
+
+/// `[gpu] kv_wait_ms`, at most [`MAX_KV_WAIT_MS`]; `None`: unset (the
+/// host's default) or wrong (the error says so).
+pub(super) fn check_kv_wait(
+    source: &SourceFile,
+    gpu: Option<&Spanned<GpuFile>>,
+    errors: &mut Vec<PolicyError>,
+) -> Option<u32> {
+    let written = gpu?.get_ref().kv_wait_ms.as_ref()?;
+    let ms = *written.get_ref();
+    match u32::try_from(ms) {
+        Ok(ms) if u64::from(ms) <= MAX_KV_WAIT_MS => Some(ms),
+        _ => {
+            errors.push(source.error_at(
+                written.span(),
+                format!("`kv_wait_ms` is {ms}; at most {MAX_KV_WAIT_MS} (2 minutes)"),
+            ));
+            None
+        }
+    }
+}
+
 /// `[local_gpu_host]`'s device (`threads` cores by default) and the memory
 /// it sets aside for model weights (by default the model files' sizes:
 /// weights are loaded once, as they are on disk).

@@ -156,6 +156,8 @@ pub struct TenantPolicy {
     pub plugins: TenantPlugins,
     /// Its `[gpu]` request (the default: shared, weight 1).
     pub gpu: GpuRequest,
+    /// `[gpu] kv_wait_ms` (`None`: the gpu-host's default).
+    pub kv_wait_ms: Option<u32>,
     /// The tenant file, for error locations.
     pub source: Arc<SourceFile>,
 }

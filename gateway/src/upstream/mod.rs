@@ -23,6 +23,8 @@ use tonic::{Code, Status, Streaming};
 
 pub use model_watch::watch_models;
 pub use models::LoadError;
+#[cfg(test)]
+pub(crate) use partitions::tenant_set;
 pub use partitions::{sync_partitions, watch_partitions};
 pub use supervisor::{ChildConfig, Supervisor, SupervisorError};
 

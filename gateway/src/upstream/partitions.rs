@@ -27,7 +27,10 @@ pub fn tenant_set(policy: &Policy) -> Vec<TenantGpu> {
     policy
         .tenants
         .values()
-        .map(|t| tenant_gpu(&t.id, &t.gpu))
+        .map(|t| TenantGpu {
+            kv_wait_ms: t.kv_wait_ms,
+            ..tenant_gpu(&t.id, &t.gpu)
+        })
         .collect()
 }
 
@@ -48,6 +51,7 @@ fn tenant_gpu(tenant: &str, gpu: &GpuRequest) -> TenantGpu {
         }
         .into(),
         weight: gpu.weight,
+        kv_wait_ms: None,
     }
 }
 

@@ -31,6 +31,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
 
 use bulkhead_partition::{
     DEFAULT_QUANTUM_TOKENS, Drr, KvPool, PartitionError, SeqId, TenantBlocks, Victim,
@@ -74,6 +75,19 @@ pub trait SequenceSink {
 /// Why a sequence ended without output.
 #[derive(Debug, thiserror::Error)]
 pub enum SequenceError {
+    /// Its prompt + `max_tokens` fit its tenant's budget, but its other
+    /// sequences held the rest of it for longer than the tenant's KV wait.
+    #[error(
+        "kv_budget_exceeded: the request needs {needed_tokens} tokens of KV cache \
+         (prompt + max_tokens) and tenant `{tenant}` had {available_tokens} left of its \
+         budget for {waited_ms} ms (its kv_wait_ms); retry when its other requests end"
+    )]
+    KvWait {
+        tenant: String,
+        needed_tokens: u64,
+        available_tokens: u64,
+        waited_ms: u128,
+    },
     /// Its prompt + `max_tokens` can never fit its tenant's share of the pool.
     #[error(
         "kv_budget_exceeded: the request needs {needed_tokens} tokens of KV cache \
@@ -108,7 +122,19 @@ pub struct TenantShare {
     /// Blocks of its own (`hbm`): guaranteed, and the most it may hold.
     /// `None`: a weighted part of the blocks no tenant owns.
     pub own_blocks: Option<u64>,
+    /// How long a request that fits the tenant's budget, but not what its
+    /// other sequences leave of it, waits to be admitted before it is
+    /// refused (`kv_budget_exceeded`).
+    pub kv_wait: Duration,
 }
+
+/// The KV wait of a tenant that sets none: long enough to ride out a
+/// burst of its own requests finishing, short enough that a client is
+/// told rather than left hanging behind a stuck budget.
+pub const DEFAULT_KV_WAIT: Duration = Duration::from_secs(10);
+
+/// The longest KV wait a tenant may ask for.
+pub const MAX_KV_WAIT: Duration = Duration::from_secs(120);
 
 impl Default for TenantShare {
     /// A tenant the plan does not list.
@@ -116,6 +142,7 @@ impl Default for TenantShare {
         TenantShare {
             weight: 1,
             own_blocks: None,
+            kv_wait: DEFAULT_KV_WAIT,
         }
     }
 }
@@ -167,6 +194,8 @@ struct Sequence {
     cached: usize,
     /// Whether it has an item in the round robin.
     queued: bool,
+    /// When admission first failed for lack of the tenant's budget.
+    kv_waiting_since: Option<Instant>,
 }
 
 impl Sequence {
@@ -313,6 +342,7 @@ impl Batcher {
                 table: Vec::new(),
                 cached: 0,
                 queued: false,
+                kv_waiting_since: None,
             },
         );
         self.enqueue(key);
@@ -515,6 +545,11 @@ impl Batcher {
                 s.sink.started();
                 true
             }
+            Err(e @ PartitionError::KvBudgetExceeded { .. }) if e.is_retryable() => {
+                // Its own other sequences hold the rest of its budget.
+                let since = *s.kv_waiting_since.get_or_insert_with(Instant::now);
+                self.wait_for_budget(key, e, since)
+            }
             Err(e) if e.is_retryable() => false,
             Err(PartitionError::KvBudgetExceeded {
                 tenant,
@@ -541,6 +576,39 @@ impl Batcher {
                 false
             }
         }
+    }
+
+    /// A waiting sequence whose tenant's budget is held by its other
+    /// sequences: false while its KV wait lasts, then refused.
+    fn wait_for_budget(&mut self, key: u64, e: PartitionError, since: Instant) -> bool {
+        let PartitionError::KvBudgetExceeded {
+            tenant,
+            needed_tokens,
+            available_tokens,
+            ..
+        } = e
+        else {
+            return false;
+        };
+        let wait = self
+            .shares
+            .get(&tenant)
+            .map_or(DEFAULT_KV_WAIT, |share| share.kv_wait);
+        if since.elapsed() < wait {
+            return false;
+        }
+        self.kv_refusals += 1;
+        if let Some(c) = self.count_of(&tenant) {
+            c.kv_refusals += 1;
+        }
+        let err = SequenceError::KvWait {
+            tenant,
+            needed_tokens,
+            available_tokens,
+            waited_ms: since.elapsed().as_millis(),
+        };
+        self.end(key, Some(Err(err)));
+        false
     }
 
     /// Gives `key` blocks for `positions` positions, preempting by the

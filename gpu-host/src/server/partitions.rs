@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bulkhead_partition::{
@@ -29,6 +30,7 @@ use super::queue::{Job, Scheduler, SchedulerView};
 use super::registry::ModelRegistry;
 use super::scheduler::{PartitionLoad, PartitionSpec, PlannedTenant};
 use super::sink::Counters;
+use crate::engine::{DEFAULT_KV_WAIT, MAX_KV_WAIT};
 
 /// Most tenants one `SetPartitions` may list.
 pub const MAX_TENANTS: usize = 10_000;
@@ -40,6 +42,7 @@ pub const MAX_TENANT_BYTES: usize = 256;
 struct Generation {
     number: u64,
     layout: Layout,
+    extras: BTreeMap<String, Extras>,
     schedulers: Vec<Scheduler>,
     /// Tenant → index in `schedulers`.
     by_tenant: BTreeMap<String, usize>,
@@ -55,6 +58,21 @@ pub(crate) struct PartitionSettings {
     pub max_running: usize,
     /// Requests that may wait host-wide.
     pub capacity: usize,
+}
+
+/// One tenant of a `SetPartitions`: its `[gpu]` request and what the
+/// planner does not take.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct WireTenant {
+    pub request: TenantRequest,
+    pub kv_wait: Duration,
+}
+
+/// What the host keeps of a tenant beside its slot in the layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Extras {
+    owns_memory: bool,
+    kv_wait: Duration,
 }
 
 /// The router and the control of the layout.
@@ -105,7 +123,7 @@ impl Partitions {
         let first = start_generation(
             1,
             layout,
-            &Default::default(),
+            BTreeMap::new(),
             &settings,
             &registry,
             &host,
@@ -145,9 +163,11 @@ impl Partitions {
     /// Plans `tenants`; a new layout replaces the current one (true), the
     /// same one changes nothing (false). Refused: the planner's errors,
     /// and the current layout stays.
-    pub(crate) fn set(&self, tenants: &[TenantRequest]) -> Result<bool, Status> {
+    pub(crate) fn set(&self, tenants: &[WireTenant]) -> Result<bool, Status> {
         let mut draining = self.control.lock().unwrap_or_else(|e| e.into_inner());
-        let layout = plan(&self.settings.device, 0, tenants).map_err(|errors| {
+        let extras = extras(tenants);
+        let requests: Vec<TenantRequest> = tenants.iter().map(|t| t.request.clone()).collect();
+        let layout = plan(&self.settings.device, 0, &requests).map_err(|errors| {
             Status::invalid_argument(format!(
                 "the partitions cannot be planned on this host ({}, {} {}, {} of KV memory): {}",
                 self.settings.device.name,
@@ -158,13 +178,13 @@ impl Partitions {
             ))
         })?;
         let current = self.current.load_full();
-        if current.layout == layout && owners(tenants) == owners_of(&current) {
+        if current.layout == layout && extras == current.extras {
             return Ok(false);
         }
         let next = start_generation(
             current.number + 1,
             layout,
-            &owners(tenants),
+            extras,
             &self.settings,
             &self.registry,
             &self.host,
@@ -309,7 +329,7 @@ fn partition_info(view: &SchedulerView, draining: bool) -> v1::PartitionInfo {
 fn start_generation(
     number: u64,
     layout: Layout,
-    owners: &BTreeSet<&str>,
+    extras: BTreeMap<String, Extras>,
     settings: &PartitionSettings,
     registry: &Arc<ModelRegistry>,
     host: &Arc<Counters>,
@@ -337,9 +357,13 @@ fn start_generation(
             tenants: partition
                 .tenants
                 .iter()
-                .map(|slot| PlannedTenant {
-                    slot: slot.clone(),
-                    owns_memory: owners.contains(slot.tenant.as_str()),
+                .map(|slot| {
+                    let extra = extras.get(&slot.tenant);
+                    PlannedTenant {
+                        slot: slot.clone(),
+                        owns_memory: extra.is_some_and(|e| e.owns_memory),
+                        kv_wait: extra.map_or(DEFAULT_KV_WAIT, |e| e.kv_wait),
+                    }
                 })
                 .collect(),
         };
@@ -366,29 +390,25 @@ fn start_generation(
     Ok(Generation {
         number,
         layout,
+        extras,
         schedulers,
         by_tenant,
         shared,
     })
 }
 
-/// Tenants that asked for memory of their own (the layout's slots do not
-/// say it; the requests do).
-fn owners(tenants: &[TenantRequest]) -> BTreeSet<&str> {
+/// Each tenant's extras; memory of its own when it asked for `hbm` (the
+/// layout's slots do not say it; the requests do).
+fn extras(tenants: &[WireTenant]) -> BTreeMap<String, Extras> {
     tenants
         .iter()
-        .filter(|t| t.gpu.hbm_bytes.is_some())
-        .map(|t| t.tenant.as_str())
-        .collect()
-}
-
-fn owners_of(generation: &Generation) -> BTreeSet<&str> {
-    generation
-        .schedulers
-        .iter()
-        .flat_map(|s| s.view.spec.tenants.iter())
-        .filter(|t| t.owns_memory)
-        .map(|t| t.slot.tenant.as_str())
+        .map(|t| {
+            let extra = Extras {
+                owns_memory: t.request.gpu.hbm_bytes.is_some(),
+                kv_wait: t.kv_wait,
+            };
+            (t.request.tenant.clone(), extra)
+        })
         .collect()
 }
 
@@ -402,9 +422,9 @@ fn join(errors: &[PartitionError]) -> String {
 
 /// The wire tenant set, checked: at most [`MAX_TENANTS`], names non-empty
 /// and at most [`MAX_TENANT_BYTES`], `cus` and `share` not both, a known
-/// isolation. Value checks (weights, sizes, over-subscription) are the
+/// isolation, `kv_wait_ms` at most [`MAX_KV_WAIT`]. Value checks (weights, sizes, over-subscription) are the
 /// planner's.
-pub(crate) fn tenant_requests(tenants: &[v1::TenantGpu]) -> Result<Vec<TenantRequest>, Status> {
+pub(crate) fn tenant_requests(tenants: &[v1::TenantGpu]) -> Result<Vec<WireTenant>, Status> {
     if tenants.len() > MAX_TENANTS {
         return Err(Status::invalid_argument(format!(
             "tenants: {} listed, at most {MAX_TENANTS}",
@@ -443,7 +463,20 @@ pub(crate) fn tenant_requests(tenants: &[v1::TenantGpu]) -> Result<Vec<TenantReq
                     )));
                 }
             };
-            Ok(TenantRequest {
+            let kv_wait = match t.kv_wait_ms {
+                None => DEFAULT_KV_WAIT,
+                Some(ms) if u128::from(ms) <= MAX_KV_WAIT.as_millis() => {
+                    Duration::from_millis(u64::from(ms))
+                }
+                Some(ms) => {
+                    return Err(bad(format!(
+                        "tenant `{}`: kv_wait_ms {ms} is above the most, {}",
+                        t.tenant,
+                        MAX_KV_WAIT.as_millis()
+                    )));
+                }
+            };
+            let request = TenantRequest {
                 tenant: t.tenant.clone(),
                 gpu: GpuRequest {
                     compute,
@@ -451,7 +484,8 @@ pub(crate) fn tenant_requests(tenants: &[v1::TenantGpu]) -> Result<Vec<TenantReq
                     isolation,
                     weight: if t.weight == 0 { 1 } else { t.weight },
                 },
-            })
+            };
+            Ok(WireTenant { request, kv_wait })
         })
         .collect()
 }

@@ -62,6 +62,8 @@ pub(crate) struct PlannedTenant {
     /// It asked for memory of its own (`hbm`): `slot.budget_bytes` is
     /// its alone. Otherwise it shares what no one owns, by weight.
     pub owns_memory: bool,
+    /// How long its requests wait for its budget before they are refused.
+    pub kv_wait: Duration,
 }
 
 /// What a scheduler runs with.
@@ -323,6 +325,7 @@ pub(crate) fn tenant_shares(
             let share = TenantShare {
                 weight: t.slot.weight.max(1),
                 own_blocks: owns.then(|| blocks_in(t.slot.budget_bytes)),
+                kv_wait: t.kv_wait,
             };
             (t.slot.tenant.clone(), share)
         })

@@ -226,7 +226,7 @@ impl SequenceSink for StreamSink {
                     }),
                 }));
             }
-            Err(e @ SequenceError::KvBudget { .. }) => {
+            Err(e @ (SequenceError::KvBudget { .. } | SequenceError::KvWait { .. })) => {
                 self.fail(Status::resource_exhausted(e.to_string()));
             }
             Err(SequenceError::Generate(GenerateError::Cancelled)) => self.answered = true,

@@ -366,6 +366,7 @@ fn planned_shares_give_own_blocks_and_weighted_parts_and_count_refusals() {
             TenantShare {
                 weight: 1,
                 own_blocks: Some(16),
+                kv_wait: DEFAULT_KV_WAIT,
             },
         ),
         (
@@ -373,6 +374,7 @@ fn planned_shares_give_own_blocks_and_weighted_parts_and_count_refusals() {
             TenantShare {
                 weight: 3,
                 own_blocks: None,
+                kv_wait: DEFAULT_KV_WAIT,
             },
         ),
         (
@@ -380,6 +382,7 @@ fn planned_shares_give_own_blocks_and_weighted_parts_and_count_refusals() {
             TenantShare {
                 weight: 1,
                 own_blocks: None,
+                kv_wait: DEFAULT_KV_WAIT,
             },
         ),
     ]);
@@ -426,7 +429,49 @@ fn planned_shares_give_own_blocks_and_weighted_parts_and_count_refusals() {
         TenantShare {
             weight: 1,
             own_blocks: Some(65),
+            kv_wait: DEFAULT_KV_WAIT,
         },
     )]);
     assert!(Batcher::with_shares(&model, limits(8, 64), over).is_err());
+}
+
+#[test]
+fn a_request_waiting_for_its_tenants_budget_is_refused_after_its_kv_wait() {
+    let backend = CpuBackend::new(1).unwrap();
+    let (model, tok) = fixture("llama-q8_0.gguf");
+    // `t` owns 8 blocks (128 tokens); each request reserves 6 (prompt + 80),
+    // so the second waits for the first.
+    for (kv_wait, refused) in [
+        (std::time::Duration::ZERO, true),
+        (std::time::Duration::from_secs(3600), false),
+    ] {
+        let shares = BTreeMap::from([(
+            "t".to_string(),
+            TenantShare {
+                weight: 1,
+                own_blocks: Some(8),
+                kv_wait,
+            },
+        )]);
+        let mut batcher = Batcher::with_shares(&model, limits(4, 8), shares).unwrap();
+        let first = add(&mut batcher, &tok, "t", request(&tok, "Once upon", 80));
+        let second = add(&mut batcher, &tok, "t", request(&tok, "The sky", 80));
+        run(&mut batcher, &model, &tok, &backend, 400);
+        assert_eq!(first.borrow().result, Some(Ok(FinishReason::Length)));
+        let result = second.borrow().result.clone().unwrap();
+        if refused {
+            let message = result.unwrap_err();
+            assert!(
+                message.starts_with("kv_budget_exceeded: the request needs")
+                    && message.contains("tenant `t` had 32 left of its budget")
+                    && message.contains("kv_wait_ms"),
+                "{message}"
+            );
+            assert!(!second.borrow().started);
+        } else {
+            assert_eq!(result, Ok(FinishReason::Length));
+        }
+        assert_eq!(batcher.tenant_counts()["t"].kv_refusals, u64::from(refused));
+        assert!(batcher.pool.is_idle());
+    }
 }

@@ -18,15 +18,18 @@ fn host(cores: u32) -> (Partitions, Workers) {
     Partitions::start(settings, registry).unwrap()
 }
 
-fn tenant(name: &str, isolation: Isolation, cus: Option<u32>, hbm: Option<u64>) -> TenantRequest {
-    TenantRequest {
-        tenant: name.into(),
-        gpu: GpuRequest {
-            compute: cus.map_or(Compute::Unset, Compute::Cus),
-            hbm_bytes: hbm,
-            isolation,
-            weight: 1,
+fn tenant(name: &str, isolation: Isolation, cus: Option<u32>, hbm: Option<u64>) -> WireTenant {
+    WireTenant {
+        request: TenantRequest {
+            tenant: name.into(),
+            gpu: GpuRequest {
+                compute: cus.map_or(Compute::Unset, Compute::Cus),
+                hbm_bytes: hbm,
+                isolation,
+                weight: 1,
+            },
         },
+        kv_wait: DEFAULT_KV_WAIT,
     }
 }
 
@@ -85,9 +88,18 @@ fn dedicated_tenants_get_their_own_partition_and_the_rest_share() {
     assert_eq!(route(&p, "globex").as_deref(), Some("shared"));
     assert_eq!(route(&p, "unlisted").as_deref(), Some("shared"));
     assert_eq!(p.report().generation, 2);
-    // The same set again is not a new layout.
+    // The same set again is not a new layout; another KV wait is.
     assert!(!p.set(&tenants).unwrap());
     assert_eq!(p.report().generation, 2);
+    let mut patient = tenants.clone();
+    patient[1].kv_wait = Duration::from_secs(1);
+    assert!(p.set(&patient).unwrap());
+    drained(&p);
+    let generation = p.current.load();
+    let shared = &generation.schedulers[generation.shared.unwrap()].view.spec;
+    assert_eq!(shared.tenants[0].kv_wait, Duration::from_secs(1));
+    assert!(!shared.tenants[0].owns_memory);
+    drop(generation);
     assert_eq!(p.health().schedulers, 2);
 }
 
@@ -167,6 +179,16 @@ fn bad_wire_values_are_named() {
         ..Default::default()
     }])
     .unwrap();
-    assert_eq!(ok[0].gpu.compute, Compute::Share(0.5));
-    assert_eq!(ok[0].gpu.weight, 1);
+    assert_eq!(ok[0].request.gpu.compute, Compute::Share(0.5));
+    assert_eq!(ok[0].request.gpu.weight, 1);
+    assert_eq!(ok[0].kv_wait, DEFAULT_KV_WAIT);
+    let slow = wire(v1::TenantGpu {
+        tenant: "acme".into(),
+        kv_wait_ms: Some(120_001),
+        ..Default::default()
+    });
+    assert!(
+        slow.contains("kv_wait_ms 120001 is above the most, 120000"),
+        "{slow}"
+    );
 }

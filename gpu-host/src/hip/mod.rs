@@ -24,6 +24,8 @@ pub use cu_mask::{check_cu_mask, cu_mask_for};
 pub use error::{CallFailure, HipError};
 pub use launch::{DevicePtr, Dim3, KernelArg, KernelArgs, LaunchLimits, MAX_KERNEL_ARG_BYTES};
 pub use props::DeviceProperties;
+#[cfg(test)]
+pub(crate) use props::tests::mi325x as test_mi325x;
 #[cfg(feature = "hip")]
 pub use runtime::{
     Device, DeviceBuffer, DeviceCopy, Event, Function, MemoryInfo, Module, RuntimeVersion, Stream,

@@ -114,6 +114,3 @@ pub fn runtime_version() -> Result<RuntimeVersion, HipError> {
     })?;
     Ok(RuntimeVersion { driver, runtime })
 }
-
-#[cfg(test)]
-mod tests;

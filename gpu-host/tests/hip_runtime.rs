@@ -1,12 +1,16 @@
-//! Tests of the FFI layer. Without a GPU (this machine, CI) they check that
-//! the runtime's "nothing here" answers become `HipError::NoDevice` and
-//! that checks refuse bad input before any call; the rest run wherever a
-//! device is visible and say why they skipped otherwise.
+//! The HIP runtime layer (`bulkhead_gpu_host::hip`, feature `hip`) against
+//! the real `libamdhip64`. Without a GPU (the dev box, CI) they check that
+//! the runtime's "nothing here" answers become `HipError::NoDevice`; the
+//! rest run wherever a device is visible and say why they skipped
+//! otherwise (run with `--nocapture` to see it).
+#![cfg(feature = "hip")]
 
 use std::process::Command;
 
-use super::*;
-use crate::hip::{KernelArgs, MemoryBudget};
+use bulkhead_gpu_host::hip::{
+    Device, DeviceBuffer, Event, HipError, KernelArgs, MemoryBudget, Module, Stream, devices,
+    runtime_version,
+};
 
 /// Device 0, or `None` after saying why the test is skipped. Any error
 /// other than "no device" fails the test.

@@ -59,6 +59,31 @@ fn devices_lists_them_or_says_why_there_are_none() {
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
+#[test]
+fn devices_json_has_every_property_or_the_same_error() {
+    let out = bin().args(["devices", "--json"]).output().unwrap();
+    let count = visible_devices();
+    if count == 0 {
+        assert_eq!(out.status.code(), Some(1));
+        assert!(out.stdout.is_empty());
+        assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: "));
+        return;
+    }
+    assert!(out.status.success());
+    let devices: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let devices = devices.as_array().unwrap();
+    assert_eq!(devices.len(), count);
+    for (i, d) in devices.iter().enumerate() {
+        assert_eq!(d["ordinal"], i);
+        assert!(
+            d["gcn_arch_name"].as_str().unwrap().starts_with("gfx"),
+            "{d}"
+        );
+        assert!(d["compute_units"].as_u64().unwrap() > 0, "{d}");
+        assert!(d["total_memory_bytes"].as_u64().unwrap() > 0, "{d}");
+    }
+}
+
 /// `serve` with `args` until it listens; its stderr up to then. `name`
 /// keeps the socket of each test apart.
 fn serve_until_listening(name: &str, args: &[&str]) -> String {

@@ -24,6 +24,10 @@ struct Loaded {
     raw: sys::hipModule_t,
     device: usize,
     limits: LaunchLimits,
+    /// The aligned copy of the image, kept as long as the module: HIP's
+    /// documentation does not promise the runtime copies it at load, so
+    /// it must stay valid in case the runtime reads it later.
+    _image: Vec<u64>,
 }
 
 // SAFETY: a loaded module is immutable; HIP allows looking up and
@@ -54,8 +58,8 @@ impl Module {
         device.make_current()?;
         let mut raw = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer; `aligned` holds a complete
-        // code object and outlives the call (the runtime copies what it
-        // keeps).
+        // code object and lives, unmoved (a Vec's heap buffer), as long as
+        // the module (moved into `Loaded` below).
         check("hipModuleLoadData", unsafe {
             sys::hipModuleLoadData(&mut raw, aligned.as_ptr().cast::<c_void>())
         })?;
@@ -64,6 +68,7 @@ impl Module {
                 raw,
                 device: device.ordinal(),
                 limits: LaunchLimits::of(device.properties()),
+                _image: aligned,
             }),
         })
     }

@@ -8,6 +8,7 @@ mod generate;
 mod model;
 mod paged;
 mod sampling;
+mod select;
 mod weights;
 
 pub use backend::{Backend, CpuBackend, RopeParams};
@@ -23,3 +24,7 @@ pub use generate::{
 pub use model::{ForwardError, KvCache, Logits, Model, PREFILL_CHUNK};
 pub use paged::{BLOCK_TOKENS, BatchEntry, KvBlocks};
 pub use sampling::{Sampler, SamplingError, SamplingParams, argmax};
+pub use select::{
+    BackendChoice, BackendPlan, BackendSelectError, DeviceLabel, HIP_ENGINE, HipEngine,
+    plan_backend,
+};

@@ -7,11 +7,16 @@
 //! `hipModuleLoadData`. Without it the list is empty and [`code_object_for`]
 //! says the feature is off; names and argument layouts exist either way, so
 //! the host code that uses them compiles (and is checked) everywhere.
+//! [`KernelDevice`] is what that host code drives; [`emulator`] runs the
+//! kernels' source on CPU threads behind it for tests.
 #![forbid(unsafe_code)]
 
 mod args;
+mod device;
+pub mod emulator;
 
 pub use args::*;
+pub use device::{DeviceError, KernelDevice};
 
 /// A compiled code object: every kernel of `kernels/hip`, for one GPU
 /// architecture, in the offload-bundle form `hipcc --genco` writes (which

@@ -20,14 +20,30 @@ use bulkhead_kernels::{
 
 use crate::common::{Rng, random_matrix};
 
-/// Where kernels run: device memory by address, launches by kernel name.
-pub trait KernelDevice {
-    /// Allocates `bytes.len()` bytes holding `bytes`; returns the device address.
-    fn upload(&mut self, bytes: &[u8]) -> u64;
-    /// The `len` bytes at device address `addr` (the start of an allocation).
-    fn download(&mut self, addr: u64, len: usize) -> Vec<u8>;
-    /// Runs `kernel` over `grid` blocks of `threads` threads, synchronously.
-    fn launch(&mut self, kernel: &str, grid: [u32; 3], threads: u32, args: &dyn KernelArgs);
+pub use bulkhead_kernels::hip::KernelDevice;
+
+/// The few calls the cases make, panicking with the device's message.
+trait Dev {
+    fn upload(&self, bytes: &[u8]) -> u64;
+    fn download(&self, addr: u64, len: usize) -> Vec<u8>;
+    fn run(&self, kernel: &str, grid: [u32; 3], threads: u32, args: &dyn KernelArgs);
+}
+
+impl<D: KernelDevice + ?Sized> Dev for D {
+    fn upload(&self, bytes: &[u8]) -> u64 {
+        let addr = self.alloc(bytes.len()).unwrap_or_else(|e| panic!("{e}"));
+        self.write(addr, bytes).unwrap_or_else(|e| panic!("{e}"));
+        addr
+    }
+    fn download(&self, addr: u64, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        self.read(addr, &mut out).unwrap_or_else(|e| panic!("{e}"));
+        out
+    }
+    fn run(&self, kernel: &str, grid: [u32; 3], threads: u32, args: &dyn KernelArgs) {
+        self.launch(kernel, grid, threads, &args.to_bytes())
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
@@ -40,11 +56,11 @@ fn f32s(b: &[u8]) -> Vec<f32> {
         .collect()
 }
 
-fn zeros(dev: &mut dyn KernelDevice, floats: usize) -> u64 {
+fn zeros(dev: &dyn KernelDevice, floats: usize) -> u64 {
     dev.upload(&vec![0u8; 4 * floats])
 }
 
-fn read_f32(dev: &mut dyn KernelDevice, addr: u64, n: usize) -> Vec<f32> {
+fn read_f32(dev: &dyn KernelDevice, addr: u64, n: usize) -> Vec<f32> {
     f32s(&dev.download(addr, 4 * n))
 }
 
@@ -68,7 +84,7 @@ fn blocks(n: u64, per_block: u32) -> u32 {
 const ALL_TYPES: [GgmlType; 11] = GgmlType::ALL;
 
 /// Embedding rows of every type are bit-identical to `dequantize_row_scalar`.
-pub fn embedding_every_type(dev: &mut dyn KernelDevice) {
+pub fn embedding_every_type(dev: &dyn KernelDevice) {
     let mut rng = Rng::new(7);
     for ty in ALL_TYPES {
         let (rows, cols) = (3, 2 * ty.block_elements().max(32));
@@ -86,7 +102,7 @@ pub fn embedding_every_type(dev: &mut dyn KernelDevice) {
                 ty: ty.id(),
                 pad: 0,
             };
-            dev.launch(
+            dev.run(
                 names::EMBEDDING,
                 [blocks(cols as u64, 256), 1, 1],
                 256,
@@ -107,7 +123,7 @@ pub fn embedding_every_type(dev: &mut dyn KernelDevice) {
 /// Activation quantization is bit-identical to the CPU's (same scales, same
 /// integers), including all-zero blocks and a block holding an infinity-free
 /// extreme.
-pub fn quantize_matches_cpu(dev: &mut dyn KernelDevice) {
+pub fn quantize_matches_cpu(dev: &dyn KernelDevice) {
     let mut rng = Rng::new(11);
     let (n_tokens, cols) = (3usize, 512usize);
     let mut x = rng.vec(n_tokens * cols, 4.0);
@@ -123,7 +139,7 @@ pub fn quantize_matches_cpu(dev: &mut dyn KernelDevice) {
         n_tokens: n_tokens as u32,
         cols: cols as u32,
     };
-    dev.launch(
+    dev.run(
         names::QUANTIZE_Q8_0,
         [blocks(nb as u64, 64), 1, 1],
         64,
@@ -154,7 +170,7 @@ pub fn quantize_matches_cpu(dev: &mut dyn KernelDevice) {
         n_tokens: n_tokens as u32,
         cols: cols as u32,
     };
-    dev.launch(names::QUANTIZE_Q8_K, [1, 1, 1], 64, &args);
+    dev.run(names::QUANTIZE_Q8_K, [1, 1, 1], 64, &args);
     let got = dev.download(out, nb * hip::Q8_K_DEVICE_BYTES);
     let mut want = vec![BlockQ8K::default(); nb];
     quantize_row_q8_k(&x, &mut want);
@@ -186,7 +202,7 @@ fn l1(w_row: &[f32], x: &[f32]) -> f32 {
 /// The decode matvecs against the scalar dot of the same weights and the
 /// same quantized activations. Shapes: one row, rows not a multiple of the
 /// waves per block, one and three tokens, rows of one block and of several.
-pub fn matvec_matches_scalar_dot(dev: &mut dyn KernelDevice) {
+pub fn matvec_matches_scalar_dot(dev: &dyn KernelDevice) {
     let mut rng = Rng::new(23);
     let cases = [
         (GgmlType::F16, names::MATVEC_F16),
@@ -231,7 +247,7 @@ pub fn matvec_matches_scalar_dot(dev: &mut dyn KernelDevice) {
                     ty: ty.id(),
                 };
                 // 256 threads: 4 rows per block on wave 64, 8 on wave 32.
-                dev.launch(
+                dev.run(
                     kernel,
                     [blocks(rows as u64, 4), n_tokens as u32, 1],
                     256,
@@ -288,7 +304,7 @@ pub fn matvec_matches_scalar_dot(dev: &mut dyn KernelDevice) {
 /// Uploads the activations in the form `ty`'s matvec takes; returns the
 /// device address and the CPU's quantized blocks (for the oracle).
 fn device_activations(
-    dev: &mut dyn KernelDevice,
+    dev: &dyn KernelDevice,
     ty: GgmlType,
     x: &[f32],
     n_tokens: usize,
@@ -308,7 +324,7 @@ fn device_activations(
     if matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
         let nb = n_tokens * cols / 256;
         let out = dev.upload(&vec![0u8; nb * hip::Q8_K_DEVICE_BYTES]);
-        dev.launch(
+        dev.run(
             names::QUANTIZE_Q8_K,
             [blocks(nb as u64, 64), 1, 1],
             64,
@@ -320,7 +336,7 @@ fn device_activations(
     } else {
         let nb = n_tokens * cols / 32;
         let out = dev.upload(&vec![0u8; nb * hip::Q8_0_DEVICE_BYTES]);
-        dev.launch(
+        dev.run(
             names::QUANTIZE_Q8_0,
             [blocks(nb as u64, 64), 1, 1],
             64,
@@ -334,7 +350,7 @@ fn device_activations(
 
 /// The prefill matmul: dequantized weights · f32 activations (f64 oracle),
 /// with rows, tokens and columns that are not multiples of the 64×64×32 tile.
-pub fn matmul_tiled_matches_dequantized_product(dev: &mut dyn KernelDevice) {
+pub fn matmul_tiled_matches_dequantized_product(dev: &dyn KernelDevice) {
     let mut rng = Rng::new(31);
     for (ty, rows, cols, n_tokens) in [
         (GgmlType::F16, 70, 40, 5),
@@ -359,7 +375,7 @@ pub fn matmul_tiled_matches_dequantized_product(dev: &mut dyn KernelDevice) {
             ty: ty.id(),
         };
         let tile = hip::MATMUL_TILE;
-        dev.launch(
+        dev.run(
             names::MATMUL_TILED,
             [blocks(rows as u64, tile), blocks(n_tokens as u64, tile), 1],
             256,
@@ -391,7 +407,7 @@ pub fn matmul_tiled_matches_dequantized_product(dev: &mut dyn KernelDevice) {
 }
 
 /// RMSNorm, softmax, SiLU·mul, add and both RoPE styles against the scalar ops.
-pub fn row_ops_match_scalar(dev: &mut dyn KernelDevice) {
+pub fn row_ops_match_scalar(dev: &dyn KernelDevice) {
     let mut rng = Rng::new(41);
     for (n_rows, width) in [(1usize, 1usize), (3, 33), (2, 4096), (1, 257)] {
         let x = rng.vec(n_rows * width, 3.0);
@@ -407,7 +423,7 @@ pub fn row_ops_match_scalar(dev: &mut dyn KernelDevice) {
             eps,
             pad: 0,
         };
-        dev.launch(names::RMS_NORM, [n_rows as u32, 1, 1], 256, &args);
+        dev.run(names::RMS_NORM, [n_rows as u32, 1, 1], 256, &args);
         let got = read_f32(dev, out, n_rows * width);
         let mut want = vec![0.0; n_rows * width];
         for (xr, or) in x.chunks_exact(width).zip(want.chunks_exact_mut(width)) {
@@ -422,7 +438,7 @@ pub fn row_ops_match_scalar(dev: &mut dyn KernelDevice) {
         );
 
         let xd = dev.upload(&f32_bytes(&x));
-        dev.launch(
+        dev.run(
             names::SOFTMAX,
             [n_rows as u32, 1, 1],
             256,
@@ -451,7 +467,7 @@ pub fn row_ops_match_scalar(dev: &mut dyn KernelDevice) {
             b: bd,
             n: n as u64,
         };
-        dev.launch(
+        dev.run(
             names::SILU_MUL,
             [blocks(n as u64, 256).min(1024), 1, 1],
             256,
@@ -474,7 +490,7 @@ pub fn row_ops_match_scalar(dev: &mut dyn KernelDevice) {
             n: n as u64,
         };
         // Fewer blocks than elements / 256: the grid-stride loop covers the rest.
-        dev.launch(names::ADD, [1, 1, 1], 256, &args);
+        dev.run(names::ADD, [1, 1, 1], 256, &args);
         let got = read_f32(dev, ad, n);
         let mut want = x.clone();
         scalar::add(&mut want, &up);
@@ -505,7 +521,7 @@ pub fn row_ops_match_scalar(dev: &mut dyn KernelDevice) {
                 style: code,
             };
             let pairs = (n_tokens * n_heads * rot_dim / 2) as u64;
-            dev.launch(names::ROPE, [blocks(pairs, 256), 1, 1], 256, &args);
+            dev.run(names::ROPE, [blocks(pairs, 256), 1, 1], 256, &args);
             let got = read_f32(dev, xd, x.len());
             let mut want = x.clone();
             let width = n_heads * head_dim;
@@ -539,7 +555,7 @@ pub fn row_ops_match_scalar(dev: &mut dyn KernelDevice) {
 /// past a block boundary, a prefill chunk crossing blocks, a one-position
 /// sequence, GQA, and splits shorter than a block so rows see several splits
 /// and some splits see no positions.
-pub fn attention_paged_matches_cpu(dev: &mut dyn KernelDevice) {
+pub fn attention_paged_matches_cpu(dev: &dyn KernelDevice) {
     let mut rng = Rng::new(53);
     let cpu = CpuKernels::new(1, Isa::Scalar).expect("scalar kernels");
     for (head_dim, n_heads, n_kv_heads, split_positions) in [
@@ -614,13 +630,13 @@ pub fn attention_paged_matches_cpu(dev: &mut dyn KernelDevice) {
             n_splits,
             scale,
         };
-        dev.launch(
+        dev.run(
             names::ATTENTION_PARTIAL,
             [n_splits, n_heads as u32, rows as u32],
             256,
             &args,
         );
-        dev.launch(
+        dev.run(
             names::ATTENTION_REDUCE,
             [n_heads as u32, rows as u32, 1],
             256,
@@ -642,7 +658,7 @@ pub fn attention_paged_matches_cpu(dev: &mut dyn KernelDevice) {
 /// bulkhead_protocol::digest::leaf_hash computes): chunk lengths around the
 /// padding boundaries (55, 56, 63, 64 bytes with the prefix byte), a short
 /// last chunk, and the scrub's real 4 MiB chunk.
-pub fn sha256_leaves_match_cpu(dev: &mut dyn KernelDevice) {
+pub fn sha256_leaves_match_cpu(dev: &dyn KernelDevice) {
     use sha2::{Digest, Sha256};
     let mut rng = Rng::new(61);
     for (len, chunk) in [
@@ -664,7 +680,7 @@ pub fn sha256_leaves_match_cpu(dev: &mut dyn KernelDevice) {
             len: len as u64,
             chunk_bytes: chunk as u64,
         };
-        dev.launch(
+        dev.run(
             names::SHA256_LEAVES,
             [n_chunks as u32, 1, 1],
             hip::SHA256_BLOCK_THREADS,

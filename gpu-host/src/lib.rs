@@ -1,13 +1,15 @@
 //! Bulkhead's GPU host: loads GGUF models and runs them (CPU backend today),
 //! serving them over gRPC (`server`).
 
-// Unsafe is denied everywhere; the one exception is mapping model files
-// (`gguf::map_file`), which carries its SAFETY argument.
+// Unsafe is denied everywhere; the exceptions are mapping model files
+// (`gguf::map_file`) and the HIP runtime layer (`hip::runtime`, kernel
+// argument packing), each block with its SAFETY argument.
 #![deny(unsafe_code)]
 
 mod chat;
 pub mod engine;
 pub mod gguf;
+pub mod hip;
 pub mod server;
 mod tokenizer;
 pub mod verify;

@@ -1,0 +1,113 @@
+//! The HIP backend's one error type.
+
+use super::budget::BudgetError;
+
+/// Why a HIP operation failed: whose fault it is is in the variant (no
+/// device, a bad argument of ours, or the runtime refusing a call).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HipError {
+    /// Built without cargo feature `hip`: nothing HIP can run.
+    #[error(
+        "this build of bulkhead-gpu-host has no HIP support (rebuild with `--features hip` \
+         where ROCm is installed)"
+    )]
+    NotBuilt,
+    /// No driver, no `/dev/kfd`, or no GPU: what `hipInit` or
+    /// `hipGetDeviceCount` said.
+    #[error("no HIP device visible: {0}")]
+    NoDevice(CallFailure),
+    /// A runtime call returned an error.
+    #[error("{0}")]
+    Call(CallFailure),
+    /// A device ordinal past the visible devices.
+    #[error("HIP device {ordinal} does not exist ({count} visible)")]
+    NoSuchDevice { ordinal: usize, count: usize },
+    /// The runtime reported device properties that cannot be right (for
+    /// example bindings built from another ROCm's headers).
+    #[error("HIP device {ordinal} reported impossible properties: {what}")]
+    BadProperties { ordinal: usize, what: String },
+    /// An allocation past its partition's memory budget.
+    #[error(transparent)]
+    Budget(#[from] BudgetError),
+    /// A compute-unit mask that selects nothing or CUs the device lacks.
+    #[error("invalid CU mask: {0}")]
+    CuMask(String),
+    /// Bytes that are not an AMD GPU code object.
+    #[error("invalid code object: {0}")]
+    CodeObject(String),
+    /// A kernel name the runtime cannot be asked for.
+    #[error("invalid kernel name {name:?}: {why}")]
+    KernelName { name: String, why: &'static str },
+    /// Grid, block, shared memory or arguments outside the device's limits.
+    #[error("invalid kernel launch: {0}")]
+    Launch(String),
+    /// A copy whose lengths or offsets do not fit the buffer.
+    #[error("invalid copy: {0}")]
+    Copy(String),
+    /// Objects of different devices used together (a stream of device 0
+    /// with a kernel of device 1).
+    #[error("{what} belongs to HIP device {got}, expected device {expected}")]
+    WrongDevice {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
+}
+
+/// A HIP runtime call that returned an error: which call, the code, and
+/// what `hipGetErrorName` / `hipGetErrorString` say about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallFailure {
+    /// The C function, e.g. `hipMalloc`.
+    pub call: &'static str,
+    /// The `hipError_t` value.
+    pub code: i64,
+    /// `hipGetErrorName`, e.g. `hipErrorOutOfMemory`.
+    pub name: String,
+    /// `hipGetErrorString` (ROCm 5 returns the name again).
+    pub message: String,
+}
+
+impl std::fmt::Display for CallFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let CallFailure {
+            call,
+            code,
+            name,
+            message,
+        } = self;
+        if message.is_empty() || message == name {
+            write!(f, "{call} failed: {name} ({code})")
+        } else {
+            write!(f, "{call} failed: {name} ({code}): {message}")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(message: &str) -> CallFailure {
+        CallFailure {
+            call: "hipGetDeviceCount",
+            code: 100,
+            name: "hipErrorNoDevice".into(),
+            message: message.into(),
+        }
+    }
+
+    #[test]
+    fn messages_name_the_call_the_code_and_the_runtime_text() {
+        assert_eq!(
+            HipError::NoDevice(failure("no ROCm-capable device is detected")).to_string(),
+            "no HIP device visible: hipGetDeviceCount failed: hipErrorNoDevice (100): \
+             no ROCm-capable device is detected"
+        );
+        // ROCm 5's hipGetErrorString repeats the name: said once.
+        assert_eq!(
+            HipError::Call(failure("hipErrorNoDevice")).to_string(),
+            "hipGetDeviceCount failed: hipErrorNoDevice (100)"
+        );
+    }
+}

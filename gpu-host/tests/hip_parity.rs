@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use bulkhead_gpu_host::engine::{
-    Backend, BatchEntry, CpuBackend, HipBackend, Logits, Model, argmax,
+    Backend, BatchEntry, CpuBackend, HipBackend, Logits, Model, argmax, open_hip_device,
 };
 use bulkhead_kernels::hip::KernelDevice;
 use bulkhead_kernels::hip::emulator::{Emulator, build_harness};
@@ -63,16 +63,10 @@ fn emulator() -> Result<Arc<dyn KernelDevice>, String> {
     ))
 }
 
-/// A real HIP device, or why there is none.
+/// A real HIP device (ordinal 0, a budget of all its memory), or why there is none.
 fn hip_device() -> Result<Arc<dyn KernelDevice>, String> {
-    if !cfg!(feature = "hip") {
-        return Err("built without the `hip` feature".into());
-    }
-    Err(
-        "this build has no HIP runtime adapter for the backend yet (the hip runtime \
-         layer is another branch's; wire it into hip_device())"
-            .into(),
-    )
+    let budget = bulkhead_gpu_host::hip::MemoryBudget::new("hip_parity", u64::MAX);
+    open_hip_device(0, budget).map_err(|e| e.to_string())
 }
 
 fn skip_or_fail(device: &str, why: &str) {

@@ -229,10 +229,7 @@ impl HipBackend {
             _ => (names::MATVEC_DEQUANT, None),
         };
         let xd = DeviceBuffer::from_f32(&self.device, x);
-        let acts = match quant {
-            None => None,
-            Some(q) => Some(self.quantize(&xd, q, n_tokens, w.cols)),
-        };
+        let acts = quant.map(|q| self.quantize(&xd, q, n_tokens, w.cols));
         let od = DeviceBuffer::alloc(&self.device, out.len() * 4);
         let args = hip::MatArgs {
             w: self.weight(w.data),
@@ -459,7 +456,7 @@ impl Backend for HipBackend {
     fn rms_norm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
         let width = weight.len();
         assert!(
-            x.len() == out.len() && width > 0 && x.len() % width == 0,
+            x.len() == out.len() && width > 0 && x.len().is_multiple_of(width),
             "rms_norm: x and out must be whole rows of the weight's width"
         );
         let (xd, od) = (

@@ -3,6 +3,9 @@
 //! tiled matmul; decode: the matvecs) and the paged batch path (paged
 //! attention, per-row matvecs).
 //!
+//! `device_kernels_match_scalar_oracle` runs the kernel-level cases of
+//! kernels/tests/hip_cases on the device first.
+//!
 //! Two devices run the same bodies:
 //! - the kernel emulator (`bulkhead_kernels::hip::emulator`: the kernels'
 //!   own source on CPU threads, wave 64) — every machine with a C++20
@@ -21,6 +24,13 @@
 //! the check is that the HIP backend's error against the transformers F32
 //! reference is no worse than the CPU backend's (within 5%), and that both
 //! pick the same greedy token.
+
+// The kernel-level parity cases of bulkhead-kernels (each kernel against
+// the scalar oracle), run here on the real device.
+#[path = "../../kernels/tests/common/mod.rs"]
+mod common;
+#[path = "../../kernels/tests/hip_cases/mod.rs"]
+mod hip_cases;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -308,5 +318,20 @@ fn device_paged_batch_matches_cpu() {
         for ty in ["f32", "q4_0", "q4_k_m"] {
             paged_batch_matches_cpu(Arc::clone(&d), "llama", ty);
         }
+    });
+}
+
+/// Every kernel against the scalar oracle on the device (the same cases
+/// kernels/tests/hip_emulated.rs runs on the emulator at wave 32 and 64).
+#[test]
+fn device_kernels_match_scalar_oracle() {
+    on_hip_device(|d| {
+        hip_cases::embedding_every_type(&*d);
+        hip_cases::quantize_matches_cpu(&*d);
+        hip_cases::matvec_matches_scalar_dot(&*d);
+        hip_cases::matmul_tiled_matches_dequantized_product(&*d);
+        hip_cases::row_ops_match_scalar(&*d);
+        hip_cases::attention_paged_matches_cpu(&*d);
+        hip_cases::sha256_leaves_match_cpu(&*d);
     });
 }

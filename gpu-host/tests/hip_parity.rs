@@ -40,6 +40,7 @@ use bulkhead_gpu_host::engine::{
 };
 use bulkhead_kernels::hip::KernelDevice;
 use bulkhead_kernels::hip::emulator::{Emulator, build_harness};
+use bulkhead_kernels::{GgmlType, QuantMatrix};
 use serde::Deserialize;
 
 fn fixtures() -> PathBuf {
@@ -278,6 +279,35 @@ fn on_hip_device(case: impl FnOnce(Arc<dyn KernelDevice>)) {
         Ok(d) => case(d),
         Err(why) => skip_or_fail("HIP device", &why),
     }
+}
+
+/// A weight replaced in place (same address, same length, other bytes: a
+/// model unloaded and another loaded where it was) is uploaded again, not
+/// served from the cache.
+#[test]
+fn emulated_weight_cache_notices_a_different_weight_at_the_same_address() {
+    on_emulator(|d| {
+        let hip = HipBackend::new(d);
+        let (rows, cols) = (2, 32);
+        let fill = |w: &mut Vec<u8>, v: f32| {
+            w.clear();
+            w.extend((0..rows * cols).flat_map(|_| v.to_le_bytes()));
+        };
+        let mut w = Vec::with_capacity(rows * cols * 4);
+        let x = vec![1.0f32; cols];
+        let mut out = vec![0.0f32; rows];
+        for value in [1.0f32, 2.0] {
+            fill(&mut w, value);
+            let m = QuantMatrix::new(GgmlType::F32, &w, rows, cols).unwrap();
+            hip.matmul(&m, &x, 1, &mut out);
+            assert_eq!(out, vec![value * cols as f32; rows], "weights of {value}");
+        }
+        assert_eq!(
+            hip.cached_weight_bytes(),
+            rows * cols * 4,
+            "replaced, not added"
+        );
+    });
 }
 
 #[test]

@@ -10,9 +10,11 @@
 //! vector) is uploaded the first time an op sees it and cached, keyed by
 //! its host address and length — weights are resident and read-only for
 //! as long as their model is loaded. Paged KV pools get a device mirror
-//! each, into which every attention call copies the blocks it reads.
-//! Device-resident activations and KV blocks (a forward pass that stays on the device) are the next step; they
-//! need a backend interface above the per-op one.
+//! each, into which every attention call copies the blocks it reads (so a
+//! mirror kept for a pool that was freed and replaced at the same address
+//! never serves stale rows). Device-resident activations and KV blocks (a
+//! forward pass that stays on the device) are the next step; they need a
+//! backend interface above the per-op one.
 //!
 //! The trait has no error path (the CPU backend cannot fail), so a device
 //! failure here — out of memory, a failed launch — panics with the device's

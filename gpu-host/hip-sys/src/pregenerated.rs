@@ -40,8 +40,7 @@ where
         debug_assert!(index / 8 < core::mem::size_of::<Storage>());
         let byte_index = index / 8;
         let byte = unsafe {
-            *(core::ptr::addr_of!((*this).storage) as *const u8)
-                .offset(byte_index as isize)
+            *(core::ptr::addr_of!((*this).storage) as *const u8).offset(byte_index as isize)
         };
         Self::extract_bit(byte, index)
     }
@@ -67,8 +66,7 @@ where
         debug_assert!(index / 8 < core::mem::size_of::<Storage>());
         let byte_index = index / 8;
         let byte = unsafe {
-            (core::ptr::addr_of_mut!((*this).storage) as *mut u8)
-                .offset(byte_index as isize)
+            (core::ptr::addr_of_mut!((*this).storage) as *mut u8).offset(byte_index as isize)
         };
         unsafe { *byte = Self::change_bit(*byte, index, val) };
     }
@@ -76,9 +74,7 @@ where
     pub fn get(&self, bit_offset: usize, bit_width: u8) -> u64 {
         debug_assert!(bit_width <= 64);
         debug_assert!(bit_offset / 8 < self.storage.as_ref().len());
-        debug_assert!(
-            (bit_offset + (bit_width as usize) + 7) / 8 <= self.storage.as_ref().len(),
-        );
+        debug_assert!((bit_offset + (bit_width as usize) + 7) / 8 <= self.storage.as_ref().len());
         if bit_width == 0 {
             return 0;
         }
@@ -110,8 +106,7 @@ where
         debug_assert!(bit_width <= 64);
         debug_assert!(bit_offset / 8 < core::mem::size_of::<Storage>());
         debug_assert!(
-            (bit_offset + (bit_width as usize) + 7) / 8
-                <= core::mem::size_of::<Storage>(),
+            (bit_offset + (bit_width as usize) + 7) / 8 <= core::mem::size_of::<Storage>()
         );
         if bit_width == 0 {
             return 0;
@@ -145,9 +140,7 @@ where
     pub fn set(&mut self, bit_offset: usize, bit_width: u8, val: u64) {
         debug_assert!(bit_width <= 64);
         debug_assert!(bit_offset / 8 < self.storage.as_ref().len());
-        debug_assert!(
-            (bit_offset + (bit_width as usize) + 7) / 8 <= self.storage.as_ref().len(),
-        );
+        debug_assert!((bit_offset + (bit_width as usize) + 7) / 8 <= self.storage.as_ref().len());
         if bit_width == 0 {
             return;
         }
@@ -176,8 +169,8 @@ where
                 let new_byte = (byte & !byte_mask) | (byte_val & byte_mask);
                 storage[start_byte + i] = new_byte.reverse_bits();
             } else {
-                storage[start_byte + i] = (storage[start_byte + i] & !byte_mask)
-                    | (byte_val & byte_mask);
+                storage[start_byte + i] =
+                    (storage[start_byte + i] & !byte_mask) | (byte_val & byte_mask);
             }
         }
     }
@@ -186,8 +179,7 @@ where
         debug_assert!(bit_width <= 64);
         debug_assert!(bit_offset / 8 < core::mem::size_of::<Storage>());
         debug_assert!(
-            (bit_offset + (bit_width as usize) + 7) / 8
-                <= core::mem::size_of::<Storage>(),
+            (bit_offset + (bit_width as usize) + 7) / 8 <= core::mem::size_of::<Storage>()
         );
         if bit_width == 0 {
             return;
@@ -223,11 +215,11 @@ where
         }
     }
 }
-/// Const-generic methods for efficient bitfield access when offset and width
-/// are known at compile time.
+#[doc = " Const-generic methods for efficient bitfield access when offset and width"]
+#[doc = " are known at compile time."]
 impl<const N: usize> __BindgenBitfieldUnit<[u8; N]> {
-    /// Get a field using const generics for compile-time optimization.
-    /// Uses native word size operations when the field fits in usize.
+    #[doc = " Get a field using const generics for compile-time optimization."]
+    #[doc = " Uses native word size operations when the field fits in usize."]
     #[inline]
     pub const fn get_const<const BIT_OFFSET: usize, const BIT_WIDTH: u8>(&self) -> u64 {
         debug_assert!(BIT_WIDTH <= 64);
@@ -244,9 +236,7 @@ impl<const N: usize> __BindgenBitfieldUnit<[u8; N]> {
             if cfg!(target_endian = "big") {
                 let mut i = 0;
                 while i < bytes_needed {
-                    val
-                        |= (self.storage[start_byte + i].reverse_bits() as usize)
-                            << (i * 8);
+                    val |= (self.storage[start_byte + i].reverse_bits() as usize) << (i * 8);
                     i += 1;
                 }
             } else {
@@ -269,9 +259,7 @@ impl<const N: usize> __BindgenBitfieldUnit<[u8; N]> {
             if cfg!(target_endian = "big") {
                 let mut i = 0;
                 while i < bytes_needed {
-                    val
-                        |= (self.storage[start_byte + i].reverse_bits() as u64)
-                            << (i * 8);
+                    val |= (self.storage[start_byte + i].reverse_bits() as u64) << (i * 8);
                     i += 1;
                 }
             } else {
@@ -291,8 +279,8 @@ impl<const N: usize> __BindgenBitfieldUnit<[u8; N]> {
             val
         }
     }
-    /// Set a field using const generics for compile-time optimization.
-    /// Uses native word size operations when the field fits in usize.
+    #[doc = " Set a field using const generics for compile-time optimization."]
+    #[doc = " Uses native word size operations when the field fits in usize."]
     #[inline]
     pub fn set_const<const BIT_OFFSET: usize, const BIT_WIDTH: u8>(&mut self, val: u64) {
         debug_assert!(BIT_WIDTH <= 64);
@@ -327,8 +315,8 @@ impl<const N: usize> __BindgenBitfieldUnit<[u8; N]> {
                     let new_byte = (byte & !byte_mask) | (byte_val & byte_mask);
                     self.storage[start_byte + i] = new_byte.reverse_bits();
                 } else {
-                    self.storage[start_byte + i] = (self.storage[start_byte + i]
-                        & !byte_mask) | (byte_val & byte_mask);
+                    self.storage[start_byte + i] =
+                        (self.storage[start_byte + i] & !byte_mask) | (byte_val & byte_mask);
                 }
                 i += 1;
             }
@@ -355,15 +343,15 @@ impl<const N: usize> __BindgenBitfieldUnit<[u8; N]> {
                     let new_byte = (byte & !byte_mask) | (byte_val & byte_mask);
                     self.storage[start_byte + i] = new_byte.reverse_bits();
                 } else {
-                    self.storage[start_byte + i] = (self.storage[start_byte + i]
-                        & !byte_mask) | (byte_val & byte_mask);
+                    self.storage[start_byte + i] =
+                        (self.storage[start_byte + i] & !byte_mask) | (byte_val & byte_mask);
                 }
                 i += 1;
             }
         }
     }
-    /// Raw pointer get using const generics for compile-time optimization.
-    /// Uses native word size operations when the field fits in usize.
+    #[doc = " Raw pointer get using const generics for compile-time optimization."]
+    #[doc = " Uses native word size operations when the field fits in usize."]
     #[inline]
     pub const unsafe fn raw_get_const<const BIT_OFFSET: usize, const BIT_WIDTH: u8>(
         this: *const Self,
@@ -430,8 +418,8 @@ impl<const N: usize> __BindgenBitfieldUnit<[u8; N]> {
             val
         }
     }
-    /// Raw pointer set using const generics for compile-time optimization.
-    /// Uses native word size operations when the field fits in usize.
+    #[doc = " Raw pointer set using const generics for compile-time optimization."]
+    #[doc = " Uses native word size operations when the field fits in usize."]
     #[inline]
     pub unsafe fn raw_set_const<const BIT_OFFSET: usize, const BIT_WIDTH: u8>(
         this: *mut Self,
@@ -471,9 +459,7 @@ impl<const N: usize> __BindgenBitfieldUnit<[u8; N]> {
                     let new_byte = (byte & !byte_mask) | (byte_val & byte_mask);
                     unsafe { *byte_ptr = new_byte.reverse_bits() };
                 } else {
-                    unsafe {
-                        *byte_ptr = (*byte_ptr & !byte_mask) | (byte_val & byte_mask)
-                    };
+                    unsafe { *byte_ptr = (*byte_ptr & !byte_mask) | (byte_val & byte_mask) };
                 }
                 i += 1;
             }
@@ -501,9 +487,7 @@ impl<const N: usize> __BindgenBitfieldUnit<[u8; N]> {
                     let new_byte = (byte & !byte_mask) | (byte_val & byte_mask);
                     unsafe { *byte_ptr = new_byte.reverse_bits() };
                 } else {
-                    unsafe {
-                        *byte_ptr = (*byte_ptr & !byte_mask) | (byte_val & byte_mask)
-                    };
+                    unsafe { *byte_ptr = (*byte_ptr & !byte_mask) | (byte_val & byte_mask) };
                 }
                 i += 1;
             }
@@ -530,9 +514,7 @@ impl hipDeviceArch_t {
     #[inline]
     #[allow(unnecessary_transmutes)]
     pub fn hasGlobalInt32Atomics(&self) -> ::std::os::raw::c_uint {
-        unsafe {
-            ::std::mem::transmute(self._bitfield_1.get_const::<0usize, 1u8>() as u32)
-        }
+        unsafe { ::std::mem::transmute(self._bitfield_1.get_const::<0usize, 1u8>() as u32) }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
@@ -544,42 +526,30 @@ impl hipDeviceArch_t {
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
-    pub unsafe fn hasGlobalInt32Atomics_raw(
-        this: *const Self,
-    ) -> ::std::os::raw::c_uint {
+    pub unsafe fn hasGlobalInt32Atomics_raw(this: *const Self) -> ::std::os::raw::c_uint {
         unsafe {
             ::std::mem::transmute(
-                <__BindgenBitfieldUnit<
-                    [u8; 3usize],
-                >>::raw_get_const::<
-                    0usize,
-                    1u8,
-                >(::std::ptr::addr_of!((*this)._bitfield_1)) as u32,
+                <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_get_const::<0usize, 1u8>(
+                    ::std::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
             )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
-    pub unsafe fn set_hasGlobalInt32Atomics_raw(
-        this: *mut Self,
-        val: ::std::os::raw::c_uint,
-    ) {
+    pub unsafe fn set_hasGlobalInt32Atomics_raw(this: *mut Self, val: ::std::os::raw::c_uint) {
         unsafe {
             let val: u32 = ::std::mem::transmute(val);
-            <__BindgenBitfieldUnit<
-                [u8; 3usize],
-            >>::raw_set_const::<
-                0usize,
-                1u8,
-            >(::std::ptr::addr_of_mut!((*this)._bitfield_1), val as u64)
+            <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_set_const::<0usize, 1u8>(
+                ::std::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
     pub fn hasGlobalFloatAtomicExch(&self) -> ::std::os::raw::c_uint {
-        unsafe {
-            ::std::mem::transmute(self._bitfield_1.get_const::<1usize, 1u8>() as u32)
-        }
+        unsafe { ::std::mem::transmute(self._bitfield_1.get_const::<1usize, 1u8>() as u32) }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
@@ -591,42 +561,30 @@ impl hipDeviceArch_t {
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
-    pub unsafe fn hasGlobalFloatAtomicExch_raw(
-        this: *const Self,
-    ) -> ::std::os::raw::c_uint {
+    pub unsafe fn hasGlobalFloatAtomicExch_raw(this: *const Self) -> ::std::os::raw::c_uint {
         unsafe {
             ::std::mem::transmute(
-                <__BindgenBitfieldUnit<
-                    [u8; 3usize],
-                >>::raw_get_const::<
-                    1usize,
-                    1u8,
-                >(::std::ptr::addr_of!((*this)._bitfield_1)) as u32,
+                <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_get_const::<1usize, 1u8>(
+                    ::std::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
             )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
-    pub unsafe fn set_hasGlobalFloatAtomicExch_raw(
-        this: *mut Self,
-        val: ::std::os::raw::c_uint,
-    ) {
+    pub unsafe fn set_hasGlobalFloatAtomicExch_raw(this: *mut Self, val: ::std::os::raw::c_uint) {
         unsafe {
             let val: u32 = ::std::mem::transmute(val);
-            <__BindgenBitfieldUnit<
-                [u8; 3usize],
-            >>::raw_set_const::<
-                1usize,
-                1u8,
-            >(::std::ptr::addr_of_mut!((*this)._bitfield_1), val as u64)
+            <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_set_const::<1usize, 1u8>(
+                ::std::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
     pub fn hasSharedInt32Atomics(&self) -> ::std::os::raw::c_uint {
-        unsafe {
-            ::std::mem::transmute(self._bitfield_1.get_const::<2usize, 1u8>() as u32)
-        }
+        unsafe { ::std::mem::transmute(self._bitfield_1.get_const::<2usize, 1u8>() as u32) }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
@@ -638,42 +596,30 @@ impl hipDeviceArch_t {
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
-    pub unsafe fn hasSharedInt32Atomics_raw(
-        this: *const Self,
-    ) -> ::std::os::raw::c_uint {
+    pub unsafe fn hasSharedInt32Atomics_raw(this: *const Self) -> ::std::os::raw::c_uint {
         unsafe {
             ::std::mem::transmute(
-                <__BindgenBitfieldUnit<
-                    [u8; 3usize],
-                >>::raw_get_const::<
-                    2usize,
-                    1u8,
-                >(::std::ptr::addr_of!((*this)._bitfield_1)) as u32,
+                <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_get_const::<2usize, 1u8>(
+                    ::std::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
             )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
-    pub unsafe fn set_hasSharedInt32Atomics_raw(
-        this: *mut Self,
-        val: ::std::os::raw::c_uint,
-    ) {
+    pub unsafe fn set_hasSharedInt32Atomics_raw(this: *mut Self, val: ::std::os::raw::c_uint) {
         unsafe {
             let val: u32 = ::std::mem::transmute(val);
-            <__BindgenBitfieldUnit<
-                [u8; 3usize],
-            >>::raw_set_const::<
-                2usize,
-                1u8,
-            >(::std::ptr::addr_of_mut!((*this)._bitfield_1), val as u64)
+            <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_set_const::<2usize, 1u8>(
+                ::std::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
     pub fn hasSharedFloatAtomicExch(&self) -> ::std::os::raw::c_uint {
-        unsafe {
-            ::std::mem::transmute(self._bitfield_1.get_const::<3usize, 1u8>() as u32)
-        }
+        unsafe { ::std::mem::transmute(self._bitfield_1.get_const::<3usize, 1u8>() as u32) }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
@@ -685,42 +631,30 @@ impl hipDeviceArch_t {
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
-    pub unsafe fn hasSharedFloatAtomicExch_raw(
-        this: *const Self,
-    ) -> ::std::os::raw::c_uint {
+    pub unsafe fn hasSharedFloatAtomicExch_raw(this: *const Self) -> ::std::os::raw::c_uint {
         unsafe {
             ::std::mem::transmute(
-                <__BindgenBitfieldUnit<
-                    [u8; 3usize],
-                >>::raw_get_const::<
-                    3usize,
-                    1u8,
-                >(::std::ptr::addr_of!((*this)._bitfield_1)) as u32,
+                <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_get_const::<3usize, 1u8>(
+                    ::std::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
             )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
-    pub unsafe fn set_hasSharedFloatAtomicExch_raw(
-        this: *mut Self,
-        val: ::std::os::raw::c_uint,
-    ) {
+    pub unsafe fn set_hasSharedFloatAtomicExch_raw(this: *mut Self, val: ::std::os::raw::c_uint) {
         unsafe {
             let val: u32 = ::std::mem::transmute(val);
-            <__BindgenBitfieldUnit<
-                [u8; 3usize],
-            >>::raw_set_const::<
-                3usize,
-                1u8,
-            >(::std::ptr::addr_of_mut!((*this)._bitfield_1), val as u64)
+            <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_set_const::<3usize, 1u8>(
+                ::std::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
     pub fn hasFloatAtomicAdd(&self) -> ::std::os::raw::c_uint {
-        unsafe {
-            ::std::mem::transmute(self._bitfield_1.get_const::<4usize, 1u8>() as u32)
-        }
+        unsafe { ::std::mem::transmute(self._bitfield_1.get_const::<4usize, 1u8>() as u32) }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
@@ -735,37 +669,27 @@ impl hipDeviceArch_t {
     pub unsafe fn hasFloatAtomicAdd_raw(this: *const Self) -> ::std::os::raw::c_uint {
         unsafe {
             ::std::mem::transmute(
-                <__BindgenBitfieldUnit<
-                    [u8; 3usize],
-                >>::raw_get_const::<
-                    4usize,
-                    1u8,
-                >(::std::ptr::addr_of!((*this)._bitfield_1)) as u32,
+                <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_get_const::<4usize, 1u8>(
+                    ::std::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
             )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
-    pub unsafe fn set_hasFloatAtomicAdd_raw(
-        this: *mut Self,
-        val: ::std::os::raw::c_uint,
-    ) {
+    pub unsafe fn set_hasFloatAtomicAdd_raw(this: *mut Self, val: ::std::os::raw::c_uint) {
         unsafe {
             let val: u32 = ::std::mem::transmute(val);
-            <__BindgenBitfieldUnit<
-                [u8; 3usize],
-            >>::raw_set_const::<
-                4usize,
-                1u8,
-            >(::std::ptr::addr_of_mut!((*this)._bitfield_1), val as u64)
+            <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_set_const::<4usize, 1u8>(
+                ::std::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
     pub fn hasGlobalInt64Atomics(&self) -> ::std::os::raw::c_uint {
-        unsafe {
-            ::std::mem::transmute(self._bitfield_1.get_const::<5usize, 1u8>() as u32)
-        }
+        unsafe { ::std::mem::transmute(self._bitfield_1.get_const::<5usize, 1u8>() as u32) }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
@@ -777,42 +701,30 @@ impl hipDeviceArch_t {
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
-    pub unsafe fn hasGlobalInt64Atomics_raw(
-        this: *const Self,
-    ) -> ::std::os::raw::c_uint {
+    pub unsafe fn hasGlobalInt64Atomics_raw(this: *const Self) -> ::std::os::raw::c_uint {
         unsafe {
             ::std::mem::transmute(
-                <__BindgenBitfieldUnit<
-                    [u8; 3usize],
-                >>::raw_get_const::<
-                    5usize,
-                    1u8,
-                >(::std::ptr::addr_of!((*this)._bitfield_1)) as u32,
+                <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_get_const::<5usize, 1u8>(
+                    ::std::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
             )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
-    pub unsafe fn set_hasGlobalInt64Atomics_raw(
-        this: *mut Self,
-        val: ::std::os::raw::c_uint,
-    ) {
+    pub unsafe fn set_hasGlobalInt64Atomics_raw(this: *mut Self, val: ::std::os::raw::c_uint) {
         unsafe {
             let val: u32 = ::std::mem::transmute(val);
-            <__BindgenBitfieldUnit<
-                [u8; 3usize],
-            >>::raw_set_const::<
-                5usize,
-                1u8,
-            >(::std::ptr::addr_of_mut!((*this)._bitfield_1), val as u64)
+            <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_set_const::<5usize, 1u8>(
+                ::std::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
     pub fn hasSharedInt64Atomics(&self) -> ::std::os::raw::c_uint {
-        unsafe {
-            ::std::mem::transmute(self._bitfield_1.get_const::<6usize, 1u8>() as u32)
-        }
+        unsafe { ::std::mem::transmute(self._bitfield_1.get_const::<6usize, 1u8>() as u32) }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
@@ -824,42 +736,30 @@ impl hipDeviceArch_t {
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
-    pub unsafe fn hasSharedInt64Atomics_raw(
-        this: *const Self,
-    ) -> ::std::os::raw::c_uint {
+    pub unsafe fn hasSharedInt64Atomics_raw(this: *const Self) -> ::std::os::raw::c_uint {
         unsafe {
             ::std::mem::transmute(
-                <__BindgenBitfieldUnit<
-                    [u8; 3usize],
-                >>::raw_get_const::<
-                    6usize,
-                    1u8,
-                >(::std::ptr::addr_of!((*this)._bitfield_1)) as u32,
+                <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_get_const::<6usize, 1u8>(
+                    ::std::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
             )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
-    pub unsafe fn set_hasSharedInt64Atomics_raw(
-        this: *mut Self,
-        val: ::std::os::raw::c_uint,
-    ) {
+    pub unsafe fn set_hasSharedInt64Atomics_raw(this: *mut Self, val: ::std::os::raw::c_uint) {
         unsafe {
             let val: u32 = ::std::mem::transmute(val);
-            <__BindgenBitfieldUnit<
-                [u8; 3usize],
-            >>::raw_set_const::<
-                6usize,
-                1u8,
-            >(::std::ptr::addr_of_mut!((*this)._bitfield_1), val as u64)
+            <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_set_const::<6usize, 1u8>(
+                ::std::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
     pub fn hasDoubles(&self) -> ::std::os::raw::c_uint {
-        unsafe {
-            ::std::mem::transmute(self._bitfield_1.get_const::<7usize, 1u8>() as u32)
-        }
+        unsafe { ::std::mem::transmute(self._bitfield_1.get_const::<7usize, 1u8>() as u32) }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
@@ -874,12 +774,9 @@ impl hipDeviceArch_t {
     pub unsafe fn hasDoubles_raw(this: *const Self) -> ::std::os::raw::c_uint {
         unsafe {
             ::std::mem::transmute(
-                <__BindgenBitfieldUnit<
-                    [u8; 3usize],
-                >>::raw_get_const::<
-                    7usize,
-                    1u8,
-                >(::std::ptr::addr_of!((*this)._bitfield_1)) as u32,
+                <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_get_const::<7usize, 1u8>(
+                    ::std::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
             )
         }
     }
@@ -888,20 +785,16 @@ impl hipDeviceArch_t {
     pub unsafe fn set_hasDoubles_raw(this: *mut Self, val: ::std::os::raw::c_uint) {
         unsafe {
             let val: u32 = ::std::mem::transmute(val);
-            <__BindgenBitfieldUnit<
-                [u8; 3usize],
-            >>::raw_set_const::<
-                7usize,
-                1u8,
-            >(::std::ptr::addr_of_mut!((*this)._bitfield_1), val as u64)
+            <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_set_const::<7usize, 1u8>(
+                ::std::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
     pub fn hasWarpVote(&self) -> ::std::os::raw::c_uint {
-        unsafe {
-            ::std::mem::transmute(self._bitfield_1.get_const::<8usize, 1u8>() as u32)
-        }
+        unsafe { ::std::mem::transmute(self._bitfield_1.get_const::<8usize, 1u8>() as u32) }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
@@ -916,12 +809,9 @@ impl hipDeviceArch_t {
     pub unsafe fn hasWarpVote_raw(this: *const Self) -> ::std::os::raw::c_uint {
         unsafe {
             ::std::mem::transmute(
-                <__BindgenBitfieldUnit<
-                    [u8; 3usize],
-                >>::raw_get_const::<
-                    8usize,
-                    1u8,
-                >(::std::ptr::addr_of!((*this)._bitfield_1)) as u32,
+                <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_get_const::<8usize, 1u8>(
+                    ::std::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
             )
         }
     }
@@ -930,20 +820,16 @@ impl hipDeviceArch_t {
     pub unsafe fn set_hasWarpVote_raw(this: *mut Self, val: ::std::os::raw::c_uint) {
         unsafe {
             let val: u32 = ::std::mem::transmute(val);
-            <__BindgenBitfieldUnit<
-                [u8; 3usize],
-            >>::raw_set_const::<
-                8usize,
-                1u8,
-            >(::std::ptr::addr_of_mut!((*this)._bitfield_1), val as u64)
+            <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_set_const::<8usize, 1u8>(
+                ::std::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
     pub fn hasWarpBallot(&self) -> ::std::os::raw::c_uint {
-        unsafe {
-            ::std::mem::transmute(self._bitfield_1.get_const::<9usize, 1u8>() as u32)
-        }
+        unsafe { ::std::mem::transmute(self._bitfield_1.get_const::<9usize, 1u8>() as u32) }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
@@ -958,12 +844,9 @@ impl hipDeviceArch_t {
     pub unsafe fn hasWarpBallot_raw(this: *const Self) -> ::std::os::raw::c_uint {
         unsafe {
             ::std::mem::transmute(
-                <__BindgenBitfieldUnit<
-                    [u8; 3usize],
-                >>::raw_get_const::<
-                    9usize,
-                    1u8,
-                >(::std::ptr::addr_of!((*this)._bitfield_1)) as u32,
+                <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_get_const::<9usize, 1u8>(
+                    ::std::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
             )
         }
     }
@@ -972,20 +855,16 @@ impl hipDeviceArch_t {
     pub unsafe fn set_hasWarpBallot_raw(this: *mut Self, val: ::std::os::raw::c_uint) {
         unsafe {
             let val: u32 = ::std::mem::transmute(val);
-            <__BindgenBitfieldUnit<
-                [u8; 3usize],
-            >>::raw_set_const::<
-                9usize,
-                1u8,
-            >(::std::ptr::addr_of_mut!((*this)._bitfield_1), val as u64)
+            <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_set_const::<9usize, 1u8>(
+                ::std::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
     pub fn hasWarpShuffle(&self) -> ::std::os::raw::c_uint {
-        unsafe {
-            ::std::mem::transmute(self._bitfield_1.get_const::<10usize, 1u8>() as u32)
-        }
+        unsafe { ::std::mem::transmute(self._bitfield_1.get_const::<10usize, 1u8>() as u32) }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
@@ -1000,12 +879,9 @@ impl hipDeviceArch_t {
     pub unsafe fn hasWarpShuffle_raw(this: *const Self) -> ::std::os::raw::c_uint {
         unsafe {
             ::std::mem::transmute(
-                <__BindgenBitfieldUnit<
-                    [u8; 3usize],
-                >>::raw_get_const::<
-                    10usize,
-                    1u8,
-                >(::std::ptr::addr_of!((*this)._bitfield_1)) as u32,
+                <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_get_const::<10usize, 1u8>(
+                    ::std::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
             )
         }
     }
@@ -1014,20 +890,16 @@ impl hipDeviceArch_t {
     pub unsafe fn set_hasWarpShuffle_raw(this: *mut Self, val: ::std::os::raw::c_uint) {
         unsafe {
             let val: u32 = ::std::mem::transmute(val);
-            <__BindgenBitfieldUnit<
-                [u8; 3usize],
-            >>::raw_set_const::<
-                10usize,
-                1u8,
-            >(::std::ptr::addr_of_mut!((*this)._bitfield_1), val as u64)
+            <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_set_const::<10usize, 1u8>(
+                ::std::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
     pub fn hasFunnelShift(&self) -> ::std::os::raw::c_uint {
-        unsafe {
-            ::std::mem::transmute(self._bitfield_1.get_const::<11usize, 1u8>() as u32)
-        }
+        unsafe { ::std::mem::transmute(self._bitfield_1.get_const::<11usize, 1u8>() as u32) }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
@@ -1042,12 +914,9 @@ impl hipDeviceArch_t {
     pub unsafe fn hasFunnelShift_raw(this: *const Self) -> ::std::os::raw::c_uint {
         unsafe {
             ::std::mem::transmute(
-                <__BindgenBitfieldUnit<
-                    [u8; 3usize],
-                >>::raw_get_const::<
-                    11usize,
-                    1u8,
-                >(::std::ptr::addr_of!((*this)._bitfield_1)) as u32,
+                <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_get_const::<11usize, 1u8>(
+                    ::std::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
             )
         }
     }
@@ -1056,20 +925,16 @@ impl hipDeviceArch_t {
     pub unsafe fn set_hasFunnelShift_raw(this: *mut Self, val: ::std::os::raw::c_uint) {
         unsafe {
             let val: u32 = ::std::mem::transmute(val);
-            <__BindgenBitfieldUnit<
-                [u8; 3usize],
-            >>::raw_set_const::<
-                11usize,
-                1u8,
-            >(::std::ptr::addr_of_mut!((*this)._bitfield_1), val as u64)
+            <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_set_const::<11usize, 1u8>(
+                ::std::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
     pub fn hasThreadFenceSystem(&self) -> ::std::os::raw::c_uint {
-        unsafe {
-            ::std::mem::transmute(self._bitfield_1.get_const::<12usize, 1u8>() as u32)
-        }
+        unsafe { ::std::mem::transmute(self._bitfield_1.get_const::<12usize, 1u8>() as u32) }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
@@ -1084,37 +949,27 @@ impl hipDeviceArch_t {
     pub unsafe fn hasThreadFenceSystem_raw(this: *const Self) -> ::std::os::raw::c_uint {
         unsafe {
             ::std::mem::transmute(
-                <__BindgenBitfieldUnit<
-                    [u8; 3usize],
-                >>::raw_get_const::<
-                    12usize,
-                    1u8,
-                >(::std::ptr::addr_of!((*this)._bitfield_1)) as u32,
+                <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_get_const::<12usize, 1u8>(
+                    ::std::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
             )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
-    pub unsafe fn set_hasThreadFenceSystem_raw(
-        this: *mut Self,
-        val: ::std::os::raw::c_uint,
-    ) {
+    pub unsafe fn set_hasThreadFenceSystem_raw(this: *mut Self, val: ::std::os::raw::c_uint) {
         unsafe {
             let val: u32 = ::std::mem::transmute(val);
-            <__BindgenBitfieldUnit<
-                [u8; 3usize],
-            >>::raw_set_const::<
-                12usize,
-                1u8,
-            >(::std::ptr::addr_of_mut!((*this)._bitfield_1), val as u64)
+            <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_set_const::<12usize, 1u8>(
+                ::std::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
     pub fn hasSyncThreadsExt(&self) -> ::std::os::raw::c_uint {
-        unsafe {
-            ::std::mem::transmute(self._bitfield_1.get_const::<13usize, 1u8>() as u32)
-        }
+        unsafe { ::std::mem::transmute(self._bitfield_1.get_const::<13usize, 1u8>() as u32) }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
@@ -1129,37 +984,27 @@ impl hipDeviceArch_t {
     pub unsafe fn hasSyncThreadsExt_raw(this: *const Self) -> ::std::os::raw::c_uint {
         unsafe {
             ::std::mem::transmute(
-                <__BindgenBitfieldUnit<
-                    [u8; 3usize],
-                >>::raw_get_const::<
-                    13usize,
-                    1u8,
-                >(::std::ptr::addr_of!((*this)._bitfield_1)) as u32,
+                <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_get_const::<13usize, 1u8>(
+                    ::std::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
             )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
-    pub unsafe fn set_hasSyncThreadsExt_raw(
-        this: *mut Self,
-        val: ::std::os::raw::c_uint,
-    ) {
+    pub unsafe fn set_hasSyncThreadsExt_raw(this: *mut Self, val: ::std::os::raw::c_uint) {
         unsafe {
             let val: u32 = ::std::mem::transmute(val);
-            <__BindgenBitfieldUnit<
-                [u8; 3usize],
-            >>::raw_set_const::<
-                13usize,
-                1u8,
-            >(::std::ptr::addr_of_mut!((*this)._bitfield_1), val as u64)
+            <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_set_const::<13usize, 1u8>(
+                ::std::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
     pub fn hasSurfaceFuncs(&self) -> ::std::os::raw::c_uint {
-        unsafe {
-            ::std::mem::transmute(self._bitfield_1.get_const::<14usize, 1u8>() as u32)
-        }
+        unsafe { ::std::mem::transmute(self._bitfield_1.get_const::<14usize, 1u8>() as u32) }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
@@ -1174,12 +1019,9 @@ impl hipDeviceArch_t {
     pub unsafe fn hasSurfaceFuncs_raw(this: *const Self) -> ::std::os::raw::c_uint {
         unsafe {
             ::std::mem::transmute(
-                <__BindgenBitfieldUnit<
-                    [u8; 3usize],
-                >>::raw_get_const::<
-                    14usize,
-                    1u8,
-                >(::std::ptr::addr_of!((*this)._bitfield_1)) as u32,
+                <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_get_const::<14usize, 1u8>(
+                    ::std::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
             )
         }
     }
@@ -1188,20 +1030,16 @@ impl hipDeviceArch_t {
     pub unsafe fn set_hasSurfaceFuncs_raw(this: *mut Self, val: ::std::os::raw::c_uint) {
         unsafe {
             let val: u32 = ::std::mem::transmute(val);
-            <__BindgenBitfieldUnit<
-                [u8; 3usize],
-            >>::raw_set_const::<
-                14usize,
-                1u8,
-            >(::std::ptr::addr_of_mut!((*this)._bitfield_1), val as u64)
+            <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_set_const::<14usize, 1u8>(
+                ::std::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
     pub fn has3dGrid(&self) -> ::std::os::raw::c_uint {
-        unsafe {
-            ::std::mem::transmute(self._bitfield_1.get_const::<15usize, 1u8>() as u32)
-        }
+        unsafe { ::std::mem::transmute(self._bitfield_1.get_const::<15usize, 1u8>() as u32) }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
@@ -1216,12 +1054,9 @@ impl hipDeviceArch_t {
     pub unsafe fn has3dGrid_raw(this: *const Self) -> ::std::os::raw::c_uint {
         unsafe {
             ::std::mem::transmute(
-                <__BindgenBitfieldUnit<
-                    [u8; 3usize],
-                >>::raw_get_const::<
-                    15usize,
-                    1u8,
-                >(::std::ptr::addr_of!((*this)._bitfield_1)) as u32,
+                <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_get_const::<15usize, 1u8>(
+                    ::std::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
             )
         }
     }
@@ -1230,20 +1065,16 @@ impl hipDeviceArch_t {
     pub unsafe fn set_has3dGrid_raw(this: *mut Self, val: ::std::os::raw::c_uint) {
         unsafe {
             let val: u32 = ::std::mem::transmute(val);
-            <__BindgenBitfieldUnit<
-                [u8; 3usize],
-            >>::raw_set_const::<
-                15usize,
-                1u8,
-            >(::std::ptr::addr_of_mut!((*this)._bitfield_1), val as u64)
+            <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_set_const::<15usize, 1u8>(
+                ::std::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
     pub fn hasDynamicParallelism(&self) -> ::std::os::raw::c_uint {
-        unsafe {
-            ::std::mem::transmute(self._bitfield_1.get_const::<16usize, 1u8>() as u32)
-        }
+        unsafe { ::std::mem::transmute(self._bitfield_1.get_const::<16usize, 1u8>() as u32) }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
@@ -1255,34 +1086,24 @@ impl hipDeviceArch_t {
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
-    pub unsafe fn hasDynamicParallelism_raw(
-        this: *const Self,
-    ) -> ::std::os::raw::c_uint {
+    pub unsafe fn hasDynamicParallelism_raw(this: *const Self) -> ::std::os::raw::c_uint {
         unsafe {
             ::std::mem::transmute(
-                <__BindgenBitfieldUnit<
-                    [u8; 3usize],
-                >>::raw_get_const::<
-                    16usize,
-                    1u8,
-                >(::std::ptr::addr_of!((*this)._bitfield_1)) as u32,
+                <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_get_const::<16usize, 1u8>(
+                    ::std::ptr::addr_of!((*this)._bitfield_1),
+                ) as u32,
             )
         }
     }
     #[inline]
     #[allow(unnecessary_transmutes)]
-    pub unsafe fn set_hasDynamicParallelism_raw(
-        this: *mut Self,
-        val: ::std::os::raw::c_uint,
-    ) {
+    pub unsafe fn set_hasDynamicParallelism_raw(this: *mut Self, val: ::std::os::raw::c_uint) {
         unsafe {
             let val: u32 = ::std::mem::transmute(val);
-            <__BindgenBitfieldUnit<
-                [u8; 3usize],
-            >>::raw_set_const::<
-                16usize,
-                1u8,
-            >(::std::ptr::addr_of_mut!((*this)._bitfield_1), val as u64)
+            <__BindgenBitfieldUnit<[u8; 3usize]>>::raw_set_const::<16usize, 1u8>(
+                ::std::ptr::addr_of_mut!((*this)._bitfield_1),
+                val as u64,
+            )
         }
     }
     #[inline]
@@ -1307,168 +1128,81 @@ impl hipDeviceArch_t {
         hasDynamicParallelism: ::std::os::raw::c_uint,
     ) -> __BindgenBitfieldUnit<[u8; 3usize]> {
         let mut __bindgen_bitfield_unit: __BindgenBitfieldUnit<[u8; 3usize]> = Default::default();
-        __bindgen_bitfield_unit
-            .set_const::<
-                0usize,
-                1u8,
-            >({
-                let hasGlobalInt32Atomics: u32 = unsafe {
-                    ::std::mem::transmute(hasGlobalInt32Atomics)
-                };
-                hasGlobalInt32Atomics as u64
-            });
-        __bindgen_bitfield_unit
-            .set_const::<
-                1usize,
-                1u8,
-            >({
-                let hasGlobalFloatAtomicExch: u32 = unsafe {
-                    ::std::mem::transmute(hasGlobalFloatAtomicExch)
-                };
-                hasGlobalFloatAtomicExch as u64
-            });
-        __bindgen_bitfield_unit
-            .set_const::<
-                2usize,
-                1u8,
-            >({
-                let hasSharedInt32Atomics: u32 = unsafe {
-                    ::std::mem::transmute(hasSharedInt32Atomics)
-                };
-                hasSharedInt32Atomics as u64
-            });
-        __bindgen_bitfield_unit
-            .set_const::<
-                3usize,
-                1u8,
-            >({
-                let hasSharedFloatAtomicExch: u32 = unsafe {
-                    ::std::mem::transmute(hasSharedFloatAtomicExch)
-                };
-                hasSharedFloatAtomicExch as u64
-            });
-        __bindgen_bitfield_unit
-            .set_const::<
-                4usize,
-                1u8,
-            >({
-                let hasFloatAtomicAdd: u32 = unsafe {
-                    ::std::mem::transmute(hasFloatAtomicAdd)
-                };
-                hasFloatAtomicAdd as u64
-            });
-        __bindgen_bitfield_unit
-            .set_const::<
-                5usize,
-                1u8,
-            >({
-                let hasGlobalInt64Atomics: u32 = unsafe {
-                    ::std::mem::transmute(hasGlobalInt64Atomics)
-                };
-                hasGlobalInt64Atomics as u64
-            });
-        __bindgen_bitfield_unit
-            .set_const::<
-                6usize,
-                1u8,
-            >({
-                let hasSharedInt64Atomics: u32 = unsafe {
-                    ::std::mem::transmute(hasSharedInt64Atomics)
-                };
-                hasSharedInt64Atomics as u64
-            });
-        __bindgen_bitfield_unit
-            .set_const::<
-                7usize,
-                1u8,
-            >({
-                let hasDoubles: u32 = unsafe { ::std::mem::transmute(hasDoubles) };
-                hasDoubles as u64
-            });
-        __bindgen_bitfield_unit
-            .set_const::<
-                8usize,
-                1u8,
-            >({
-                let hasWarpVote: u32 = unsafe { ::std::mem::transmute(hasWarpVote) };
-                hasWarpVote as u64
-            });
-        __bindgen_bitfield_unit
-            .set_const::<
-                9usize,
-                1u8,
-            >({
-                let hasWarpBallot: u32 = unsafe { ::std::mem::transmute(hasWarpBallot) };
-                hasWarpBallot as u64
-            });
-        __bindgen_bitfield_unit
-            .set_const::<
-                10usize,
-                1u8,
-            >({
-                let hasWarpShuffle: u32 = unsafe {
-                    ::std::mem::transmute(hasWarpShuffle)
-                };
-                hasWarpShuffle as u64
-            });
-        __bindgen_bitfield_unit
-            .set_const::<
-                11usize,
-                1u8,
-            >({
-                let hasFunnelShift: u32 = unsafe {
-                    ::std::mem::transmute(hasFunnelShift)
-                };
-                hasFunnelShift as u64
-            });
-        __bindgen_bitfield_unit
-            .set_const::<
-                12usize,
-                1u8,
-            >({
-                let hasThreadFenceSystem: u32 = unsafe {
-                    ::std::mem::transmute(hasThreadFenceSystem)
-                };
-                hasThreadFenceSystem as u64
-            });
-        __bindgen_bitfield_unit
-            .set_const::<
-                13usize,
-                1u8,
-            >({
-                let hasSyncThreadsExt: u32 = unsafe {
-                    ::std::mem::transmute(hasSyncThreadsExt)
-                };
-                hasSyncThreadsExt as u64
-            });
-        __bindgen_bitfield_unit
-            .set_const::<
-                14usize,
-                1u8,
-            >({
-                let hasSurfaceFuncs: u32 = unsafe {
-                    ::std::mem::transmute(hasSurfaceFuncs)
-                };
-                hasSurfaceFuncs as u64
-            });
-        __bindgen_bitfield_unit
-            .set_const::<
-                15usize,
-                1u8,
-            >({
-                let has3dGrid: u32 = unsafe { ::std::mem::transmute(has3dGrid) };
-                has3dGrid as u64
-            });
-        __bindgen_bitfield_unit
-            .set_const::<
-                16usize,
-                1u8,
-            >({
-                let hasDynamicParallelism: u32 = unsafe {
-                    ::std::mem::transmute(hasDynamicParallelism)
-                };
-                hasDynamicParallelism as u64
-            });
+        __bindgen_bitfield_unit.set_const::<0usize, 1u8>({
+            let hasGlobalInt32Atomics: u32 =
+                unsafe { ::std::mem::transmute(hasGlobalInt32Atomics) };
+            hasGlobalInt32Atomics as u64
+        });
+        __bindgen_bitfield_unit.set_const::<1usize, 1u8>({
+            let hasGlobalFloatAtomicExch: u32 =
+                unsafe { ::std::mem::transmute(hasGlobalFloatAtomicExch) };
+            hasGlobalFloatAtomicExch as u64
+        });
+        __bindgen_bitfield_unit.set_const::<2usize, 1u8>({
+            let hasSharedInt32Atomics: u32 =
+                unsafe { ::std::mem::transmute(hasSharedInt32Atomics) };
+            hasSharedInt32Atomics as u64
+        });
+        __bindgen_bitfield_unit.set_const::<3usize, 1u8>({
+            let hasSharedFloatAtomicExch: u32 =
+                unsafe { ::std::mem::transmute(hasSharedFloatAtomicExch) };
+            hasSharedFloatAtomicExch as u64
+        });
+        __bindgen_bitfield_unit.set_const::<4usize, 1u8>({
+            let hasFloatAtomicAdd: u32 = unsafe { ::std::mem::transmute(hasFloatAtomicAdd) };
+            hasFloatAtomicAdd as u64
+        });
+        __bindgen_bitfield_unit.set_const::<5usize, 1u8>({
+            let hasGlobalInt64Atomics: u32 =
+                unsafe { ::std::mem::transmute(hasGlobalInt64Atomics) };
+            hasGlobalInt64Atomics as u64
+        });
+        __bindgen_bitfield_unit.set_const::<6usize, 1u8>({
+            let hasSharedInt64Atomics: u32 =
+                unsafe { ::std::mem::transmute(hasSharedInt64Atomics) };
+            hasSharedInt64Atomics as u64
+        });
+        __bindgen_bitfield_unit.set_const::<7usize, 1u8>({
+            let hasDoubles: u32 = unsafe { ::std::mem::transmute(hasDoubles) };
+            hasDoubles as u64
+        });
+        __bindgen_bitfield_unit.set_const::<8usize, 1u8>({
+            let hasWarpVote: u32 = unsafe { ::std::mem::transmute(hasWarpVote) };
+            hasWarpVote as u64
+        });
+        __bindgen_bitfield_unit.set_const::<9usize, 1u8>({
+            let hasWarpBallot: u32 = unsafe { ::std::mem::transmute(hasWarpBallot) };
+            hasWarpBallot as u64
+        });
+        __bindgen_bitfield_unit.set_const::<10usize, 1u8>({
+            let hasWarpShuffle: u32 = unsafe { ::std::mem::transmute(hasWarpShuffle) };
+            hasWarpShuffle as u64
+        });
+        __bindgen_bitfield_unit.set_const::<11usize, 1u8>({
+            let hasFunnelShift: u32 = unsafe { ::std::mem::transmute(hasFunnelShift) };
+            hasFunnelShift as u64
+        });
+        __bindgen_bitfield_unit.set_const::<12usize, 1u8>({
+            let hasThreadFenceSystem: u32 = unsafe { ::std::mem::transmute(hasThreadFenceSystem) };
+            hasThreadFenceSystem as u64
+        });
+        __bindgen_bitfield_unit.set_const::<13usize, 1u8>({
+            let hasSyncThreadsExt: u32 = unsafe { ::std::mem::transmute(hasSyncThreadsExt) };
+            hasSyncThreadsExt as u64
+        });
+        __bindgen_bitfield_unit.set_const::<14usize, 1u8>({
+            let hasSurfaceFuncs: u32 = unsafe { ::std::mem::transmute(hasSurfaceFuncs) };
+            hasSurfaceFuncs as u64
+        });
+        __bindgen_bitfield_unit.set_const::<15usize, 1u8>({
+            let has3dGrid: u32 = unsafe { ::std::mem::transmute(has3dGrid) };
+            has3dGrid as u64
+        });
+        __bindgen_bitfield_unit.set_const::<16usize, 1u8>({
+            let hasDynamicParallelism: u32 =
+                unsafe { ::std::mem::transmute(hasDynamicParallelism) };
+            hasDynamicParallelism as u64
+        });
         __bindgen_bitfield_unit
     }
 }
@@ -1535,178 +1269,124 @@ pub struct hipDeviceProp_t {
 const _: () = {
     ["Size of hipDeviceProp_t"][::std::mem::size_of::<hipDeviceProp_t>() - 792usize];
     ["Alignment of hipDeviceProp_t"][::std::mem::align_of::<hipDeviceProp_t>() - 8usize];
-    [
-        "Offset of field: hipDeviceProp_t::name",
-    ][::std::mem::offset_of!(hipDeviceProp_t, name) - 0usize];
-    [
-        "Offset of field: hipDeviceProp_t::totalGlobalMem",
-    ][::std::mem::offset_of!(hipDeviceProp_t, totalGlobalMem) - 256usize];
-    [
-        "Offset of field: hipDeviceProp_t::sharedMemPerBlock",
-    ][::std::mem::offset_of!(hipDeviceProp_t, sharedMemPerBlock) - 264usize];
-    [
-        "Offset of field: hipDeviceProp_t::regsPerBlock",
-    ][::std::mem::offset_of!(hipDeviceProp_t, regsPerBlock) - 272usize];
-    [
-        "Offset of field: hipDeviceProp_t::warpSize",
-    ][::std::mem::offset_of!(hipDeviceProp_t, warpSize) - 276usize];
-    [
-        "Offset of field: hipDeviceProp_t::maxThreadsPerBlock",
-    ][::std::mem::offset_of!(hipDeviceProp_t, maxThreadsPerBlock) - 280usize];
-    [
-        "Offset of field: hipDeviceProp_t::maxThreadsDim",
-    ][::std::mem::offset_of!(hipDeviceProp_t, maxThreadsDim) - 284usize];
-    [
-        "Offset of field: hipDeviceProp_t::maxGridSize",
-    ][::std::mem::offset_of!(hipDeviceProp_t, maxGridSize) - 296usize];
-    [
-        "Offset of field: hipDeviceProp_t::clockRate",
-    ][::std::mem::offset_of!(hipDeviceProp_t, clockRate) - 308usize];
-    [
-        "Offset of field: hipDeviceProp_t::memoryClockRate",
-    ][::std::mem::offset_of!(hipDeviceProp_t, memoryClockRate) - 312usize];
-    [
-        "Offset of field: hipDeviceProp_t::memoryBusWidth",
-    ][::std::mem::offset_of!(hipDeviceProp_t, memoryBusWidth) - 316usize];
-    [
-        "Offset of field: hipDeviceProp_t::totalConstMem",
-    ][::std::mem::offset_of!(hipDeviceProp_t, totalConstMem) - 320usize];
-    [
-        "Offset of field: hipDeviceProp_t::major",
-    ][::std::mem::offset_of!(hipDeviceProp_t, major) - 328usize];
-    [
-        "Offset of field: hipDeviceProp_t::minor",
-    ][::std::mem::offset_of!(hipDeviceProp_t, minor) - 332usize];
-    [
-        "Offset of field: hipDeviceProp_t::multiProcessorCount",
-    ][::std::mem::offset_of!(hipDeviceProp_t, multiProcessorCount) - 336usize];
-    [
-        "Offset of field: hipDeviceProp_t::l2CacheSize",
-    ][::std::mem::offset_of!(hipDeviceProp_t, l2CacheSize) - 340usize];
-    [
-        "Offset of field: hipDeviceProp_t::maxThreadsPerMultiProcessor",
-    ][::std::mem::offset_of!(hipDeviceProp_t, maxThreadsPerMultiProcessor) - 344usize];
-    [
-        "Offset of field: hipDeviceProp_t::computeMode",
-    ][::std::mem::offset_of!(hipDeviceProp_t, computeMode) - 348usize];
-    [
-        "Offset of field: hipDeviceProp_t::clockInstructionRate",
-    ][::std::mem::offset_of!(hipDeviceProp_t, clockInstructionRate) - 352usize];
-    [
-        "Offset of field: hipDeviceProp_t::arch",
-    ][::std::mem::offset_of!(hipDeviceProp_t, arch) - 356usize];
-    [
-        "Offset of field: hipDeviceProp_t::concurrentKernels",
-    ][::std::mem::offset_of!(hipDeviceProp_t, concurrentKernels) - 360usize];
-    [
-        "Offset of field: hipDeviceProp_t::pciDomainID",
-    ][::std::mem::offset_of!(hipDeviceProp_t, pciDomainID) - 364usize];
-    [
-        "Offset of field: hipDeviceProp_t::pciBusID",
-    ][::std::mem::offset_of!(hipDeviceProp_t, pciBusID) - 368usize];
-    [
-        "Offset of field: hipDeviceProp_t::pciDeviceID",
-    ][::std::mem::offset_of!(hipDeviceProp_t, pciDeviceID) - 372usize];
-    [
-        "Offset of field: hipDeviceProp_t::maxSharedMemoryPerMultiProcessor",
-    ][::std::mem::offset_of!(hipDeviceProp_t, maxSharedMemoryPerMultiProcessor)
-        - 376usize];
-    [
-        "Offset of field: hipDeviceProp_t::isMultiGpuBoard",
-    ][::std::mem::offset_of!(hipDeviceProp_t, isMultiGpuBoard) - 384usize];
-    [
-        "Offset of field: hipDeviceProp_t::canMapHostMemory",
-    ][::std::mem::offset_of!(hipDeviceProp_t, canMapHostMemory) - 388usize];
-    [
-        "Offset of field: hipDeviceProp_t::gcnArch",
-    ][::std::mem::offset_of!(hipDeviceProp_t, gcnArch) - 392usize];
-    [
-        "Offset of field: hipDeviceProp_t::gcnArchName",
-    ][::std::mem::offset_of!(hipDeviceProp_t, gcnArchName) - 396usize];
-    [
-        "Offset of field: hipDeviceProp_t::integrated",
-    ][::std::mem::offset_of!(hipDeviceProp_t, integrated) - 652usize];
-    [
-        "Offset of field: hipDeviceProp_t::cooperativeLaunch",
-    ][::std::mem::offset_of!(hipDeviceProp_t, cooperativeLaunch) - 656usize];
-    [
-        "Offset of field: hipDeviceProp_t::cooperativeMultiDeviceLaunch",
-    ][::std::mem::offset_of!(hipDeviceProp_t, cooperativeMultiDeviceLaunch) - 660usize];
-    [
-        "Offset of field: hipDeviceProp_t::maxTexture1DLinear",
-    ][::std::mem::offset_of!(hipDeviceProp_t, maxTexture1DLinear) - 664usize];
-    [
-        "Offset of field: hipDeviceProp_t::maxTexture1D",
-    ][::std::mem::offset_of!(hipDeviceProp_t, maxTexture1D) - 668usize];
-    [
-        "Offset of field: hipDeviceProp_t::maxTexture2D",
-    ][::std::mem::offset_of!(hipDeviceProp_t, maxTexture2D) - 672usize];
-    [
-        "Offset of field: hipDeviceProp_t::maxTexture3D",
-    ][::std::mem::offset_of!(hipDeviceProp_t, maxTexture3D) - 680usize];
-    [
-        "Offset of field: hipDeviceProp_t::hdpMemFlushCntl",
-    ][::std::mem::offset_of!(hipDeviceProp_t, hdpMemFlushCntl) - 696usize];
-    [
-        "Offset of field: hipDeviceProp_t::hdpRegFlushCntl",
-    ][::std::mem::offset_of!(hipDeviceProp_t, hdpRegFlushCntl) - 704usize];
-    [
-        "Offset of field: hipDeviceProp_t::memPitch",
-    ][::std::mem::offset_of!(hipDeviceProp_t, memPitch) - 712usize];
-    [
-        "Offset of field: hipDeviceProp_t::textureAlignment",
-    ][::std::mem::offset_of!(hipDeviceProp_t, textureAlignment) - 720usize];
-    [
-        "Offset of field: hipDeviceProp_t::texturePitchAlignment",
-    ][::std::mem::offset_of!(hipDeviceProp_t, texturePitchAlignment) - 728usize];
-    [
-        "Offset of field: hipDeviceProp_t::kernelExecTimeoutEnabled",
-    ][::std::mem::offset_of!(hipDeviceProp_t, kernelExecTimeoutEnabled) - 736usize];
-    [
-        "Offset of field: hipDeviceProp_t::ECCEnabled",
-    ][::std::mem::offset_of!(hipDeviceProp_t, ECCEnabled) - 740usize];
-    [
-        "Offset of field: hipDeviceProp_t::tccDriver",
-    ][::std::mem::offset_of!(hipDeviceProp_t, tccDriver) - 744usize];
-    [
-        "Offset of field: hipDeviceProp_t::cooperativeMultiDeviceUnmatchedFunc",
-    ][::std::mem::offset_of!(hipDeviceProp_t, cooperativeMultiDeviceUnmatchedFunc)
-        - 748usize];
-    [
-        "Offset of field: hipDeviceProp_t::cooperativeMultiDeviceUnmatchedGridDim",
-    ][::std::mem::offset_of!(hipDeviceProp_t, cooperativeMultiDeviceUnmatchedGridDim)
-        - 752usize];
-    [
-        "Offset of field: hipDeviceProp_t::cooperativeMultiDeviceUnmatchedBlockDim",
-    ][::std::mem::offset_of!(hipDeviceProp_t, cooperativeMultiDeviceUnmatchedBlockDim)
-        - 756usize];
-    [
-        "Offset of field: hipDeviceProp_t::cooperativeMultiDeviceUnmatchedSharedMem",
-    ][::std::mem::offset_of!(hipDeviceProp_t, cooperativeMultiDeviceUnmatchedSharedMem)
-        - 760usize];
-    [
-        "Offset of field: hipDeviceProp_t::isLargeBar",
-    ][::std::mem::offset_of!(hipDeviceProp_t, isLargeBar) - 764usize];
-    [
-        "Offset of field: hipDeviceProp_t::asicRevision",
-    ][::std::mem::offset_of!(hipDeviceProp_t, asicRevision) - 768usize];
-    [
-        "Offset of field: hipDeviceProp_t::managedMemory",
-    ][::std::mem::offset_of!(hipDeviceProp_t, managedMemory) - 772usize];
-    [
-        "Offset of field: hipDeviceProp_t::directManagedMemAccessFromHost",
-    ][::std::mem::offset_of!(hipDeviceProp_t, directManagedMemAccessFromHost)
-        - 776usize];
-    [
-        "Offset of field: hipDeviceProp_t::concurrentManagedAccess",
-    ][::std::mem::offset_of!(hipDeviceProp_t, concurrentManagedAccess) - 780usize];
-    [
-        "Offset of field: hipDeviceProp_t::pageableMemoryAccess",
-    ][::std::mem::offset_of!(hipDeviceProp_t, pageableMemoryAccess) - 784usize];
-    [
-        "Offset of field: hipDeviceProp_t::pageableMemoryAccessUsesHostPageTables",
-    ][::std::mem::offset_of!(hipDeviceProp_t, pageableMemoryAccessUsesHostPageTables)
-        - 788usize];
+    ["Offset of field: hipDeviceProp_t::name"]
+        [::std::mem::offset_of!(hipDeviceProp_t, name) - 0usize];
+    ["Offset of field: hipDeviceProp_t::totalGlobalMem"]
+        [::std::mem::offset_of!(hipDeviceProp_t, totalGlobalMem) - 256usize];
+    ["Offset of field: hipDeviceProp_t::sharedMemPerBlock"]
+        [::std::mem::offset_of!(hipDeviceProp_t, sharedMemPerBlock) - 264usize];
+    ["Offset of field: hipDeviceProp_t::regsPerBlock"]
+        [::std::mem::offset_of!(hipDeviceProp_t, regsPerBlock) - 272usize];
+    ["Offset of field: hipDeviceProp_t::warpSize"]
+        [::std::mem::offset_of!(hipDeviceProp_t, warpSize) - 276usize];
+    ["Offset of field: hipDeviceProp_t::maxThreadsPerBlock"]
+        [::std::mem::offset_of!(hipDeviceProp_t, maxThreadsPerBlock) - 280usize];
+    ["Offset of field: hipDeviceProp_t::maxThreadsDim"]
+        [::std::mem::offset_of!(hipDeviceProp_t, maxThreadsDim) - 284usize];
+    ["Offset of field: hipDeviceProp_t::maxGridSize"]
+        [::std::mem::offset_of!(hipDeviceProp_t, maxGridSize) - 296usize];
+    ["Offset of field: hipDeviceProp_t::clockRate"]
+        [::std::mem::offset_of!(hipDeviceProp_t, clockRate) - 308usize];
+    ["Offset of field: hipDeviceProp_t::memoryClockRate"]
+        [::std::mem::offset_of!(hipDeviceProp_t, memoryClockRate) - 312usize];
+    ["Offset of field: hipDeviceProp_t::memoryBusWidth"]
+        [::std::mem::offset_of!(hipDeviceProp_t, memoryBusWidth) - 316usize];
+    ["Offset of field: hipDeviceProp_t::totalConstMem"]
+        [::std::mem::offset_of!(hipDeviceProp_t, totalConstMem) - 320usize];
+    ["Offset of field: hipDeviceProp_t::major"]
+        [::std::mem::offset_of!(hipDeviceProp_t, major) - 328usize];
+    ["Offset of field: hipDeviceProp_t::minor"]
+        [::std::mem::offset_of!(hipDeviceProp_t, minor) - 332usize];
+    ["Offset of field: hipDeviceProp_t::multiProcessorCount"]
+        [::std::mem::offset_of!(hipDeviceProp_t, multiProcessorCount) - 336usize];
+    ["Offset of field: hipDeviceProp_t::l2CacheSize"]
+        [::std::mem::offset_of!(hipDeviceProp_t, l2CacheSize) - 340usize];
+    ["Offset of field: hipDeviceProp_t::maxThreadsPerMultiProcessor"]
+        [::std::mem::offset_of!(hipDeviceProp_t, maxThreadsPerMultiProcessor) - 344usize];
+    ["Offset of field: hipDeviceProp_t::computeMode"]
+        [::std::mem::offset_of!(hipDeviceProp_t, computeMode) - 348usize];
+    ["Offset of field: hipDeviceProp_t::clockInstructionRate"]
+        [::std::mem::offset_of!(hipDeviceProp_t, clockInstructionRate) - 352usize];
+    ["Offset of field: hipDeviceProp_t::arch"]
+        [::std::mem::offset_of!(hipDeviceProp_t, arch) - 356usize];
+    ["Offset of field: hipDeviceProp_t::concurrentKernels"]
+        [::std::mem::offset_of!(hipDeviceProp_t, concurrentKernels) - 360usize];
+    ["Offset of field: hipDeviceProp_t::pciDomainID"]
+        [::std::mem::offset_of!(hipDeviceProp_t, pciDomainID) - 364usize];
+    ["Offset of field: hipDeviceProp_t::pciBusID"]
+        [::std::mem::offset_of!(hipDeviceProp_t, pciBusID) - 368usize];
+    ["Offset of field: hipDeviceProp_t::pciDeviceID"]
+        [::std::mem::offset_of!(hipDeviceProp_t, pciDeviceID) - 372usize];
+    ["Offset of field: hipDeviceProp_t::maxSharedMemoryPerMultiProcessor"]
+        [::std::mem::offset_of!(hipDeviceProp_t, maxSharedMemoryPerMultiProcessor) - 376usize];
+    ["Offset of field: hipDeviceProp_t::isMultiGpuBoard"]
+        [::std::mem::offset_of!(hipDeviceProp_t, isMultiGpuBoard) - 384usize];
+    ["Offset of field: hipDeviceProp_t::canMapHostMemory"]
+        [::std::mem::offset_of!(hipDeviceProp_t, canMapHostMemory) - 388usize];
+    ["Offset of field: hipDeviceProp_t::gcnArch"]
+        [::std::mem::offset_of!(hipDeviceProp_t, gcnArch) - 392usize];
+    ["Offset of field: hipDeviceProp_t::gcnArchName"]
+        [::std::mem::offset_of!(hipDeviceProp_t, gcnArchName) - 396usize];
+    ["Offset of field: hipDeviceProp_t::integrated"]
+        [::std::mem::offset_of!(hipDeviceProp_t, integrated) - 652usize];
+    ["Offset of field: hipDeviceProp_t::cooperativeLaunch"]
+        [::std::mem::offset_of!(hipDeviceProp_t, cooperativeLaunch) - 656usize];
+    ["Offset of field: hipDeviceProp_t::cooperativeMultiDeviceLaunch"]
+        [::std::mem::offset_of!(hipDeviceProp_t, cooperativeMultiDeviceLaunch) - 660usize];
+    ["Offset of field: hipDeviceProp_t::maxTexture1DLinear"]
+        [::std::mem::offset_of!(hipDeviceProp_t, maxTexture1DLinear) - 664usize];
+    ["Offset of field: hipDeviceProp_t::maxTexture1D"]
+        [::std::mem::offset_of!(hipDeviceProp_t, maxTexture1D) - 668usize];
+    ["Offset of field: hipDeviceProp_t::maxTexture2D"]
+        [::std::mem::offset_of!(hipDeviceProp_t, maxTexture2D) - 672usize];
+    ["Offset of field: hipDeviceProp_t::maxTexture3D"]
+        [::std::mem::offset_of!(hipDeviceProp_t, maxTexture3D) - 680usize];
+    ["Offset of field: hipDeviceProp_t::hdpMemFlushCntl"]
+        [::std::mem::offset_of!(hipDeviceProp_t, hdpMemFlushCntl) - 696usize];
+    ["Offset of field: hipDeviceProp_t::hdpRegFlushCntl"]
+        [::std::mem::offset_of!(hipDeviceProp_t, hdpRegFlushCntl) - 704usize];
+    ["Offset of field: hipDeviceProp_t::memPitch"]
+        [::std::mem::offset_of!(hipDeviceProp_t, memPitch) - 712usize];
+    ["Offset of field: hipDeviceProp_t::textureAlignment"]
+        [::std::mem::offset_of!(hipDeviceProp_t, textureAlignment) - 720usize];
+    ["Offset of field: hipDeviceProp_t::texturePitchAlignment"]
+        [::std::mem::offset_of!(hipDeviceProp_t, texturePitchAlignment) - 728usize];
+    ["Offset of field: hipDeviceProp_t::kernelExecTimeoutEnabled"]
+        [::std::mem::offset_of!(hipDeviceProp_t, kernelExecTimeoutEnabled) - 736usize];
+    ["Offset of field: hipDeviceProp_t::ECCEnabled"]
+        [::std::mem::offset_of!(hipDeviceProp_t, ECCEnabled) - 740usize];
+    ["Offset of field: hipDeviceProp_t::tccDriver"]
+        [::std::mem::offset_of!(hipDeviceProp_t, tccDriver) - 744usize];
+    ["Offset of field: hipDeviceProp_t::cooperativeMultiDeviceUnmatchedFunc"]
+        [::std::mem::offset_of!(hipDeviceProp_t, cooperativeMultiDeviceUnmatchedFunc) - 748usize];
+    ["Offset of field: hipDeviceProp_t::cooperativeMultiDeviceUnmatchedGridDim"][::std::mem::offset_of!(
+        hipDeviceProp_t,
+        cooperativeMultiDeviceUnmatchedGridDim
+    ) - 752usize];
+    ["Offset of field: hipDeviceProp_t::cooperativeMultiDeviceUnmatchedBlockDim"][::std::mem::offset_of!(
+        hipDeviceProp_t,
+        cooperativeMultiDeviceUnmatchedBlockDim
+    ) - 756usize];
+    ["Offset of field: hipDeviceProp_t::cooperativeMultiDeviceUnmatchedSharedMem"][::std::mem::offset_of!(
+        hipDeviceProp_t,
+        cooperativeMultiDeviceUnmatchedSharedMem
+    ) - 760usize];
+    ["Offset of field: hipDeviceProp_t::isLargeBar"]
+        [::std::mem::offset_of!(hipDeviceProp_t, isLargeBar) - 764usize];
+    ["Offset of field: hipDeviceProp_t::asicRevision"]
+        [::std::mem::offset_of!(hipDeviceProp_t, asicRevision) - 768usize];
+    ["Offset of field: hipDeviceProp_t::managedMemory"]
+        [::std::mem::offset_of!(hipDeviceProp_t, managedMemory) - 772usize];
+    ["Offset of field: hipDeviceProp_t::directManagedMemAccessFromHost"]
+        [::std::mem::offset_of!(hipDeviceProp_t, directManagedMemAccessFromHost) - 776usize];
+    ["Offset of field: hipDeviceProp_t::concurrentManagedAccess"]
+        [::std::mem::offset_of!(hipDeviceProp_t, concurrentManagedAccess) - 780usize];
+    ["Offset of field: hipDeviceProp_t::pageableMemoryAccess"]
+        [::std::mem::offset_of!(hipDeviceProp_t, pageableMemoryAccess) - 784usize];
+    ["Offset of field: hipDeviceProp_t::pageableMemoryAccessUsesHostPageTables"][::std::mem::offset_of!(
+        hipDeviceProp_t,
+        pageableMemoryAccessUsesHostPageTables
+    ) - 788usize];
 };
 impl hipError_t {
     pub const hipSuccess: hipError_t = hipError_t(0);
@@ -1832,9 +1512,7 @@ unsafe extern "C" {
     pub fn hipDriverGetVersion(driverVersion: *mut ::std::os::raw::c_int) -> hipError_t;
 }
 unsafe extern "C" {
-    pub fn hipRuntimeGetVersion(
-        runtimeVersion: *mut ::std::os::raw::c_int,
-    ) -> hipError_t;
+    pub fn hipRuntimeGetVersion(runtimeVersion: *mut ::std::os::raw::c_int) -> hipError_t;
 }
 unsafe extern "C" {
     pub fn hipSetDevice(deviceId: ::std::os::raw::c_int) -> hipError_t;
@@ -1883,11 +1561,7 @@ unsafe extern "C" {
     pub fn hipEventSynchronize(event: hipEvent_t) -> hipError_t;
 }
 unsafe extern "C" {
-    pub fn hipEventElapsedTime(
-        ms: *mut f32,
-        start: hipEvent_t,
-        stop: hipEvent_t,
-    ) -> hipError_t;
+    pub fn hipEventElapsedTime(ms: *mut f32, start: hipEvent_t, stop: hipEvent_t) -> hipError_t;
 }
 unsafe extern "C" {
     pub fn hipMalloc(ptr: *mut *mut ::std::os::raw::c_void, size: usize) -> hipError_t;

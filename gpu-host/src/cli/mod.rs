@@ -1,5 +1,6 @@
 //! Command-line interface of `bulkhead-gpu-host`.
 
+mod devices;
 mod eval;
 mod generate;
 mod inspect;
@@ -33,6 +34,8 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Print the token ids of a text as JSON.
     Tokenize(inspect::TokenizeArgs),
+    /// List the HIP devices this process can use (exit 1 when there are none).
+    Devices(devices::DevicesArgs),
     /// Serve models over gRPC (`bulkhead.gpu_host.v1.GpuHost`) until SIGINT/SIGTERM.
     Serve(serve::ServeArgs),
 }
@@ -44,6 +47,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Command::Inspect(a) => inspect::run(a),
         Command::Tokenize(a) => inspect::tokenize(a),
         Command::Serve(a) => serve::run(a),
+        Command::Devices(a) => devices::run(a),
     }
 }
 

@@ -1,6 +1,8 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use bulkhead_gpu_host::engine::{BackendChoice, BackendPlan, HIP_ENGINE, plan_backend};
+use bulkhead_gpu_host::hip;
 use bulkhead_gpu_host::server::{AuthSecret, ModelSpec, ServeConfig, Server, TestHooks};
 use bulkhead_gpu_host::verify::ScrubConfig;
 use bulkhead_protocol::Target;
@@ -17,6 +19,15 @@ pub struct ServeArgs {
     /// signed digest) arrive later through the `LoadModel` RPC.
     #[arg(long = "model", value_name = "NAME=PATH")]
     models: Vec<ModelSpec>,
+    /// What to run models on: `hip` (an AMD GPU; an error when none is
+    /// usable), `cpu`, or `auto` (HIP when a device is usable, else the CPU,
+    /// saying why in one line on stderr).
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    backend: BackendChoice,
+    /// The HIP device (ordinal, as `bulkhead-gpu-host devices` lists them)
+    /// for the HIP backend. A hardware partition (CPX, NPS4) is a device.
+    #[arg(long, default_value_t = 0)]
+    hip_device: usize,
     /// Threads of the CPU backend (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -73,6 +84,7 @@ fn default_kv_memory() -> u64 {
 const DEFAULT_SCRUB_BYTES_PER_S: u64 = 64 << 20;
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    choose_backend(a.backend, a.hip_device)?;
     let auth_secret = a
         .auth_token_file
         .as_deref()
@@ -115,6 +127,29 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         eprintln!("drained; exiting");
         anyhow::Ok(())
     })
+}
+
+/// Settles `--backend` before anything is loaded, with one line on
+/// stderr naming the backend (and why not HIP, when `auto` fell back).
+fn choose_backend(choice: BackendChoice, hip_device: usize) -> anyhow::Result<()> {
+    let hip = match choice {
+        // Not even asked: `--backend cpu` must work where the runtime misbehaves.
+        BackendChoice::Cpu => hip::HipAvailability::NotBuilt,
+        _ => hip::probe(),
+    };
+    match plan_backend(choice, hip_device, &hip, HIP_ENGINE)? {
+        BackendPlan::Cpu { fallback: None } => eprintln!("backend: cpu"),
+        BackendPlan::Cpu {
+            fallback: Some(why),
+        } => eprintln!("backend: cpu (not HIP: {why})"),
+        // The HIP engine (engine/hip_backend.rs) plugs in here; until it
+        // exists `plan_backend` never returns this with HIP_ENGINE Missing.
+        BackendPlan::Hip { device } => anyhow::bail!(
+            "{}: the HIP backend is selected but not wired into serve",
+            bulkhead_gpu_host::engine::DeviceLabel::of(&device)
+        ),
+    }
+    Ok(())
 }
 
 /// Resolves on the first SIGINT or SIGTERM (handlers are installed before we

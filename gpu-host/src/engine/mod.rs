@@ -10,6 +10,7 @@ mod hip_device;
 mod model;
 mod paged;
 mod sampling;
+mod select;
 mod weights;
 
 pub use backend::{Backend, CpuBackend, RopeParams};
@@ -26,3 +27,7 @@ pub use hip_device::{HipDeviceError, open_hip_backend, open_hip_device};
 pub use model::{ForwardError, KvCache, Logits, Model, PREFILL_CHUNK};
 pub use paged::{BLOCK_TOKENS, BatchEntry, KvBlocks};
 pub use sampling::{Sampler, SamplingError, SamplingParams, argmax};
+pub use select::{
+    BackendChoice, BackendPlan, BackendSelectError, DeviceLabel, HIP_ENGINE, HipEngine,
+    plan_backend,
+};

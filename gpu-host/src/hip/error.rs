@@ -16,6 +16,13 @@ pub enum HipError {
     /// `hipGetDeviceCount` said.
     #[error("no HIP device visible: {0}")]
     NoDevice(CallFailure),
+    /// The runtime started but counts no device (all hidden by
+    /// `HIP_VISIBLE_DEVICES` / `ROCR_VISIBLE_DEVICES`, for one).
+    #[error(
+        "no HIP device visible: hipGetDeviceCount counted 0 (check HIP_VISIBLE_DEVICES and \
+         ROCR_VISIBLE_DEVICES)"
+    )]
+    NoDeviceCounted,
     /// A runtime call returned an error.
     #[error("{0}")]
     Call(CallFailure),
@@ -52,6 +59,14 @@ pub enum HipError {
         expected: usize,
         got: usize,
     },
+}
+
+impl HipError {
+    /// Whether this means "nothing to run on here" (as opposed to a
+    /// failure on a device that exists).
+    pub fn is_no_device(&self) -> bool {
+        matches!(self, HipError::NoDevice(_) | HipError::NoDeviceCounted)
+    }
 }
 
 /// A HIP runtime call that returned an error: which call, the code, and
@@ -104,6 +119,9 @@ mod tests {
             "no HIP device visible: hipGetDeviceCount failed: hipErrorNoDevice (100): \
              no ROCm-capable device is detected"
         );
+        assert!(HipError::NoDeviceCounted.is_no_device());
+        assert!(HipError::NoDevice(failure("")).is_no_device());
+        assert!(!HipError::Call(failure("")).is_no_device());
         // ROCm 5's hipGetErrorString repeats the name: said once.
         assert_eq!(
             HipError::Call(failure("hipErrorNoDevice")).to_string(),

@@ -23,8 +23,8 @@ pub struct MemoryInfo {
     pub total_bytes: u64,
 }
 
-/// Every visible device, in ordinal order: an empty list never comes back
-/// as `Ok`, "nothing to run on" is [`HipError::NoDevice`].
+/// Every visible device, in ordinal order: never an empty list, "nothing
+/// to run on" is an error for which [`HipError::is_no_device`] holds.
 pub fn devices() -> Result<Vec<DeviceProperties>, HipError> {
     let count = device_count()?;
     (0..count).map(read_properties).collect()

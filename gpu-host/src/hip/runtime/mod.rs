@@ -69,7 +69,7 @@ fn means_no_device(code: hipError_t) -> bool {
 }
 
 /// `hipInit` then `hipGetDeviceCount`; "nothing to run on" is
-/// [`HipError::NoDevice`].
+/// [`HipError::NoDevice`] or [`HipError::NoDeviceCounted`], never `Ok(0)`.
 fn device_count() -> Result<usize, HipError> {
     let no_device = |call, code| {
         if means_no_device(code) {
@@ -90,7 +90,10 @@ fn device_count() -> Result<usize, HipError> {
     if code != hipError_t::hipSuccess {
         return Err(no_device("hipGetDeviceCount", code));
     }
-    Ok(usize::try_from(count).unwrap_or(0))
+    match usize::try_from(count) {
+        Ok(0) | Err(_) => Err(HipError::NoDeviceCounted),
+        Ok(count) => Ok(count),
+    }
 }
 
 /// The HIP driver and runtime versions (`hipDriverGetVersion`,
@@ -114,6 +117,3 @@ pub fn runtime_version() -> Result<RuntimeVersion, HipError> {
     })?;
     Ok(RuntimeVersion { driver, runtime })
 }
-
-#[cfg(test)]
-mod tests;

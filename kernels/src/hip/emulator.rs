@@ -20,7 +20,11 @@ const HARNESS: &str = "hip/emulate/harness.cpp";
 /// works (`CXX`, else g++, else clang++); the error says what each said.
 pub fn build_harness(dir: &Path) -> Result<PathBuf, String> {
     let hip_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("hip");
+    // Built under a name of this process's own, then renamed into place:
+    // test binaries of several crates (or several cargo runs) share `dir`,
+    // and one may be running the harness while another rebuilds it.
     let out = dir.join("bh-emulate");
+    let building = dir.join(format!("bh-emulate.{}.tmp", std::process::id()));
     let compilers: Vec<String> = match std::env::var("CXX") {
         Ok(cxx) => vec![cxx],
         Err(_) => vec!["g++".into(), "clang++".into()],
@@ -39,10 +43,14 @@ pub fn build_harness(dir: &Path) -> Result<PathBuf, String> {
             .arg(&hip_dir)
             .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join(HARNESS))
             .arg("-o")
-            .arg(&out)
+            .arg(&building)
             .output();
         match result {
-            Ok(o) if o.status.success() => return Ok(out),
+            Ok(o) if o.status.success() => {
+                return std::fs::rename(&building, &out)
+                    .map(|()| out.clone())
+                    .map_err(|e| format!("placing the emulator at {}: {e}", out.display()));
+            }
             Ok(o) => why.push(format!(
                 "{cxx}: {}",
                 String::from_utf8_lossy(&o.stderr).trim()

@@ -3,7 +3,8 @@
 //!
 //! `scalar` is the oracle; `avx2` is the fast path, reachable only through an
 //! [`avx2::Avx2`] token that proves the CPU has the features. [`CpuKernels`]
-//! owns the thread pool and runs matmul and attention on it.
+//! owns the thread pool and runs matmul and attention on it. [`hip`] holds
+//! the HIP kernels' code objects (feature `hip`), names and argument layouts.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -17,6 +18,7 @@ mod quantize;
 mod types;
 
 pub mod avx2;
+pub mod hip;
 pub mod scalar;
 
 pub use cpu::{AttentionShape, CpuKernels, PagedSeq, PagedShape, QuantMatrix};

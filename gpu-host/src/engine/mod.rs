@@ -5,6 +5,8 @@ mod backend;
 mod batch;
 mod config;
 mod generate;
+mod hip_backend;
+mod hip_device;
 mod model;
 mod paged;
 mod sampling;
@@ -21,6 +23,8 @@ pub use generate::{
     Decoded, Decoding, FinishReason, GenerateError, GenerateRequest, Generation, MAX_STOP_BYTES,
     MAX_STOP_STRINGS, Next, Piece, generate, generate_streaming,
 };
+pub use hip_backend::HipBackend;
+pub use hip_device::{HipDeviceError, open_hip_backend, open_hip_device};
 pub use model::{ForwardError, KvCache, Logits, Model, PREFILL_CHUNK};
 pub use paged::{BLOCK_TOKENS, BatchEntry, KvBlocks};
 pub use sampling::{Sampler, SamplingError, SamplingParams, argmax};

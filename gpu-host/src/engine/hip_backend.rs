@@ -1,0 +1,676 @@
+//! The HIP backend: every op of [`Backend`] as a launch of the HIP kernels
+//! (`kernels/hip`, loaded from `bulkhead_kernels::hip::CODE_OBJECTS`) on a
+//! [`KernelDevice`] — the HIP runtime on a GPU, or the kernel emulator in
+//! tests.
+//!
+//! **A first step, not the fast path.** The trait hands every op host f32
+//! activations, so each op copies its activations (and, for attention, the
+//! KV rows it reads) to the device and its result back. Only weights stay
+//! on the device: each weight slice (a resident model's tensor, or a norm
+//! vector) is uploaded the first time an op sees it and cached, keyed by
+//! its host address and length — weights are resident and read-only for
+//! as long as their model is loaded. Paged KV pools get a device mirror
+//! each, into which every attention call copies the blocks it reads (so a
+//! mirror kept for a pool that was freed and replaced at the same address
+//! never serves stale rows). Device-resident activations and KV blocks (a
+//! forward pass that stays on the device) are the next step; they need a
+//! backend interface above the per-op one.
+//!
+//! The trait has no error path (the CPU backend cannot fail), so a device
+//! failure here — out of memory, a failed launch — panics with the device's
+//! message, as a shape mismatch does on the CPU.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use bulkhead_kernels::hip::{self, KernelArgs, KernelDevice, names};
+use bulkhead_kernels::{AttentionShape, GgmlType, PagedSeq, PagedShape, QuantMatrix, RopeStyle};
+
+use super::backend::{Backend, RopeParams};
+
+/// Positions per attention split: enough work per block to hide the
+/// reduce pass, few enough that a 4096-position decode still spreads over
+/// 16 splits × heads blocks.
+const ATTENTION_SPLIT_POSITIONS: u32 = 256;
+
+/// Bytes of a weight sampled at each end to tell two weights at the same
+/// address apart (a model unloaded and another mapped where it was).
+const FINGERPRINT_BYTES: usize = 256;
+
+/// The HIP backend over one device.
+#[derive(Debug)]
+pub struct HipBackend {
+    device: Arc<dyn KernelDevice>,
+    /// Weights on the device, by (host address, length).
+    weights: Mutex<HashMap<(usize, usize), CachedWeight>>,
+    /// Device mirrors of paged KV pools (one per layer's K and V), by host
+    /// (address, length); the blocks a call reads are re-copied each call.
+    kv_mirrors: Mutex<HashMap<(usize, usize), Arc<DeviceBuffer>>>,
+}
+
+#[derive(Debug)]
+struct CachedWeight {
+    buffer: DeviceBuffer,
+    fingerprint: Vec<u8>,
+}
+
+/// Device memory freed on drop.
+#[derive(Debug)]
+struct DeviceBuffer {
+    device: Arc<dyn KernelDevice>,
+    addr: u64,
+    len: usize,
+}
+
+impl DeviceBuffer {
+    fn alloc(device: &Arc<dyn KernelDevice>, len: usize) -> DeviceBuffer {
+        let addr = device.alloc(len.max(1)).unwrap_or_else(|e| fail(e));
+        DeviceBuffer {
+            device: Arc::clone(device),
+            addr,
+            len,
+        }
+    }
+
+    fn from_bytes(device: &Arc<dyn KernelDevice>, bytes: &[u8]) -> DeviceBuffer {
+        let b = DeviceBuffer::alloc(device, bytes.len());
+        if !bytes.is_empty() {
+            device.write(b.addr, bytes).unwrap_or_else(|e| fail(e));
+        }
+        b
+    }
+
+    fn from_f32(device: &Arc<dyn KernelDevice>, v: &[f32]) -> DeviceBuffer {
+        DeviceBuffer::from_bytes(device, &f32_bytes(v))
+    }
+
+    fn from_u32(device: &Arc<dyn KernelDevice>, v: &[u32]) -> DeviceBuffer {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        DeviceBuffer::from_bytes(device, &bytes)
+    }
+
+    fn read_f32(&self, out: &mut [f32]) {
+        assert!(out.len() * 4 <= self.len, "HIP backend: read past a buffer");
+        let mut bytes = vec![0u8; out.len() * 4];
+        self.device
+            .read(self.addr, &mut bytes)
+            .unwrap_or_else(|e| fail(e));
+        for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+            *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // Nothing useful to do with a failed free in a destructor; the
+        // device's own teardown reclaims it.
+        let _ = self.device.free(self.addr);
+    }
+}
+
+fn fail(e: hip::DeviceError) -> ! {
+    panic!("HIP backend: {e}")
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn as_u32(n: usize, what: &str) -> u32 {
+    u32::try_from(n).unwrap_or_else(|_| panic!("HIP backend: {what} {n} exceeds u32"))
+}
+
+fn grid_for(n: u64, per_block: u32) -> u32 {
+    u32::try_from(n.div_ceil(u64::from(per_block)))
+        .unwrap_or_else(|_| panic!("HIP backend: grid for {n} items exceeds u32"))
+}
+
+impl HipBackend {
+    /// A backend launching on `device` (whose kernels must already be
+    /// loaded: the HIP runtime loads the code object of its architecture).
+    pub fn new(device: Arc<dyn KernelDevice>) -> HipBackend {
+        HipBackend {
+            device,
+            weights: Mutex::new(HashMap::new()),
+            kv_mirrors: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Drops every cached weight and KV mirror (call when models are unloaded).
+    pub fn forget_weights(&self) {
+        self.weights
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        self.kv_mirrors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    /// The device mirror of a host KV pool, allocated the first time.
+    fn kv_mirror(&self, pool: &[f32]) -> Arc<DeviceBuffer> {
+        let key = (pool.as_ptr() as usize, pool.len());
+        let mut mirrors = self.kv_mirrors.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(
+            mirrors
+                .entry(key)
+                .or_insert_with(|| Arc::new(DeviceBuffer::alloc(&self.device, pool.len() * 4))),
+        )
+    }
+
+    /// Bytes of weights cached on the device.
+    pub fn cached_weight_bytes(&self) -> usize {
+        let cache = self.weights.lock().unwrap_or_else(|p| p.into_inner());
+        cache.values().map(|w| w.buffer.len).sum()
+    }
+
+    /// The device address of a weight at host address `key.0` of `key.1`
+    /// bytes, uploading `bytes()` the first time (or when the weight at that
+    /// address is no longer the one cached: its ends differ).
+    fn cached(
+        &self,
+        key: (usize, usize),
+        fingerprint: Vec<u8>,
+        bytes: impl FnOnce() -> Vec<u8>,
+    ) -> u64 {
+        let mut cache = self.weights.lock().unwrap_or_else(|p| p.into_inner());
+        match cache.get(&key) {
+            Some(w) if w.fingerprint == fingerprint => w.buffer.addr,
+            _ => {
+                let buffer = DeviceBuffer::from_bytes(&self.device, &bytes());
+                let addr = buffer.addr;
+                cache.insert(
+                    key,
+                    CachedWeight {
+                        buffer,
+                        fingerprint,
+                    },
+                );
+                addr
+            }
+        }
+    }
+
+    /// A quantized or float weight matrix's bytes on the device.
+    fn weight(&self, bytes: &[u8]) -> u64 {
+        let fingerprint = ends(bytes, FINGERPRINT_BYTES);
+        self.cached((bytes.as_ptr() as usize, bytes.len()), fingerprint, || {
+            bytes.to_vec()
+        })
+    }
+
+    /// A norm vector on the device.
+    fn weight_f32(&self, v: &[f32]) -> u64 {
+        let fingerprint = f32_bytes(&ends(v, FINGERPRINT_BYTES / 4));
+        self.cached((v.as_ptr() as usize, v.len() * 4), fingerprint, || {
+            f32_bytes(v)
+        })
+    }
+
+    fn launch(&self, kernel: &str, grid: [u32; 3], threads: u32, args: &dyn KernelArgs) {
+        self.device
+            .launch(kernel, grid, threads, &args.to_bytes())
+            .unwrap_or_else(|e| fail(e));
+    }
+
+    fn rows_per_block(&self) -> u32 {
+        hip::BLOCK_THREADS / self.device.wave_size()
+    }
+
+    /// One weight row per wave, `n_tokens` grid rows: every row of the
+    /// result computed exactly as a one-token call computes it.
+    fn matvec(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+        let (kernel, quant) = match w.ty {
+            GgmlType::F16 => (names::MATVEC_F16, None),
+            GgmlType::Q8_0 => (names::MATVEC_Q8_0, Some(Quant::Q8_0)),
+            GgmlType::Q4_0 => (names::MATVEC_Q4_0, Some(Quant::Q8_0)),
+            GgmlType::Q4K => (names::MATVEC_Q4_K, Some(Quant::Q8K)),
+            GgmlType::Q6K => (names::MATVEC_Q6_K, Some(Quant::Q8K)),
+            _ => (names::MATVEC_DEQUANT, None),
+        };
+        let xd = DeviceBuffer::from_f32(&self.device, x);
+        let acts = quant.map(|q| self.quantize(&xd, q, n_tokens, w.cols));
+        let od = DeviceBuffer::alloc(&self.device, out.len() * 4);
+        let args = hip::MatArgs {
+            w: self.weight(w.data),
+            x: acts.as_ref().unwrap_or(&xd).addr,
+            out: od.addr,
+            row_bytes: w.row_bytes() as u64,
+            rows: as_u32(w.rows, "rows"),
+            cols: as_u32(w.cols, "cols"),
+            n_tokens: as_u32(n_tokens, "tokens"),
+            ty: w.ty.id(),
+        };
+        let grid = [
+            grid_for(w.rows as u64, self.rows_per_block()),
+            args.n_tokens,
+            1,
+        ];
+        self.launch(kernel, grid, hip::BLOCK_THREADS, &args);
+        od.read_f32(out);
+    }
+
+    /// Quantizes `n_tokens` rows of `cols` activations on the device.
+    fn quantize(
+        &self,
+        x: &DeviceBuffer,
+        quant: Quant,
+        n_tokens: usize,
+        cols: usize,
+    ) -> DeviceBuffer {
+        let (kernel, per_block, block_bytes) = match quant {
+            Quant::Q8_0 => (names::QUANTIZE_Q8_0, 32, hip::Q8_0_DEVICE_BYTES),
+            Quant::Q8K => (names::QUANTIZE_Q8_K, 256, hip::Q8_K_DEVICE_BYTES),
+        };
+        let blocks = n_tokens * cols / per_block;
+        let out = DeviceBuffer::alloc(&self.device, blocks * block_bytes);
+        let args = hip::QuantizeArgs {
+            x: x.addr,
+            out: out.addr,
+            n_tokens: as_u32(n_tokens, "tokens"),
+            cols: as_u32(cols, "cols"),
+        };
+        self.launch(kernel, [grid_for(blocks as u64, 64), 1, 1], 64, &args);
+        out
+    }
+
+    fn matmul_tiled(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+        let xd = DeviceBuffer::from_f32(&self.device, x);
+        let od = DeviceBuffer::alloc(&self.device, out.len() * 4);
+        let args = hip::MatArgs {
+            w: self.weight(w.data),
+            x: xd.addr,
+            out: od.addr,
+            row_bytes: w.row_bytes() as u64,
+            rows: as_u32(w.rows, "rows"),
+            cols: as_u32(w.cols, "cols"),
+            n_tokens: as_u32(n_tokens, "tokens"),
+            ty: w.ty.id(),
+        };
+        let tile = hip::MATMUL_TILE;
+        let grid = [
+            grid_for(w.rows as u64, tile),
+            grid_for(n_tokens as u64, tile),
+            1,
+        ];
+        self.launch(names::MATMUL_TILED, grid, hip::BLOCK_THREADS, &args);
+        od.read_f32(out);
+    }
+
+    fn check_matmul(w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &[f32]) {
+        if let Err(e) = QuantMatrix::new(w.ty, w.data, w.rows, w.cols) {
+            panic!("matmul: {e}");
+        }
+        assert_eq!(
+            x.len(),
+            n_tokens * w.cols,
+            "matmul: x is not n_tokens × cols"
+        );
+        assert_eq!(
+            out.len(),
+            n_tokens * w.rows,
+            "matmul: out is not n_tokens × rows"
+        );
+    }
+
+    /// Attention of `rows` query rows, row r at position `row_pos[r]`,
+    /// reading its positions through `tables[row_table[r]..]`.
+    #[allow(clippy::too_many_arguments)] // the paged call's pieces, named
+    fn attend(
+        &self,
+        q: &[f32],
+        k: &DeviceBuffer,
+        v: &DeviceBuffer,
+        tables: &[u32],
+        row_table: &[u32],
+        row_pos: &[u32],
+        shape: PagedShape,
+        out: &mut [f32],
+    ) {
+        assert!(
+            shape.head_dim <= hip::MAX_HEAD_DIM,
+            "attention: head_dim {} exceeds the HIP kernels' {}",
+            shape.head_dim,
+            hip::MAX_HEAD_DIM
+        );
+        let rows = row_pos.len();
+        if rows == 0 {
+            return;
+        }
+        let max_pos = row_pos.iter().copied().max().unwrap_or(0);
+        let n_splits = grid_for(u64::from(max_pos) + 1, ATTENTION_SPLIT_POSITIONS);
+        let parts = rows * shape.n_heads * n_splits as usize;
+        let dev = &self.device;
+        let (qd, od) = (
+            DeviceBuffer::from_f32(dev, q),
+            DeviceBuffer::alloc(dev, out.len() * 4),
+        );
+        let (td, rtd, rpd) = (
+            DeviceBuffer::from_u32(dev, tables),
+            DeviceBuffer::from_u32(dev, row_table),
+            DeviceBuffer::from_u32(dev, row_pos),
+        );
+        let po = DeviceBuffer::alloc(dev, parts * shape.head_dim * 4);
+        let pml = DeviceBuffer::alloc(dev, parts * 2 * 4);
+        let args = hip::AttentionArgs {
+            q: qd.addr,
+            k_pool: k.addr,
+            v_pool: v.addr,
+            tables: td.addr,
+            row_table: rtd.addr,
+            row_pos: rpd.addr,
+            partial_o: po.addr,
+            partial_ml: pml.addr,
+            out: od.addr,
+            n_rows: as_u32(rows, "rows"),
+            n_heads: as_u32(shape.n_heads, "heads"),
+            n_kv_heads: as_u32(shape.n_kv_heads, "kv heads"),
+            head_dim: as_u32(shape.head_dim, "head_dim"),
+            block_tokens: as_u32(shape.block_tokens, "block_tokens"),
+            split_positions: ATTENTION_SPLIT_POSITIONS,
+            n_splits,
+            scale: shape.scale,
+        };
+        let (heads, rows) = (args.n_heads, args.n_rows);
+        self.launch(
+            names::ATTENTION_PARTIAL,
+            [n_splits, heads, rows],
+            hip::BLOCK_THREADS,
+            &args,
+        );
+        self.launch(
+            names::ATTENTION_REDUCE,
+            [heads, rows, 1],
+            hip::BLOCK_THREADS,
+            &args,
+        );
+        od.read_f32(out);
+    }
+
+    fn elementwise(&self, kernel: &str, a: &mut [f32], b: &[f32]) {
+        assert_eq!(a.len(), b.len(), "{kernel}: length mismatch");
+        if a.is_empty() {
+            return;
+        }
+        let (ad, bd) = (
+            DeviceBuffer::from_f32(&self.device, a),
+            DeviceBuffer::from_f32(&self.device, b),
+        );
+        let args = hip::BinaryArgs {
+            a: ad.addr,
+            b: bd.addr,
+            n: a.len() as u64,
+        };
+        // The kernels loop over the grid, so a bounded grid covers any length.
+        let grid = grid_for(a.len() as u64, hip::BLOCK_THREADS).min(1024);
+        self.launch(kernel, [grid, 1, 1], hip::BLOCK_THREADS, &args);
+        ad.read_f32(a);
+    }
+}
+
+impl Backend for HipBackend {
+    fn name(&self) -> String {
+        format!("hip ({})", self.device.describe())
+    }
+
+    /// One token: the decode matvecs. Several: the tiled matmul (f32
+    /// activations, dequantized weight tiles).
+    fn matmul(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+        Self::check_matmul(w, x, n_tokens, out);
+        match n_tokens {
+            0 => {}
+            1 => self.matvec(w, x, 1, out),
+            _ => self.matmul_tiled(w, x, n_tokens, out),
+        }
+    }
+
+    fn matmul_per_row(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+        Self::check_matmul(w, x, n_tokens, out);
+        if n_tokens > 0 {
+            self.matvec(w, x, n_tokens, out);
+        }
+    }
+
+    fn embedding(&self, table: &QuantMatrix<'_>, token: u32, out: &mut [f32]) {
+        assert!(
+            (token as usize) < table.rows,
+            "embedding: token {token} outside a table of {} rows",
+            table.rows
+        );
+        assert_eq!(out.len(), table.cols, "embedding: out is not one row");
+        let od = DeviceBuffer::alloc(&self.device, out.len() * 4);
+        let args = hip::EmbeddingArgs {
+            table: self.weight(table.data),
+            out: od.addr,
+            row_bytes: table.row_bytes() as u64,
+            token,
+            cols: as_u32(table.cols, "cols"),
+            ty: table.ty.id(),
+            pad: 0,
+        };
+        let grid = grid_for(table.cols as u64, hip::BLOCK_THREADS);
+        self.launch(names::EMBEDDING, [grid, 1, 1], hip::BLOCK_THREADS, &args);
+        od.read_f32(out);
+    }
+
+    fn rms_norm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+        let width = weight.len();
+        assert!(
+            x.len() == out.len() && width > 0 && x.len().is_multiple_of(width),
+            "rms_norm: x and out must be whole rows of the weight's width"
+        );
+        let (xd, od) = (
+            DeviceBuffer::from_f32(&self.device, x),
+            DeviceBuffer::alloc(&self.device, out.len() * 4),
+        );
+        let n_rows = x.len() / width;
+        let args = hip::RmsNormArgs {
+            x: xd.addr,
+            weight: self.weight_f32(weight),
+            out: od.addr,
+            n_rows: as_u32(n_rows, "rows"),
+            width: as_u32(width, "width"),
+            eps,
+            pad: 0,
+        };
+        self.launch(
+            names::RMS_NORM,
+            [args.n_rows, 1, 1],
+            hip::BLOCK_THREADS,
+            &args,
+        );
+        od.read_f32(out);
+    }
+
+    fn rope(&self, x: &mut [f32], heads: usize, pos: usize, p: &RopeParams) {
+        assert_eq!(
+            x.len(),
+            heads * p.head_dim,
+            "rope: x is not n_heads × head_dim"
+        );
+        assert!(
+            p.rot_dim <= p.head_dim && p.rot_dim.is_multiple_of(2),
+            "rope: rot_dim {} must be even and at most head_dim {}",
+            p.rot_dim,
+            p.head_dim
+        );
+        if p.rot_dim == 0 || heads == 0 {
+            return;
+        }
+        let xd = DeviceBuffer::from_f32(&self.device, x);
+        let args = hip::RopeArgs {
+            x: xd.addr,
+            n_tokens: 1,
+            n_heads: as_u32(heads, "heads"),
+            head_dim: as_u32(p.head_dim, "head_dim"),
+            rot_dim: as_u32(p.rot_dim, "rot_dim"),
+            start_pos: as_u32(pos, "position"),
+            freq_base: p.freq_base,
+            freq_scale: p.freq_scale,
+            style: match p.style {
+                RopeStyle::Normal => hip::ROPE_NORMAL,
+                RopeStyle::Neox => hip::ROPE_NEOX,
+            },
+        };
+        let pairs = (heads * p.rot_dim / 2) as u64;
+        self.launch(
+            names::ROPE,
+            [grid_for(pairs, hip::BLOCK_THREADS), 1, 1],
+            hip::BLOCK_THREADS,
+            &args,
+        );
+        xd.read_f32(x);
+    }
+
+    /// The contiguous cache is the paged case with one block holding every position.
+    fn attention(&self, q: &[f32], k: &[f32], v: &[f32], shape: AttentionShape, out: &mut [f32]) {
+        let AttentionShape {
+            n_tokens,
+            start_pos,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            scale,
+        } = shape;
+        assert!(
+            n_kv_heads > 0 && head_dim > 0 && n_heads.is_multiple_of(n_kv_heads),
+            "attention: n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}"
+        );
+        assert_eq!(
+            q.len(),
+            n_tokens * n_heads * head_dim,
+            "attention: q is not n_tokens × n_heads·head_dim"
+        );
+        assert_eq!(out.len(), q.len(), "attention: out and q lengths differ");
+        let n_ctx = start_pos + n_tokens;
+        let seen = n_ctx * n_kv_heads * head_dim;
+        assert!(
+            k.len() >= seen && v.len() >= seen,
+            "attention: KV cache shorter than {n_ctx} positions"
+        );
+        if n_tokens == 0 {
+            return;
+        }
+        let kd = DeviceBuffer::from_f32(&self.device, &k[..seen]);
+        let vd = DeviceBuffer::from_f32(&self.device, &v[..seen]);
+        let row_pos: Vec<u32> = (start_pos..n_ctx).map(|p| as_u32(p, "position")).collect();
+        let shape = PagedShape {
+            block_tokens: n_ctx,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            scale,
+        };
+        self.attend(q, &kd, &vd, &[0], &vec![0; n_tokens], &row_pos, shape, out);
+    }
+
+    /// Each pool has a device mirror of its size (kept between calls); the
+    /// blocks the sequences' tables name are copied into it each call, the
+    /// rest of it is never read.
+    fn attention_paged(
+        &self,
+        q: &[f32],
+        k_pool: &[f32],
+        v_pool: &[f32],
+        seqs: &[PagedSeq<'_>],
+        shape: PagedShape,
+        out: &mut [f32],
+    ) {
+        let PagedShape {
+            block_tokens,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            ..
+        } = shape;
+        assert!(
+            head_dim > 0 && block_tokens > 0,
+            "attention_paged: zero size"
+        );
+        assert!(
+            n_kv_heads > 0 && n_heads.is_multiple_of(n_kv_heads),
+            "attention_paged: n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}"
+        );
+        assert_eq!(
+            k_pool.len(),
+            v_pool.len(),
+            "attention_paged: K and V pools differ"
+        );
+        let rows: usize = seqs.iter().map(|s| s.n_tokens).sum();
+        assert_eq!(
+            q.len(),
+            rows * n_heads * head_dim,
+            "attention_paged: q is not rows × width"
+        );
+        assert_eq!(
+            out.len(),
+            q.len(),
+            "attention_paged: out and q lengths differ"
+        );
+        let block_floats = block_tokens * n_kv_heads * head_dim;
+        let pool_blocks = k_pool.len() / block_floats;
+        let (mut tables, mut row_table, mut row_pos) = (Vec::new(), Vec::new(), Vec::new());
+        let mut used = vec![false; pool_blocks];
+        for s in seqs {
+            let n_ctx = s.start_pos + s.n_tokens;
+            let needed = n_ctx.div_ceil(block_tokens);
+            assert!(
+                s.blocks.len() >= needed,
+                "attention_paged: block table shorter than {n_ctx} positions"
+            );
+            let start = as_u32(tables.len(), "table entries");
+            for &b in &s.blocks[..needed] {
+                assert!(
+                    (b as usize) < pool_blocks,
+                    "attention_paged: block outside the pool"
+                );
+                used[b as usize] = true;
+            }
+            tables.extend_from_slice(s.blocks);
+            for t in 0..s.n_tokens {
+                row_table.push(start);
+                row_pos.push(as_u32(s.start_pos + t, "position"));
+            }
+        }
+        if rows == 0 {
+            return;
+        }
+        let (kd, vd) = (self.kv_mirror(k_pool), self.kv_mirror(v_pool));
+        for (b, _) in used.iter().enumerate().filter(|(_, u)| **u) {
+            let range = b * block_floats..(b + 1) * block_floats;
+            let at = (b * block_floats * 4) as u64;
+            for (pool, dev) in [(k_pool, &*kd), (v_pool, &*vd)] {
+                self.device
+                    .write(dev.addr + at, &f32_bytes(&pool[range.clone()]))
+                    .unwrap_or_else(|e| fail(e));
+            }
+        }
+        self.attend(q, &kd, &vd, &tables, &row_table, &row_pos, shape, out);
+    }
+
+    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
+        self.elementwise(names::SILU_MUL, gate, up);
+    }
+
+    fn add(&self, a: &mut [f32], b: &[f32]) {
+        self.elementwise(names::ADD, a, b);
+    }
+}
+
+/// The activation blocks a quantized weight type pairs with.
+#[derive(Clone, Copy, Debug)]
+enum Quant {
+    Q8_0,
+    Q8K,
+}
+
+/// The first and last `n` elements of `v` (all of it when shorter than 2n).
+fn ends<T: Copy>(v: &[T], n: usize) -> Vec<T> {
+    if v.len() <= 2 * n {
+        v.to_vec()
+    } else {
+        [&v[..n], &v[v.len() - n..]].concat()
+    }
+}

@@ -1,0 +1,10 @@
+// Embedding lookup: one row of a (possibly quantized) table to f32.
+#include "common.h"
+
+// One thread per element; bit-identical to kernels/src/dequant.rs.
+BH_KERNEL void bh_embedding(BhEmbeddingArgs a) {
+    const uint32_t c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= a.cols) return;
+    const uint8_t* row = a.table + uint64_t(a.token) * a.row_bytes;
+    a.out[c] = bh_dequant(a.ty, row, c);
+}

@@ -1,0 +1,53 @@
+//! What the HIP kernels run on, as the host code that drives them sees it:
+//! device memory by address and launches by kernel name. The HIP runtime
+//! implements it in the gpu-host (feature `hip`); [`super::emulator`]
+//! implements it on CPU threads so the same host code and tests run on
+//! machines without a GPU.
+
+use std::fmt;
+
+/// A failed device operation: the device's own words (the HIP error name and
+/// string, or the emulator's message) and what was being done.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{operation}: {message}")]
+pub struct DeviceError {
+    /// What was asked ("launch bh_matvec_q8_0", "alloc 4096 bytes").
+    pub operation: String,
+    pub message: String,
+}
+
+impl DeviceError {
+    pub fn new(operation: impl Into<String>, message: impl Into<String>) -> DeviceError {
+        DeviceError {
+            operation: operation.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A device the kernels of [`super::CODE_OBJECTS`] run on. Addresses are
+/// device addresses (what kernel arguments hold); every call is
+/// synchronous: when `launch` returns, the kernel has finished.
+pub trait KernelDevice: Send + Sync + fmt::Debug {
+    /// For logs: the device's name and architecture.
+    fn describe(&self) -> String;
+    /// Threads per wave (64 on CDNA, 32 on RDNA and NVIDIA).
+    fn wave_size(&self) -> u32;
+    /// `bytes` of zeroed device memory.
+    fn alloc(&self, bytes: usize) -> Result<u64, DeviceError>;
+    /// Releases an address `alloc` returned.
+    fn free(&self, addr: u64) -> Result<(), DeviceError>;
+    /// Copies `bytes` to `addr` (inside one allocation).
+    fn write(&self, addr: u64, bytes: &[u8]) -> Result<(), DeviceError>;
+    /// Copies `out.len()` bytes from `addr` (inside one allocation).
+    fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), DeviceError>;
+    /// Runs `kernel` over `grid` blocks of `threads` threads with the
+    /// argument bytes `args` ([`super::KernelArgs::to_bytes`]) and waits for it.
+    fn launch(
+        &self,
+        kernel: &str,
+        grid: [u32; 3],
+        threads: u32,
+        args: &[u8],
+    ) -> Result<(), DeviceError>;
+}

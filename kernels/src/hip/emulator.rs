@@ -1,0 +1,219 @@
+//! Test support: the HIP kernels' own source, built as host C++ with
+//! `-DBH_EMULATE` (`kernels/hip/emulate/`), running on CPU threads in a
+//! child process that holds the "device memory". It checks the kernels'
+//! logic and the host code that drives them on machines without a GPU, at
+//! any wave size; it says nothing about device speed, memory ordering or the
+//! device math library (host libm stands in). Each block runs its threads
+//! for real, so it is slow: small shapes only.
+
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Mutex;
+
+use super::device::{DeviceError, KernelDevice};
+
+/// The harness source, relative to this crate.
+const HARNESS: &str = "hip/emulate/harness.cpp";
+
+/// Builds the emulator binary into `dir` with the first C++20 compiler that
+/// works (`CXX`, else g++, else clang++); the error says what each said.
+pub fn build_harness(dir: &Path) -> Result<PathBuf, String> {
+    let hip_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("hip");
+    // Built under a name of this process's own, then renamed into place:
+    // test binaries of several crates (or several cargo runs) share `dir`,
+    // and one may be running the harness while another rebuilds it.
+    let out = dir.join("bh-emulate");
+    let building = dir.join(format!("bh-emulate.{}.tmp", std::process::id()));
+    let compilers: Vec<String> = match std::env::var("CXX") {
+        Ok(cxx) => vec![cxx],
+        Err(_) => vec!["g++".into(), "clang++".into()],
+    };
+    let mut why = Vec::new();
+    for cxx in compilers {
+        let result = Command::new(&cxx)
+            .args([
+                "-std=c++20",
+                "-O2",
+                "-DBH_EMULATE",
+                "-Wno-unknown-pragmas",
+                "-pthread",
+            ])
+            .arg("-I")
+            .arg(&hip_dir)
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join(HARNESS))
+            .arg("-o")
+            .arg(&building)
+            .output();
+        match result {
+            Ok(o) if o.status.success() => {
+                return std::fs::rename(&building, &out)
+                    .map(|()| out.clone())
+                    .map_err(|e| format!("placing the emulator at {}: {e}", out.display()));
+            }
+            Ok(o) => why.push(format!(
+                "{cxx}: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            )),
+            Err(e) => why.push(format!("{cxx}: {e}")),
+        }
+    }
+    Err(format!(
+        "no C++20 compiler built the HIP kernel emulator ({})",
+        why.join("; ")
+    ))
+}
+
+/// The emulated device: one child process, requests in order.
+#[derive(Debug)]
+pub struct Emulator {
+    wave: u32,
+    io: Mutex<Io>,
+}
+
+#[derive(Debug)]
+struct Io {
+    child: Child,
+    input: BufWriter<ChildStdin>,
+    output: BufReader<ChildStdout>,
+}
+
+impl Emulator {
+    /// Starts `harness` (from [`build_harness`]) as a device with `wave` threads per wave.
+    pub fn start(harness: &Path, wave: u32) -> Result<Emulator, DeviceError> {
+        let mut child = Command::new(harness)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| DeviceError::new(format!("start {}", harness.display()), e.to_string()))?;
+        let input = BufWriter::new(child.stdin.take().expect("piped stdin"));
+        let output = BufReader::new(child.stdout.take().expect("piped stdout"));
+        Ok(Emulator {
+            wave,
+            io: Mutex::new(Io {
+                child,
+                input,
+                output,
+            }),
+        })
+    }
+
+    /// Sends one request and reads the reply's `reply_len` bytes.
+    fn request(
+        &self,
+        what: &str,
+        request: &[u8],
+        reply_len: usize,
+    ) -> Result<Vec<u8>, DeviceError> {
+        let fail = |m: String| DeviceError::new(what, m);
+        let mut io = self.io.lock().unwrap_or_else(|p| p.into_inner());
+        io.input
+            .write_all(request)
+            .and_then(|()| io.input.flush())
+            .map_err(|e| fail(format!("emulator gone: {e}")))?;
+        let mut status = [0u8; 1];
+        io.output
+            .read_exact(&mut status)
+            .map_err(|e| fail(format!("emulator gone: {e}")))?;
+        if status[0] != 0 {
+            let mut len = [0u8; 4];
+            io.output
+                .read_exact(&mut len)
+                .map_err(|e| fail(e.to_string()))?;
+            let mut msg = vec![0u8; u32::from_le_bytes(len) as usize];
+            io.output
+                .read_exact(&mut msg)
+                .map_err(|e| fail(e.to_string()))?;
+            return Err(fail(String::from_utf8_lossy(&msg).into_owned()));
+        }
+        let mut reply = vec![0u8; reply_len];
+        io.output
+            .read_exact(&mut reply)
+            .map_err(|e| fail(e.to_string()))?;
+        Ok(reply)
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        let io = self.io.get_mut().unwrap_or_else(|p| p.into_inner());
+        // Closing stdin ends the child's loop; wait so no zombie is left.
+        let _ = io.input.flush();
+        let _ = io.child.kill();
+        let _ = io.child.wait();
+    }
+}
+
+impl KernelDevice for Emulator {
+    fn describe(&self) -> String {
+        format!("HIP kernel emulator (CPU threads, wave {})", self.wave)
+    }
+
+    fn wave_size(&self) -> u32 {
+        self.wave
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<u64, DeviceError> {
+        let mut req = vec![b'A'];
+        req.extend_from_slice(&(bytes as u64).to_le_bytes());
+        let reply = self.request(&format!("alloc {bytes} bytes"), &req, 8)?;
+        Ok(u64::from_le_bytes(reply.try_into().expect("8 bytes")))
+    }
+
+    fn free(&self, addr: u64) -> Result<(), DeviceError> {
+        let mut req = vec![b'F'];
+        req.extend_from_slice(&addr.to_le_bytes());
+        self.request(&format!("free {addr:#x}"), &req, 0).map(drop)
+    }
+
+    fn write(&self, addr: u64, bytes: &[u8]) -> Result<(), DeviceError> {
+        let mut req = Vec::with_capacity(17 + bytes.len());
+        req.push(b'W');
+        req.extend_from_slice(&addr.to_le_bytes());
+        req.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        req.extend_from_slice(bytes);
+        self.request(
+            &format!("write {} bytes at {addr:#x}", bytes.len()),
+            &req,
+            0,
+        )
+        .map(drop)
+    }
+
+    fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+        let mut req = vec![b'R'];
+        req.extend_from_slice(&addr.to_le_bytes());
+        req.extend_from_slice(&(out.len() as u64).to_le_bytes());
+        let reply = self.request(
+            &format!("read {} bytes at {addr:#x}", out.len()),
+            &req,
+            out.len(),
+        )?;
+        out.copy_from_slice(&reply);
+        Ok(())
+    }
+
+    fn launch(
+        &self,
+        kernel: &str,
+        grid: [u32; 3],
+        threads: u32,
+        args: &[u8],
+    ) -> Result<(), DeviceError> {
+        let mut req = vec![b'L'];
+        req.extend_from_slice(&(kernel.len() as u32).to_le_bytes());
+        req.extend_from_slice(kernel.as_bytes());
+        for v in [
+            grid[0],
+            grid[1],
+            grid[2],
+            threads,
+            self.wave,
+            args.len() as u32,
+        ] {
+            req.extend_from_slice(&v.to_le_bytes());
+        }
+        req.extend_from_slice(args);
+        self.request(&format!("launch {kernel}"), &req, 0).map(drop)
+    }
+}

@@ -1,7 +1,11 @@
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
-use bulkhead_gpu_host::engine::{BackendChoice, BackendPlan, HIP_ENGINE, plan_backend};
+use bulkhead_gpu_host::engine::{
+    BackendChoice, BackendPlan, ComputeBackend, DeviceLabel, HIP_ENGINE, open_hip_backend,
+    plan_backend,
+};
 use bulkhead_gpu_host::hip;
 use bulkhead_gpu_host::server::{AuthSecret, ModelSpec, ServeConfig, Server, TestHooks};
 use bulkhead_gpu_host::verify::ScrubConfig;
@@ -87,7 +91,7 @@ fn default_kv_memory() -> u64 {
 const DEFAULT_SCRUB_BYTES_PER_S: u64 = 64 << 20;
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
-    choose_backend(a.backend, a.hip_device)?;
+    let compute = choose_backend(a.backend, a.hip_device)?;
     let auth_secret = a
         .auth_token_file
         .as_deref()
@@ -97,6 +101,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         listen: a.listen,
         models: a.models,
         threads: super::threads(a.threads),
+        compute,
         max_batch: a.max_batch,
         kv_memory_bytes: a.kv_memory.unwrap_or_else(default_kv_memory),
         queue_capacity: a.queue_capacity,
@@ -134,25 +139,35 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
 
 /// Settles `--backend` before anything is loaded, with one line on
 /// stderr naming the backend (and why not HIP, when `auto` fell back).
-fn choose_backend(choice: BackendChoice, hip_device: usize) -> anyhow::Result<()> {
+fn choose_backend(choice: BackendChoice, hip_device: usize) -> anyhow::Result<ComputeBackend> {
     let hip = match choice {
         // Not even asked: `--backend cpu` must work where the runtime misbehaves.
         BackendChoice::Cpu => hip::HipAvailability::NotBuilt,
         _ => hip::probe(),
     };
-    match plan_backend(choice, hip_device, &hip, HIP_ENGINE)? {
-        BackendPlan::Cpu { fallback: None } => eprintln!("backend: cpu"),
+    Ok(match plan_backend(choice, hip_device, &hip, HIP_ENGINE)? {
+        BackendPlan::Cpu { fallback: None } => {
+            eprintln!("backend: cpu");
+            ComputeBackend::Cpu
+        }
         BackendPlan::Cpu {
             fallback: Some(why),
-        } => eprintln!("backend: cpu (not HIP: {why})"),
-        // The HIP engine (engine/hip_backend.rs) plugs in here; until it
-        // exists `plan_backend` never returns this with HIP_ENGINE Missing.
-        BackendPlan::Hip { device } => anyhow::bail!(
-            "{}: the HIP backend is selected but not wired into serve",
-            bulkhead_gpu_host::engine::DeviceLabel::of(&device)
-        ),
-    }
-    Ok(())
+        } => {
+            eprintln!("backend: cpu (not HIP: {why})");
+            ComputeBackend::Cpu
+        }
+        BackendPlan::Hip { device } => {
+            let label = DeviceLabel::of(&device);
+            // The whole device for now: weights, activations and the KV
+            // mirrors of every partition (per-partition budgets come with
+            // per-partition streams).
+            let budget = hip::MemoryBudget::new(label.to_string(), device.total_memory_bytes);
+            let backend = open_hip_backend(device.ordinal, budget)
+                .with_context(|| format!("opening {label}"))?;
+            eprintln!("backend: hip ({label})");
+            ComputeBackend::Shared(Arc::new(backend))
+        }
+    })
 }
 
 /// Resolves on the first SIGINT or SIGTERM (handlers are installed before we

@@ -1,5 +1,7 @@
-//! The ops the forward pass needs, behind one trait so that backends (CPU
-//! today, HIP later) are interchangeable.
+//! The ops the forward pass needs, behind one trait so that backends (CPU,
+//! HIP) are interchangeable.
+
+use std::sync::Arc;
 
 use bulkhead_kernels::{
     AttentionShape, CpuKernels, Isa, KernelError, PagedSeq, PagedShape, QuantMatrix, RopeStyle,
@@ -48,6 +50,19 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]);
     /// `a += b`.
     fn add(&self, a: &mut [f32], b: &[f32]);
+}
+
+/// What the host's partition schedulers compute with.
+#[derive(Clone, Debug, Default)]
+pub enum ComputeBackend {
+    /// A CPU backend per partition, one worker thread per compute unit,
+    /// pinned with the partition's scheduler to its cores.
+    #[default]
+    Cpu,
+    /// One backend every partition shares: a HIP device. Per-partition
+    /// CU-masked streams and memory budgets on it are the next step; until
+    /// then partitions share its compute and split only the KV memory.
+    Shared(Arc<dyn Backend>),
 }
 
 /// The CPU backend: AVX2/FMA kernels when the processor has them, scalar otherwise.

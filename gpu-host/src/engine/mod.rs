@@ -13,7 +13,7 @@ mod sampling;
 mod select;
 mod weights;
 
-pub use backend::{Backend, CpuBackend, RopeParams};
+pub use backend::{Backend, ComputeBackend, CpuBackend, RopeParams};
 pub use batch::{
     BATCH_PREFILL_CHUNK, BatchLimits, BatchStats, Batcher, DEFAULT_KV_WAIT, MAX_KV_WAIT,
     NewSequence, SequenceError, SequenceSink, TenantCounts, TenantShare,

@@ -27,8 +27,9 @@ pub enum HipEngine {
     Missing,
 }
 
-/// This build's engine: no HIP `Backend` implementation exists yet.
-pub const HIP_ENGINE: HipEngine = HipEngine::Missing;
+/// This build's engine: `HipBackend` (engine/hip_backend.rs) serves on a
+/// device whenever the runtime finds one (only builds with `hip` do).
+pub const HIP_ENGINE: HipEngine = HipEngine::Available;
 
 /// What `serve` will run on.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -30,6 +30,7 @@ use bulkhead_protocol::Target;
 use bulkhead_protocol::v1::gpu_host_server::GpuHostServer;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 
+use crate::engine::ComputeBackend;
 use crate::verify::{ScrubConfig, Scrubber};
 pub use auth::{AuthSecret, MIN_SECRET_BYTES, SecretError};
 pub use registry::{BadModelSpec, ModelSpec};
@@ -52,6 +53,8 @@ pub struct ServeConfig {
     /// Cores of the CPU device (compute units the partitions split; each
     /// partition runs one worker thread per core it has).
     pub threads: usize,
+    /// What the partitions compute with (`--backend`).
+    pub compute: ComputeBackend,
     /// Sequences one model's batch holds at once (decode rows per step).
     pub max_batch: usize,
     /// Bytes of KV cache of the whole host (the device memory partitions
@@ -145,6 +148,7 @@ impl Server {
             cpus,
             max_running: config.max_batch,
             capacity: config.queue_capacity,
+            compute: config.compute,
         };
         let (partitions, workers) =
             Partitions::start(settings, Arc::clone(&registry)).map_err(ServeError::Workers)?;

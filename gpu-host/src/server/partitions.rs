@@ -30,7 +30,7 @@ use super::queue::{Job, Scheduler, SchedulerView};
 use super::registry::ModelRegistry;
 use super::scheduler::{PartitionLoad, PartitionSpec, PlannedTenant};
 use super::sink::Counters;
-use crate::engine::{DEFAULT_KV_WAIT, MAX_KV_WAIT};
+use crate::engine::{ComputeBackend, DEFAULT_KV_WAIT, MAX_KV_WAIT};
 
 /// Most tenants one `SetPartitions` may list.
 pub const MAX_TENANTS: usize = 10_000;
@@ -58,6 +58,8 @@ pub(crate) struct PartitionSettings {
     pub max_running: usize,
     /// Requests that may wait host-wide.
     pub capacity: usize,
+    /// What each partition's scheduler computes with.
+    pub compute: ComputeBackend,
 }
 
 /// One tenant of a `SetPartitions`: its `[gpu]` request and what the
@@ -371,6 +373,7 @@ fn start_generation(
         let (scheduler, handle) = Scheduler::start(
             Arc::new(spec),
             settings.max_running,
+            settings.compute.clone(),
             Arc::clone(registry),
             Arc::clone(host),
         )?;

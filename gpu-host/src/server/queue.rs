@@ -19,7 +19,7 @@ use super::affinity::pin_current_thread;
 use super::registry::{LoadedModel, ModelRegistry};
 use super::scheduler::{self, PartitionLoad, PartitionSpec, SchedulerConfig, Shared};
 use super::sink::{Counted, Counters};
-use crate::engine::{CpuBackend, GenerateRequest};
+use crate::engine::{Backend, ComputeBackend, CpuBackend, GenerateRequest};
 
 /// Where a generation's events go; dropped by the client side when it leaves.
 pub(crate) type EventSender = mpsc::Sender<Result<v1::GenerateEvent, Status>>;
@@ -71,6 +71,7 @@ impl Scheduler {
     pub(crate) fn start(
         spec: Arc<PartitionSpec>,
         max_running: usize,
+        compute: ComputeBackend,
         registry: Arc<ModelRegistry>,
         host: Arc<Counters>,
     ) -> Result<(Scheduler, JoinHandle<()>), String> {
@@ -111,9 +112,11 @@ impl Scheduler {
                 let _exit = exit;
                 let started = pin_current_thread(&spec.cpus)
                     .map_err(|e| format!("pinning to CPUs {:?}: {e}", spec.cpus))
-                    .and_then(|()| {
-                        CpuBackend::new(spec.units.len().max(1))
-                            .map_err(|e| format!("starting the CPU backend: {e}"))
+                    .and_then(|()| match compute {
+                        ComputeBackend::Cpu => CpuBackend::new(spec.units.len().max(1))
+                            .map(|cpu| Arc::new(cpu) as Arc<dyn Backend>)
+                            .map_err(|e| format!("starting the CPU backend: {e}")),
+                        ComputeBackend::Shared(backend) => Ok(backend),
                     });
                 let backend = match started {
                     Ok(backend) => {
@@ -125,7 +128,7 @@ impl Scheduler {
                         return;
                     }
                 };
-                scheduler::run(&receiver, &backend, &config, &shared);
+                scheduler::run(&receiver, &*backend, &config, &shared);
             })
             .map_err(|e| format!("starting a scheduler thread: {e}"))?;
         match ready.recv() {

@@ -28,7 +28,7 @@ use super::queue::Job;
 use super::registry::{LoadedModel, ModelRegistry};
 use super::sink::{Counted, Outbox, StreamSink};
 use crate::engine::{
-    BatchLimits, Batcher, CpuBackend, NewSequence, SequenceSink, TenantCounts, TenantShare,
+    Backend, BatchLimits, Batcher, NewSequence, SequenceSink, TenantCounts, TenantShare,
 };
 
 /// How long the thread waits for new work while streams still have
@@ -112,7 +112,7 @@ struct ModelBatch {
 /// Runs until the queue's sender is gone and every stream has drained.
 pub(crate) fn run(
     receiver: &Receiver<Job>,
-    backend: &CpuBackend,
+    backend: &dyn Backend,
     config: &SchedulerConfig,
     shared: &Shared,
 ) {

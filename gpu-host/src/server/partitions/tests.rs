@@ -13,6 +13,7 @@ fn host(cores: u32) -> (Partitions, Workers) {
         cpus: CpuMap::from_cpus(vec![0]),
         max_running: 4,
         capacity: 8,
+        compute: ComputeBackend::Cpu,
     };
     let registry = Arc::new(ModelRegistry::load(&[]).unwrap());
     Partitions::start(settings, registry).unwrap()

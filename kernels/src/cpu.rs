@@ -89,10 +89,10 @@ pub struct AttentionShape {
 enum TokenGrouping {
     /// One single-row dot per (row, token): decode, and the old prefill path.
     One,
-    /// Up to [`Avx2::MAX_TOKENS`] tokens per weight row, where a multi-token
-    /// kernel exists.
-    UpToFour,
-    /// As `UpToFour`, but only for the types whose multi-token kernels keep
+    /// Several tokens per weight row where a multi-token kernel exists:
+    /// [`Avx2::MAX_TOKENS`], or [`Vnni::MAX_TOKENS`] for its kernels.
+    Several,
+    /// As `Several`, but only for the types whose multi-token kernels keep
     /// the one-row accumulation order (Q4_0, Q8_0, Q4_K): every result is
     /// bit-identical to a one-row call.
     Exact,
@@ -245,7 +245,7 @@ impl CpuKernels {
     /// # Panics
     /// If `w` is malformed or `x`/`out` have the wrong length (caller bugs).
     pub fn matmul(&self, w: &QuantMatrix, x: &[f32], n_tokens: usize, out: &mut [f32]) {
-        self.matmul_by(w, x, n_tokens, out, TokenGrouping::UpToFour);
+        self.matmul_by(w, x, n_tokens, out, TokenGrouping::Several);
     }
 
     /// [`CpuKernels::matmul`] with every (row, token) pair computed by its own
@@ -301,7 +301,7 @@ impl CpuKernels {
         let b = self.backend;
         // Decode (one token) stays on the single-row kernels: nothing to share.
         let grouped = match (b, grouping) {
-            (Backend::Avx2(k), TokenGrouping::UpToFour | TokenGrouping::Exact) if n_tokens > 1 => {
+            (Backend::Avx2(k), TokenGrouping::Several | TokenGrouping::Exact) if n_tokens > 1 => {
                 Some(k)
             }
             _ => None,

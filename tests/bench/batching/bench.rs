@@ -28,7 +28,7 @@ use bulkhead_gpu_host::engine::{
 use bulkhead_gpu_host::gguf::Gguf;
 use bulkhead_gpu_host::gguf::Value;
 use bulkhead_gpu_host::gguf::writer::GgufWriter;
-use bulkhead_kernels::GgmlType;
+use bulkhead_kernels::{GgmlType, Isa};
 
 const DIM: usize = 768;
 const LAYERS: usize = 12;
@@ -42,6 +42,7 @@ struct Args {
     max_tokens: usize,
     concurrency: Vec<usize>,
     weights: GgmlType,
+    isa: Isa,
 }
 
 fn args() -> Args {
@@ -51,6 +52,7 @@ fn args() -> Args {
         max_tokens: 64,
         concurrency: vec![1, 4, 16, 32],
         weights: GgmlType::Q8_0,
+        isa: Isa::detect(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -70,6 +72,14 @@ fn args() -> Args {
                     "q8_0" => GgmlType::Q8_0,
                     "f32" => GgmlType::F32,
                     _ => panic!("--weights q8_0|f32"),
+                }
+            }
+            "--isa" => {
+                a.isa = match value.as_str() {
+                    "scalar" => Isa::Scalar,
+                    "avx2" => Isa::Avx2,
+                    "avx512vnni" => Isa::Avx512Vnni,
+                    _ => panic!("--isa scalar|avx2|avx512vnni"),
                 }
             }
             _ => panic!("unknown flag {flag}"),
@@ -324,7 +334,8 @@ fn main() {
     let path = model_file(&out, a.weights);
     let model = Model::open(&path).unwrap();
     let tok = Tokenizer::from_metadata(model.gguf().metadata()).unwrap();
-    let backend = CpuBackend::new(a.threads).unwrap();
+    let backend =
+        CpuBackend::with_isa(a.threads, a.isa).unwrap_or_else(|e| panic!("--isa {:?}: {e}", a.isa));
     let bytes = std::fs::metadata(&path).unwrap().len();
     println!(
         "model {} ({:.0} MB, {} layers, dim {}, ffn {}), backend {} × {} threads, max_tokens {}, repeats {} (median)",

@@ -185,6 +185,7 @@ pub async fn serve(
 
     let model_watch =
         crate::upstream::watch_models(upstream.clone(), Arc::clone(&metrics), audit.clone());
+    let partition_watch = crate::upstream::watch_partitions(upstream.clone(), Arc::clone(&metrics));
     let app = App {
         snapshot,
         upstream,
@@ -211,6 +212,7 @@ pub async fn serve(
         .map_err(ServeError::Http);
     drop(reloads);
     model_watch.abort();
+    partition_watch.abort();
     if let Some(supervisor) = supervisor {
         supervisor.stop().await;
     }

@@ -70,6 +70,18 @@ pub struct ModelLabels {
     pub model: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct PartitionLabels {
+    /// `shared` or `dedicated:TENANT`.
+    pub partition: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct PartitionTenantLabels {
+    pub partition: String,
+    pub tenant: String,
+}
+
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn plugin_histogram() -> Histogram {
@@ -103,6 +115,13 @@ pub struct Metrics {
     pub model_weights_verified_at: Family<ModelLabels, Gauge>,
     pub model_scrubbed_bytes: Family<ModelLabels, Gauge>,
     pub model_weight_mismatches: Family<ModelLabels, Counter>,
+    pub partition_kv_blocks: Family<PartitionTenantLabels, Gauge>,
+    pub partition_kv_refusals: Family<PartitionTenantLabels, Counter>,
+    pub partition_running: Family<PartitionLabels, Gauge>,
+    pub partition_queued: Family<PartitionLabels, Gauge>,
+    pub partition_memory_bytes: Family<PartitionLabels, Gauge>,
+    pub partition_memory_used_bytes: Family<PartitionLabels, Gauge>,
+    pub partition_preemptions: Family<PartitionLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -212,6 +231,48 @@ impl Metrics {
             "Times a model was taken out of service because its resident weights changed",
             model_weight_mismatches.clone(),
         );
+        let partition_kv_blocks = Family::<PartitionTenantLabels, Gauge>::default();
+        registry.register(
+            "partition_kv_blocks",
+            "KV-cache blocks (16 tokens) a tenant's sequences hold in a gpu-host partition",
+            partition_kv_blocks.clone(),
+        );
+        let partition_kv_refusals = Family::<PartitionTenantLabels, Counter>::default();
+        registry.register(
+            "partition_kv_refusals",
+            "Requests a gpu-host partition refused because they could never fit the tenant's KV budget",
+            partition_kv_refusals.clone(),
+        );
+        let partition_running = Family::<PartitionLabels, Gauge>::default();
+        registry.register(
+            "partition_running",
+            "Sequences holding KV cache in a gpu-host partition",
+            partition_running.clone(),
+        );
+        let partition_queued = Family::<PartitionLabels, Gauge>::default();
+        registry.register(
+            "partition_queued",
+            "Requests routed to a gpu-host partition, waiting to join a batch",
+            partition_queued.clone(),
+        );
+        let partition_memory_bytes = Family::<PartitionLabels, Gauge>::default();
+        registry.register(
+            "partition_memory_bytes",
+            "KV-cache memory budget of a gpu-host partition",
+            partition_memory_bytes.clone(),
+        );
+        let partition_memory_used_bytes = Family::<PartitionLabels, Gauge>::default();
+        registry.register(
+            "partition_memory_used_bytes",
+            "KV-cache bytes a gpu-host partition's blocks hold now",
+            partition_memory_used_bytes.clone(),
+        );
+        let partition_preemptions = Family::<PartitionLabels, Counter>::default();
+        registry.register(
+            "partition_preemptions",
+            "Sequences a gpu-host partition preempted (KV blocks taken back, recomputed later)",
+            partition_preemptions.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -230,6 +291,13 @@ impl Metrics {
             model_weights_verified_at,
             model_scrubbed_bytes,
             model_weight_mismatches,
+            partition_kv_blocks,
+            partition_kv_refusals,
+            partition_running,
+            partition_queued,
+            partition_memory_bytes,
+            partition_memory_used_bytes,
+            partition_preemptions,
         }
     }
 

@@ -9,6 +9,7 @@ mod hooks;
 mod inference;
 mod local_run;
 mod openai;
+mod partitions;
 mod plugins;
 mod registrations;
 mod respond;
@@ -85,6 +86,7 @@ pub fn router(app: App, max_body_bytes: usize) -> Router {
             "/admin/v1/models/{name}",
             axum::routing::delete(registrations::unregister),
         )
+        .route("/admin/v1/partitions", get(partitions::list))
         .route("/admin/v1/audit/checkpoint", get(audit::checkpoint))
         .route("/admin/v1/audit/entries", get(audit::entries))
         .route("/admin/v1/audit/proof/inclusion", get(audit::inclusion))

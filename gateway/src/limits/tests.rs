@@ -348,6 +348,7 @@ fn builds_from_a_policy() {
         limits: LIMITS,
         plugins: Default::default(),
         gpu: Default::default(),
+        kv_wait_ms: None,
         source: Arc::new(SourceFile::new("tenants/acme.toml", "")),
     };
     let mut policy = Policy {

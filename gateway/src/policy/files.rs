@@ -167,7 +167,8 @@ pub struct TenantFile {
 }
 
 /// `[gpu]` in a tenant file. Checked against the device (over-subscription
-/// is an error) but not yet enforced by the gpu-host.
+/// is an error) and enforced by the gpu-host, which plans the same tenant
+/// set against its own cores and KV memory.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuFile {
@@ -184,6 +185,10 @@ pub struct GpuFile {
     pub isolation: Option<Spanned<IsolationFile>>,
     /// Weight for fair sharing in the shared pool (default 1).
     pub weight: Option<Spanned<u32>>,
+    /// How long a request that fits the tenant's KV budget, but not what
+    /// its other requests leave of it, waits before 429
+    /// `kv_budget_exceeded` (default 10000; at most 120000).
+    pub kv_wait_ms: Option<Spanned<u64>>,
 }
 
 /// `isolation` in `[gpu]`.

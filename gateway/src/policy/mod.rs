@@ -67,7 +67,8 @@ pub struct Policy {
     pub files: Vec<(PathBuf, [u8; 32])>,
     /// The partitions the tenants' `[gpu]` tables give the local gpu-host's
     /// device (`None` with a remote upstream, whose device is not known
-    /// here). Checked, not yet sent to the gpu-host.
+    /// here). The gpu-host plans the same tenant set itself, against its own
+    /// cores and KV memory (`upstream::sync_partitions`).
     pub partitions: Option<Arc<Layout>>,
     /// `trust.toml`: the publishers whose keys may sign served models.
     pub trust: Trust,
@@ -155,6 +156,8 @@ pub struct TenantPolicy {
     pub plugins: TenantPlugins,
     /// Its `[gpu]` request (the default: shared, weight 1).
     pub gpu: GpuRequest,
+    /// `[gpu] kv_wait_ms` (`None`: the gpu-host's default).
+    pub kv_wait_ms: Option<u32>,
     /// The tenant file, for error locations.
     pub source: Arc<SourceFile>,
 }

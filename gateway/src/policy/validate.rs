@@ -612,6 +612,7 @@ fn check_tenants(
 
         let device = gateway.device.as_ref().map(|(device, _)| device);
         let gpu = super::gpu::check_tenant(&source, id, doc.gpu.as_ref(), device, errors);
+        let kv_wait_ms = super::gpu::check_kv_wait(&source, doc.gpu.as_ref(), errors);
         gpu_checks.all_valid &= gpu.is_some();
         if let Some(table) = &doc.gpu {
             gpu_checks.spans.insert(id.clone(), table.span());
@@ -642,6 +643,7 @@ fn check_tenants(
                 limits,
                 plugins,
                 gpu: gpu.unwrap_or_default(),
+                kv_wait_ms,
                 source,
             },
         );

@@ -75,6 +75,8 @@ struct Control {
     audited: BTreeSet<(String, String, String)>,
     /// The child generation (`starts`) the loads above are for.
     generation: Option<u64>,
+    /// The host's last refusal of the tenants' partitions (logged once).
+    partitions_refused: Option<String>,
 }
 
 impl Control {
@@ -566,6 +568,14 @@ async fn reconcile(inner: &Inner, retry_failed: bool) -> bool {
             return false;
         }
     };
+    // The host is reachable: its partitions first, so requests released by
+    // this pass run in their tenants' partitions.
+    crate::upstream::sync_partitions(
+        &inner.host,
+        &snapshot.policy,
+        &mut control.partitions_refused,
+    )
+    .await;
     // What we loaded that is no longer registered (or changed) goes first.
     let stale: Vec<String> = control
         .loaded

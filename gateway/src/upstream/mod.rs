@@ -3,6 +3,7 @@
 
 mod model_watch;
 mod models;
+mod partitions;
 mod supervisor;
 
 use std::time::Duration;
@@ -22,6 +23,9 @@ use tonic::{Code, Status, Streaming};
 
 pub use model_watch::watch_models;
 pub use models::LoadError;
+#[cfg(test)]
+pub(crate) use partitions::tenant_set;
+pub use partitions::{sync_partitions, watch_partitions};
 pub use supervisor::{ChildConfig, Supervisor, SupervisorError};
 
 /// Whether the gpu-host can take requests.

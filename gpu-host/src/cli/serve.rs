@@ -17,16 +17,19 @@ pub struct ServeArgs {
     /// signed digest) arrive later through the `LoadModel` RPC.
     #[arg(long = "model", value_name = "NAME=PATH")]
     models: Vec<ModelSpec>,
-    /// Threads of the CPU backend (default: all cores).
+    /// Cores of the CPU device (default: all): the compute units tenants'
+    /// partitions split, each partition's workers pinned to its own.
     #[arg(long)]
     threads: Option<usize>,
     /// Sequences one model's continuous batch holds at once: each decode
     /// step runs them as one forward pass (`--workers` is the old name).
     #[arg(long, alias = "workers", default_value_t = DEFAULT_MAX_BATCH)]
     max_batch: usize,
-    /// KV cache per model, e.g. `2GiB` (units B, KiB, MiB, GiB, kB, MB, GB):
-    /// its pool of 16-token blocks. Default: a quarter of host memory, at
-    /// most 4 GiB. Pages are only touched as blocks are first used.
+    /// KV-cache memory of the host, e.g. `2GiB` (units B, KiB, MiB, GiB, kB,
+    /// MB, GB): the memory tenants' partitions split (each partition's
+    /// share is a pool of 16-token blocks per model it serves). Default: a
+    /// quarter of host memory, at most 4 GiB. Pages are only touched as
+    /// blocks are first used.
     #[arg(long, value_parser = parse_kv_memory)]
     kv_memory: Option<u64>,
     /// Requests that may wait to join a batch; more get RESOURCE_EXHAUSTED.

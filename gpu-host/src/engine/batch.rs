@@ -20,12 +20,18 @@
 //! 4. **Run** one `forward_batch`, then sample every sequence whose chunk
 //!    completed its input; finished sequences leave and free their blocks.
 //!
-//! Admission reserves prompt + `max_tokens` of the tenant's budget. Tenants
-//! share one pool with equal weights: each active tenant (one with a
-//! sequence here) is guaranteed an equal share and may borrow the rest.
+//! Admission reserves prompt + `max_tokens` of the tenant's budget. How
+//! tenants share the pool comes from their partition's plan
+//! ([`TenantShare`]): a tenant with its own memory (`hbm`) is guaranteed
+//! that many blocks and may hold no more; the others split what no `hbm`
+//! claims by weight among the tenants active here (with a sequence), each
+//! guaranteed its weighted part and allowed to borrow the rest while others
+//! leave it idle. A tenant the plan does not list has weight 1 and no memory
+//! of its own (so with no plan every active tenant gets an equal share).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
 
 use bulkhead_partition::{
     DEFAULT_QUANTUM_TOKENS, Drr, KvPool, PartitionError, SeqId, TenantBlocks, Victim,
@@ -69,6 +75,19 @@ pub trait SequenceSink {
 /// Why a sequence ended without output.
 #[derive(Debug, thiserror::Error)]
 pub enum SequenceError {
+    /// Its prompt + `max_tokens` fit its tenant's budget, but its other
+    /// sequences held the rest of it for longer than the tenant's KV wait.
+    #[error(
+        "kv_budget_exceeded: the request needs {needed_tokens} tokens of KV cache \
+         (prompt + max_tokens) and tenant `{tenant}` had {available_tokens} left of its \
+         budget for {waited_ms} ms (its kv_wait_ms); retry when its other requests end"
+    )]
+    KvWait {
+        tenant: String,
+        needed_tokens: u64,
+        available_tokens: u64,
+        waited_ms: u128,
+    },
     /// Its prompt + `max_tokens` can never fit its tenant's share of the pool.
     #[error(
         "kv_budget_exceeded: the request needs {needed_tokens} tokens of KV cache \
@@ -94,6 +113,54 @@ pub struct BatchLimits {
     /// Blocks in the model's KV pool.
     pub kv_blocks: u32,
 }
+
+/// How one tenant shares a batcher's pool (from its partition's plan).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TenantShare {
+    /// Deficit round robin weight (tokens per turn ∝ weight); at least 1.
+    pub weight: u32,
+    /// Blocks of its own (`hbm`): guaranteed, and the most it may hold.
+    /// `None`: a weighted part of the blocks no tenant owns.
+    pub own_blocks: Option<u64>,
+    /// How long a request that fits the tenant's budget, but not what its
+    /// other sequences leave of it, waits to be admitted before it is
+    /// refused (`kv_budget_exceeded`).
+    pub kv_wait: Duration,
+}
+
+/// The KV wait of a tenant that sets none: long enough to ride out a
+/// burst of its own requests finishing, short enough that a client is
+/// told rather than left hanging behind a stuck budget.
+pub const DEFAULT_KV_WAIT: Duration = Duration::from_secs(10);
+
+/// The longest KV wait a tenant may ask for.
+pub const MAX_KV_WAIT: Duration = Duration::from_secs(120);
+
+impl Default for TenantShare {
+    /// A tenant the plan does not list.
+    fn default() -> Self {
+        TenantShare {
+            weight: 1,
+            own_blocks: None,
+            kv_wait: DEFAULT_KV_WAIT,
+        }
+    }
+}
+
+/// What one tenant did in a batch since it was created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TenantCounts {
+    /// Blocks its sequences hold now.
+    pub held_blocks: u64,
+    /// Its sequences preempted (blocks taken back, recomputed later).
+    pub preemptions: u64,
+    /// Its requests refused because they could never fit its budget.
+    pub kv_refusals: u64,
+}
+
+/// Per-tenant counts are kept for at most this many tenants not in the
+/// plan (names come from callers); past it only the totals count them.
+const MAX_UNLISTED_COUNTED: usize = 1024;
 
 /// A sequence to add to a batch.
 pub struct NewSequence {
@@ -127,6 +194,8 @@ struct Sequence {
     cached: usize,
     /// Whether it has an item in the round robin.
     queued: bool,
+    /// When admission first failed for lack of the tenant's budget.
+    kv_waiting_since: Option<Instant>,
 }
 
 impl Sequence {
@@ -151,6 +220,8 @@ pub struct BatchStats {
     pub kv_blocks_total: u32,
     /// Sequences preempted (blocks taken back, recomputed later) so far.
     pub preemptions: u64,
+    /// Requests refused because they could never fit their tenant's budget.
+    pub kv_refusals: u64,
 }
 
 /// The continuous batch of one model.
@@ -162,6 +233,12 @@ pub struct Batcher {
     sequences: BTreeMap<u64, Sequence>,
     next_key: u64,
     preemptions: u64,
+    kv_refusals: u64,
+    /// The plan's tenants; others get [`TenantShare::default`].
+    shares: BTreeMap<String, TenantShare>,
+    /// Blocks the listed tenants own (`own_blocks`), whether active or not.
+    owned_blocks: u64,
+    counts: BTreeMap<String, TenantCounts>,
 }
 
 impl std::fmt::Debug for Batcher {
@@ -174,9 +251,38 @@ impl std::fmt::Debug for Batcher {
 }
 
 impl Batcher {
-    /// An empty batch for `model` with a zeroed pool of `limits.kv_blocks`.
+    /// An empty batch for `model` with a zeroed pool of `limits.kv_blocks`,
+    /// every tenant with weight 1 and no memory of its own.
     pub fn new(model: &Model, limits: BatchLimits) -> Result<Batcher, PartitionError> {
+        Self::with_shares(model, limits, BTreeMap::new())
+    }
+
+    /// An empty batch whose tenants share the pool as `shares` say. The
+    /// blocks they own must fit in the pool.
+    pub fn with_shares(
+        model: &Model,
+        limits: BatchLimits,
+        shares: BTreeMap<String, TenantShare>,
+    ) -> Result<Batcher, PartitionError> {
         let pool = KvPool::new(limits.kv_blocks, [])?;
+        let owned_blocks: u64 = shares.values().filter_map(|s| s.own_blocks).sum();
+        if owned_blocks > u64::from(limits.kv_blocks) {
+            return Err(PartitionError::InvalidKvPool {
+                reason: format!(
+                    "tenants own {owned_blocks} blocks, more than the pool's {}",
+                    limits.kv_blocks
+                ),
+            });
+        }
+        if let Some((tenant, _)) = shares.iter().find(|(_, s)| s.weight == 0) {
+            return Err(PartitionError::InvalidKvPool {
+                reason: format!("tenant {tenant}: weight 0"),
+            });
+        }
+        let counts = shares
+            .keys()
+            .map(|t| (t.clone(), TenantCounts::default()))
+            .collect();
         Ok(Batcher {
             limits: BatchLimits {
                 max_running: limits.max_running.max(1),
@@ -188,6 +294,10 @@ impl Batcher {
             sequences: BTreeMap::new(),
             next_key: 0,
             preemptions: 0,
+            kv_refusals: 0,
+            shares,
+            owned_blocks,
+            counts,
         })
     }
 
@@ -232,6 +342,7 @@ impl Batcher {
                 table: Vec::new(),
                 cached: 0,
                 queued: false,
+                kv_waiting_since: None,
             },
         );
         self.enqueue(key);
@@ -250,7 +361,31 @@ impl Batcher {
             kv_blocks_used: self.pool.total_blocks() - self.pool.free_blocks(),
             kv_blocks_total: self.pool.total_blocks(),
             preemptions: self.preemptions,
+            kv_refusals: self.kv_refusals,
         }
+    }
+
+    /// Per tenant: blocks held now, preemptions and refusals so far (the
+    /// plan's tenants always, others while counted).
+    pub fn tenant_counts(&self) -> BTreeMap<String, TenantCounts> {
+        let mut counts = self.counts.clone();
+        for (tenant, c) in &mut counts {
+            c.held_blocks = self.pool.held_blocks(tenant).unwrap_or(0);
+        }
+        counts
+    }
+
+    /// The count of `tenant`, created while the map has room.
+    fn count_of(&mut self, tenant: &str) -> Option<&mut TenantCounts> {
+        if !self.counts.contains_key(tenant) {
+            let unlisted = self.counts.len().saturating_sub(self.shares.len());
+            if unlisted >= MAX_UNLISTED_COUNTED {
+                return None;
+            }
+            self.counts
+                .insert(tenant.to_string(), TenantCounts::default());
+        }
+        self.counts.get_mut(tenant)
     }
 
     /// Blocks `tenant` holds now.
@@ -410,6 +545,11 @@ impl Batcher {
                 s.sink.started();
                 true
             }
+            Err(e @ PartitionError::KvBudgetExceeded { .. }) if e.is_retryable() => {
+                // Its own other sequences hold the rest of its budget.
+                let since = *s.kv_waiting_since.get_or_insert_with(Instant::now);
+                self.wait_for_budget(key, e, since)
+            }
             Err(e) if e.is_retryable() => false,
             Err(PartitionError::KvBudgetExceeded {
                 tenant,
@@ -418,6 +558,10 @@ impl Batcher {
                 of,
                 ..
             }) => {
+                self.kv_refusals += 1;
+                if let Some(c) = self.count_of(&tenant) {
+                    c.kv_refusals += 1;
+                }
                 let err = SequenceError::KvBudget {
                     tenant,
                     needed_tokens,
@@ -432,6 +576,39 @@ impl Batcher {
                 false
             }
         }
+    }
+
+    /// A waiting sequence whose tenant's budget is held by its other
+    /// sequences: false while its KV wait lasts, then refused.
+    fn wait_for_budget(&mut self, key: u64, e: PartitionError, since: Instant) -> bool {
+        let PartitionError::KvBudgetExceeded {
+            tenant,
+            needed_tokens,
+            available_tokens,
+            ..
+        } = e
+        else {
+            return false;
+        };
+        let wait = self
+            .shares
+            .get(&tenant)
+            .map_or(DEFAULT_KV_WAIT, |share| share.kv_wait);
+        if since.elapsed() < wait {
+            return false;
+        }
+        self.kv_refusals += 1;
+        if let Some(c) = self.count_of(&tenant) {
+            c.kv_refusals += 1;
+        }
+        let err = SequenceError::KvWait {
+            tenant,
+            needed_tokens,
+            available_tokens,
+            waited_ms: since.elapsed().as_millis(),
+        };
+        self.end(key, Some(Err(err)));
+        false
     }
 
     /// Gives `key` blocks for `positions` positions, preempting by the
@@ -490,6 +667,10 @@ impl Batcher {
             self.preemptions += 1;
             s.table.clear();
             s.cached = 0;
+            let tenant = s.tenant.clone();
+            if let Some(c) = self.count_of(&tenant) {
+                c.preemptions += 1;
+            }
         }
     }
 
@@ -540,36 +721,66 @@ impl Batcher {
         }
     }
 
-    /// A tenant's first sequence: shares are re-divided equally.
+    /// A tenant's first sequence: the weighted parts are divided anew
+    /// (the others' shrink first, so the guarantees never exceed the pool).
     fn join_tenant(&mut self, tenant: &str) -> Result<(), PartitionError> {
-        let tenants: BTreeSet<String> = self.pool.tenants().map(str::to_string).collect();
-        let share = self.share(tenants.len() + 1);
-        for t in &tenants {
-            self.pool.set_limits(t, share)?;
+        let share = self.shares.get(tenant).copied().unwrap_or_default();
+        let active: Vec<String> = self.pool.tenants().map(str::to_string).collect();
+        let weights = self.active_weights(active.iter().map(String::as_str).chain([tenant]));
+        for t in &active {
+            self.pool.set_limits(t, self.limits_of(t, weights))?;
         }
-        self.pool.add_tenant(tenant, share)?;
-        self.drr.set_tenant(tenant, 1)
+        self.pool
+            .add_tenant(tenant, self.limits_of(tenant, weights))?;
+        self.drr.set_tenant(tenant, share.weight)
     }
 
-    /// A tenant's last sequence ended: the others' shares grow back.
+    /// A tenant's last sequence ended: the others' parts grow back.
     fn leave_tenant(&mut self, tenant: &str) {
         if self.pool.remove_tenant(tenant).is_err() {
             return;
         }
-        let tenants: Vec<String> = self.pool.tenants().map(str::to_string).collect();
-        let share = self.share(tenants.len());
-        for t in &tenants {
-            let _ = self.pool.set_limits(t, share);
+        if !self.shares.contains_key(tenant) {
+            // An unlisted tenant's counts go with it (its names are the caller's).
+            self.counts.remove(tenant);
+        }
+        let active: Vec<String> = self.pool.tenants().map(str::to_string).collect();
+        let weights = self.active_weights(active.iter().map(String::as_str));
+        for t in &active {
+            let _ = self.pool.set_limits(t, self.limits_of(t, weights));
         }
     }
 
-    /// Equal weights: each of `n` tenants is guaranteed `1/n` of the pool
-    /// and may reserve (and borrow idle blocks) up to all of it.
-    fn share(&self, n: usize) -> TenantBlocks {
+    /// Total weight of the `active` tenants without blocks of their own.
+    fn active_weights<'a>(&self, active: impl Iterator<Item = &'a str>) -> u64 {
+        active
+            .map(|t| self.shares.get(t).copied().unwrap_or_default())
+            .filter(|s| s.own_blocks.is_none())
+            .map(|s| u64::from(s.weight))
+            .sum()
+    }
+
+    /// `tenant`'s limits while tenants of total weight `weights` share the
+    /// blocks no one owns: its own blocks, or its weighted part of those
+    /// (rounded down, so the parts never add up past them) and all of them
+    /// to borrow.
+    fn limits_of(&self, tenant: &str, weights: u64) -> TenantBlocks {
+        let share = self.shares.get(tenant).copied().unwrap_or_default();
         let total = u64::from(self.pool.total_blocks());
-        TenantBlocks {
-            guaranteed: total / n.max(1) as u64,
-            budget: total,
+        match share.own_blocks {
+            Some(own) => TenantBlocks {
+                guaranteed: own.min(total),
+                budget: own.min(total),
+            },
+            None => {
+                let unowned = total - self.owned_blocks.min(total);
+                let part =
+                    u128::from(unowned) * u128::from(share.weight) / u128::from(weights.max(1));
+                TenantBlocks {
+                    guaranteed: u64::try_from(part).unwrap_or(unowned),
+                    budget: unowned,
+                }
+            }
         }
     }
 }

@@ -12,7 +12,8 @@ mod weights;
 
 pub use backend::{Backend, CpuBackend, RopeParams};
 pub use batch::{
-    BATCH_PREFILL_CHUNK, BatchLimits, BatchStats, Batcher, NewSequence, SequenceError, SequenceSink,
+    BATCH_PREFILL_CHUNK, BatchLimits, BatchStats, Batcher, DEFAULT_KV_WAIT, MAX_KV_WAIT,
+    NewSequence, SequenceError, SequenceSink, TenantCounts, TenantShare,
 };
 pub use config::{Arch, ConfigError, ModelConfig};
 pub use generate::{

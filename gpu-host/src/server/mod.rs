@@ -1,16 +1,19 @@
 //! The gRPC server of `bulkhead-gpu-host serve`: a registry of loaded models,
-//! a bounded queue in front of one scheduler thread that runs each model's
-//! continuous batch (the synchronous engine), and the
-//! `bulkhead.gpu_host.v1.GpuHost` service streaming their output.
+//! the tenants' partitions (one scheduler thread per partition, pinned to
+//! its cores, running each model's continuous batch on the synchronous
+//! engine) behind a bounded queue, and the `bulkhead.gpu_host.v1.GpuHost`
+//! service streaming their output.
 //!
 //! ```text
-//! gRPC request ─auth─▶ GpuHostService::generate ─validate─▶ Job ─queue─▶ scheduler thread
-//!      ▲                                                                  │ Batcher::step per model
-//!      └──── tokio mpsc (Started, Delta…, Finished) ◀─ outbox (try_send) ◀┘
+//! gRPC request ─auth─▶ GpuHostService::generate ─validate─▶ Job ─route by tenant─▶ partition's queue ─▶ its scheduler thread
+//!      ▲                                                                                                │ Batcher::step per model
+//!      └──── tokio mpsc (Started, Delta…, Finished) ◀─ outbox (try_send) ◀──────────────────────────────┘
 //! ```
 
+mod affinity;
 mod auth;
 mod listen;
+mod partitions;
 mod queue;
 mod registry;
 mod request;
@@ -22,18 +25,19 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use bulkhead_partition::Device;
 use bulkhead_protocol::Target;
 use bulkhead_protocol::v1::gpu_host_server::GpuHostServer;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 
-use crate::engine::CpuBackend;
 use crate::verify::{ScrubConfig, Scrubber};
 pub use auth::{AuthSecret, MIN_SECRET_BYTES, SecretError};
 pub use registry::{BadModelSpec, ModelSpec};
 pub use service::TestHooks;
 
 use listen::Listener;
-use queue::WorkQueue;
+pub use partitions::{MAX_TENANT_BYTES, MAX_TENANTS};
+use partitions::{PartitionSettings, Partitions, Workers};
 use registry::ModelRegistry;
 use service::GpuHostService;
 
@@ -45,11 +49,13 @@ pub struct ServeConfig {
     /// The models to load at start, each under its name (more can be loaded
     /// later with `LoadModel`).
     pub models: Vec<ModelSpec>,
-    /// Threads of the CPU backend (the scheduler's forward passes use them all).
+    /// Cores of the CPU device (compute units the partitions split; each
+    /// partition runs one worker thread per core it has).
     pub threads: usize,
     /// Sequences one model's batch holds at once (decode rows per step).
     pub max_batch: usize,
-    /// Bytes of KV cache per model (its pool of 16-token blocks).
+    /// Bytes of KV cache of the whole host (the device memory partitions
+    /// split; each partition's pool of 16-token blocks per model).
     pub kv_memory_bytes: u64,
     /// Requests that may wait to join a batch before new ones get RESOURCE_EXHAUSTED.
     pub queue_capacity: usize,
@@ -76,10 +82,10 @@ pub enum ServeError {
         path: PathBuf,
         message: String,
     },
-    #[error("starting the CPU backend: {0}")]
-    Backend(String),
-    #[error("starting the scheduler thread: {0}")]
-    Workers(std::io::Error),
+    #[error("the CPU device: {0}")]
+    Device(String),
+    #[error("starting the schedulers: {0}")]
+    Workers(String),
     #[error("starting the weight scrub: {0}")]
     Scrub(std::io::Error),
     #[error("{what} {}: {source}", path.display())]
@@ -106,8 +112,8 @@ pub enum ServeError {
 pub struct Server {
     listen: Target,
     registry: Arc<ModelRegistry>,
-    queue: WorkQueue,
-    workers: queue::Workers,
+    partitions: Partitions,
+    workers: Workers,
     auth: auth::BearerAuth,
     scrubber: Scrubber,
     test_hooks: TestHooks,
@@ -129,14 +135,19 @@ impl Server {
             }
         }
         let registry = Arc::new(ModelRegistry::load(&config.models)?);
-        let backend =
-            CpuBackend::new(config.threads).map_err(|e| ServeError::Backend(e.to_string()))?;
-        let scheduler = scheduler::SchedulerConfig {
+        let cores = u32::try_from(config.threads).unwrap_or(u32::MAX);
+        let device = Device::cpu(cores, config.kv_memory_bytes)
+            .map_err(|e| ServeError::Device(e.to_string()))?;
+        let cpus = affinity::CpuMap::of_this_process()
+            .map_err(|e| ServeError::Device(format!("reading the CPU affinity: {e}")))?;
+        let settings = PartitionSettings {
+            device,
+            cpus,
             max_running: config.max_batch,
-            kv_memory_bytes: config.kv_memory_bytes,
+            capacity: config.queue_capacity,
         };
-        let (queue, workers) = WorkQueue::start(config.queue_capacity, scheduler, backend)
-            .map_err(ServeError::Workers)?;
+        let (partitions, workers) =
+            Partitions::start(settings, Arc::clone(&registry)).map_err(ServeError::Workers)?;
         let listed = registry.clone();
         let scrubber = Scrubber::start(
             config.scrub,
@@ -152,7 +163,7 @@ impl Server {
         Ok(Server {
             listen: config.listen,
             registry,
-            queue,
+            partitions,
             workers,
             auth: auth::BearerAuth::new(config.auth_secret),
             scrubber,
@@ -170,7 +181,7 @@ impl Server {
     ) -> Result<(), ServeError> {
         let listener = listen::bind(&self.listen).await?;
         on_listening(&listener.target());
-        let service = GpuHostService::new(self.registry, self.queue, self.test_hooks);
+        let service = GpuHostService::new(self.registry, self.partitions, self.test_hooks);
         let router = tonic::transport::Server::builder()
             .add_service(GpuHostServer::with_interceptor(service, self.auth));
         let served = match listener {
@@ -188,8 +199,8 @@ impl Server {
                     .await
             }
         };
-        // The router (and with it the queue's sender) is gone: the scheduler
-        // finishes every sequence, delivers their events and exits.
+        // The router (and with it every queue's sender) is gone: each
+        // scheduler finishes its sequences, delivers their events and exits.
         drop(self.scrubber);
         let workers = self.workers;
         let _ = tokio::task::spawn_blocking(move || workers.join()).await;

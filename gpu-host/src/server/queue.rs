@@ -1,21 +1,24 @@
-//! The bounded queue in front of the scheduler: the service submits
-//! validated jobs, refused at once (RESOURCE_EXHAUSTED) when `capacity`
-//! requests already wait to join a batch. The engine is synchronous and
-//! CPU-bound, so it runs on its own thread ([`super::scheduler`]), off the
-//! async runtime, and streams events back through each request's channel.
+//! One partition's scheduler and the queue in front of it: the router
+//! ([`super::partitions`]) submits validated jobs; the host as a whole
+//! refuses one at once (RESOURCE_EXHAUSTED) when `capacity` requests already
+//! wait to join a batch. The engine is synchronous and CPU-bound, so each
+//! partition runs on its own thread ([`super::scheduler`]), off the async
+//! runtime, and streams events back through each request's channel.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Sender, channel};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Sender, channel, sync_channel};
 use std::thread::JoinHandle;
 
+use arc_swap::ArcSwap;
 use bulkhead_protocol::v1;
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use super::registry::LoadedModel;
-use super::scheduler::{self, SchedulerConfig};
-use super::sink::Counters;
+use super::affinity::pin_current_thread;
+use super::registry::{LoadedModel, ModelRegistry};
+use super::scheduler::{self, PartitionLoad, PartitionSpec, SchedulerConfig, Shared};
+use super::sink::{Counted, Counters};
 use crate::engine::{CpuBackend, GenerateRequest};
 
 /// Where a generation's events go; dropped by the client side when it leaves.
@@ -31,83 +34,132 @@ pub(crate) struct Job {
     pub events: EventSender,
 }
 
-/// The sending side, held by the service.
+/// What the rest of the host sees of a partition's scheduler, kept while
+/// its thread runs (also after its layout was replaced, while it drains).
 #[derive(Debug)]
-pub(crate) struct WorkQueue {
-    sender: Sender<Job>,
-    counters: Arc<Counters>,
-    capacity: usize,
-    max_running: usize,
+pub(crate) struct SchedulerView {
+    pub spec: Arc<PartitionSpec>,
+    pub counters: Arc<Counters>,
+    pub load: Arc<ArcSwap<PartitionLoad>>,
+    /// Set by the thread as it exits (every stream drained).
+    pub exited: Arc<AtomicBool>,
 }
 
-/// The scheduler thread, joined at shutdown once the queue's sender is gone
-/// and every stream in flight has drained.
+/// The sending side of one partition's queue: dropping it (a new layout,
+/// shutdown) lets the scheduler finish what it has and exit.
 #[derive(Debug)]
-pub(crate) struct Workers(JoinHandle<()>);
+pub(crate) struct Scheduler {
+    sender: Sender<Job>,
+    host: Arc<Counters>,
+    pub view: Arc<SchedulerView>,
+}
 
-impl Workers {
-    pub(crate) fn join(self) {
-        let _ = self.0.join();
+/// Sets its flag when dropped, however the thread ends.
+struct ExitFlag(Arc<AtomicBool>);
+
+impl Drop for ExitFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
     }
 }
 
-impl WorkQueue {
-    /// Starts the scheduler thread on `backend`, behind a queue of `capacity`.
+impl Scheduler {
+    /// Starts the scheduler thread of `spec`: it pins itself to the
+    /// partition's CPUs, then starts a CPU backend with one worker per
+    /// compute unit (its workers inherit the pinning), then runs. Returns
+    /// once the backend is up, or why it could not start.
     pub(crate) fn start(
-        capacity: usize,
-        config: SchedulerConfig,
-        backend: CpuBackend,
-    ) -> std::io::Result<(Self, Workers)> {
+        spec: Arc<PartitionSpec>,
+        max_running: usize,
+        registry: Arc<ModelRegistry>,
+        host: Arc<Counters>,
+    ) -> Result<(Scheduler, JoinHandle<()>), String> {
         let (sender, receiver) = channel();
         let counters = Arc::new(Counters::default());
-        let shared = counters.clone();
-        let handle = std::thread::Builder::new()
-            .name("scheduler".into())
-            .spawn(move || scheduler::run(&receiver, &backend, config, &shared))?;
-        let queue = WorkQueue {
-            sender,
-            counters,
-            capacity,
-            max_running: config.max_running,
+        let view = Arc::new(SchedulerView {
+            spec: Arc::clone(&spec),
+            counters: Arc::clone(&counters),
+            load: Arc::new(ArcSwap::default()),
+            exited: Arc::new(AtomicBool::new(false)),
+        });
+        let shared = Shared {
+            registry,
+            counters: Counted {
+                host: Arc::clone(&host),
+                partition: counters,
+            },
+            load: Arc::clone(&view.load),
         };
-        Ok((queue, Workers(handle)))
+        let exit = ExitFlag(Arc::clone(&view.exited));
+        let config = SchedulerConfig {
+            max_running,
+            partition: Arc::clone(&spec),
+        };
+        let (ready_tx, ready) = sync_channel(1);
+        // Linux keeps 15 bytes of a thread's name: `part:TENANT` for a
+        // dedicated partition, `part-shared` for the pool.
+        let name: String = match spec.id.strip_prefix("dedicated:") {
+            Some(tenant) => format!("part:{tenant}"),
+            None => format!("part-{}", spec.id),
+        }
+        .chars()
+        .take(15)
+        .collect();
+        let handle = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || {
+                let _exit = exit;
+                let started = pin_current_thread(&spec.cpus)
+                    .map_err(|e| format!("pinning to CPUs {:?}: {e}", spec.cpus))
+                    .and_then(|()| {
+                        CpuBackend::new(spec.units.len().max(1))
+                            .map_err(|e| format!("starting the CPU backend: {e}"))
+                    });
+                let backend = match started {
+                    Ok(backend) => {
+                        let _ = ready_tx.send(Ok(()));
+                        backend
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                scheduler::run(&receiver, &backend, &config, &shared);
+            })
+            .map_err(|e| format!("starting a scheduler thread: {e}"))?;
+        match ready.recv() {
+            Ok(Ok(())) => Ok((Scheduler { sender, host, view }, handle)),
+            Ok(Err(e)) => {
+                let _ = handle.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = handle.join();
+                Err("the scheduler thread died while starting".to_string())
+            }
+        }
     }
 
-    /// Queues a job, or refuses it at once when the queue is full.
-    pub(crate) fn submit(&self, job: Job) -> Result<(), Status> {
-        let before = self.counters.queued.fetch_add(1, Ordering::SeqCst);
-        if before >= self.capacity {
-            self.counters.queued.fetch_sub(1, Ordering::SeqCst);
+    /// Queues a job, or refuses it at once when `capacity` requests already
+    /// wait host-wide.
+    pub(crate) fn submit(&self, job: Job, capacity: usize) -> Result<(), Status> {
+        let counted = Counted {
+            host: Arc::clone(&self.host),
+            partition: Arc::clone(&self.view.counters),
+        };
+        let before = self.host.queued.fetch_add(1, Ordering::SeqCst);
+        if before >= capacity {
+            self.host.queued.fetch_sub(1, Ordering::SeqCst);
             return Err(Status::resource_exhausted(format!(
-                "the request queue is full ({} waiting); retry later",
-                self.capacity
+                "the request queue is full ({capacity} waiting); retry later"
             )));
         }
+        self.view.counters.queued.fetch_add(1, Ordering::SeqCst);
         if self.sender.send(job).is_err() {
-            self.counters.queued.fetch_sub(1, Ordering::SeqCst);
+            counted.unqueue();
             return Err(Status::unavailable("the host is shutting down"));
         }
         Ok(())
-    }
-
-    pub(crate) fn queued(&self) -> usize {
-        self.counters.queued.load(Ordering::SeqCst)
-    }
-
-    pub(crate) fn running(&self) -> usize {
-        self.counters.running.load(Ordering::SeqCst)
-    }
-
-    pub(crate) fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    pub(crate) fn max_running(&self) -> usize {
-        self.max_running
-    }
-
-    /// Scheduler threads: one, for the one shared partition.
-    pub(crate) fn workers(&self) -> usize {
-        1
     }
 }

@@ -1,25 +1,35 @@
-//! The scheduler thread: one per partition, and for now the host is one
-//! shared partition, so one thread runs every model. It keeps a continuous
-//! batch per model ([`Batcher`]) and loops: take new jobs, run one step of
-//! each model with work, hand each stream what its channel has room for.
+//! The scheduler thread: one per partition, running every model its
+//! tenants use on the partition's own worker pool (pinned to its cores, see
+//! [`super::queue::Scheduler::start`]). It keeps a continuous batch per
+//! model ([`Batcher`], its KV pool sized from the partition's memory and
+//! shared among the partition's tenants as their plan says) and loops: take
+//! new jobs, run one step of each model with work, hand each stream what
+//! its channel has room for, publish the partition's load.
 //!
-//! One thread on purpose: the CPU backend's worker threads are shared, so
-//! two forward passes at once would only contend for them; batching is what
-//! shares the weights' memory traffic among sequences.
+//! One thread per partition on purpose: the partition's worker threads are
+//! shared by its models, so two forward passes at once would only contend
+//! for them; batching is what shares the weights' memory traffic among
+//! sequences. Weights are shared read-only by every partition (the jobs
+//! carry the registry's `Arc`); KV caches are per partition.
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
+use bulkhead_partition::{PartitionKind, TenantSlot};
 use tonic::Status;
 
 use super::queue::Job;
-use super::registry::LoadedModel;
-use super::sink::{Counters, Outbox, StreamSink};
-use crate::engine::{BatchLimits, Batcher, CpuBackend, NewSequence, SequenceSink};
+use super::registry::{LoadedModel, ModelRegistry};
+use super::sink::{Counted, Outbox, StreamSink};
+use crate::engine::{
+    BatchLimits, Batcher, CpuBackend, NewSequence, SequenceSink, TenantCounts, TenantShare,
+};
 
 /// How long the thread waits for new work while streams still have
 /// backlogged events but no sequence runs (a slow client reading).
@@ -29,29 +39,88 @@ const FLUSH_INTERVAL: Duration = Duration::from_millis(2);
 /// blocks another holds) waits before trying again, instead of spinning.
 const STALLED_STEP_PAUSE: Duration = Duration::from_millis(1);
 
-/// Limits of every model's batch.
-#[derive(Clone, Copy, Debug)]
+/// One partition of the layout, as its scheduler runs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PartitionSpec {
+    /// `dedicated:TENANT` or `shared`.
+    pub id: String,
+    pub kind: PartitionKind,
+    /// Its compute units (device core ids, 0..N).
+    pub units: Vec<u32>,
+    /// The CPUs those units are (what its threads are pinned to).
+    pub cpus: Vec<usize>,
+    /// KV-cache bytes of each model's pool in this partition.
+    pub memory_bytes: u64,
+    /// Its tenants as planned.
+    pub tenants: Vec<PlannedTenant>,
+}
+
+/// A tenant of a partition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PlannedTenant {
+    pub slot: TenantSlot,
+    /// It asked for memory of its own (`hbm`): `slot.budget_bytes` is
+    /// its alone. Otherwise it shares what no one owns, by weight.
+    pub owns_memory: bool,
+    /// How long its requests wait for its budget before they are refused.
+    pub kv_wait: Duration,
+}
+
+/// What a scheduler runs with.
+#[derive(Clone, Debug)]
 pub(crate) struct SchedulerConfig {
     /// Sequences one model's batch holds at once.
     pub max_running: usize,
-    /// Bytes of KV cache per model.
-    pub kv_memory_bytes: u64,
+    pub partition: Arc<PartitionSpec>,
+}
+
+/// A partition's load, published by its scheduler after every step.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PartitionLoad {
+    /// Bytes of KV blocks held, all models.
+    pub kv_bytes_used: u64,
+    /// Sequences preempted since the partition started.
+    pub preemptions: u64,
+    /// Requests refused because they could never fit their tenant's budget.
+    pub kv_refusals: u64,
+    /// Per tenant, all models.
+    pub tenants: BTreeMap<String, TenantLoad>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct TenantLoad {
+    pub kv_blocks: u64,
+    pub kv_bytes: u64,
+    pub preemptions: u64,
+    pub kv_refusals: u64,
+}
+
+/// What the scheduler shares with the rest of the host.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub registry: Arc<ModelRegistry>,
+    pub counters: Counted,
+    pub load: Arc<ArcSwap<PartitionLoad>>,
 }
 
 struct ModelBatch {
     model: Arc<LoadedModel>,
     batcher: Batcher,
+    block_bytes: u64,
 }
 
 /// Runs until the queue's sender is gone and every stream has drained.
 pub(crate) fn run(
     receiver: &Receiver<Job>,
     backend: &CpuBackend,
-    config: SchedulerConfig,
-    counters: &Arc<Counters>,
+    config: &SchedulerConfig,
+    shared: &Shared,
 ) {
+    let counters = &shared.counters;
     let mut batches: Vec<ModelBatch> = Vec::new();
     let mut outboxes: Vec<Rc<RefCell<Outbox>>> = Vec::new();
+    // Counts of batches dropped (model unloaded), so totals never go back.
+    let mut retired = PartitionLoad::default();
     let mut open = true;
     loop {
         let busy = batches.iter().any(|b| !b.batcher.is_idle());
@@ -95,6 +164,7 @@ pub(crate) fn run(
         // (each stream is told "generation failed"); other models go on.
         for i in failed.into_iter().rev() {
             let gone = batches.remove(i);
+            retire(&gone, &mut retired);
             eprintln!(
                 "model `{}`: a batched step panicked (a bug)",
                 gone.model.name
@@ -106,8 +176,20 @@ pub(crate) fn run(
             o.borrow_mut().flush();
             Rc::strong_count(o) > 1 || !o.borrow().is_settled()
         });
-        // A model unloaded from the registry is released once its batch is empty.
-        batches.retain(|b| !(b.batcher.is_idle() && Arc::strong_count(&b.model) == 1));
+        // A model unloaded from the registry is released once its batch is
+        // empty (other partitions may still hold it, so ask the registry).
+        batches.retain(|b| {
+            let unloaded = shared
+                .registry
+                .get(&b.model.name)
+                .is_none_or(|m| !Arc::ptr_eq(&m, &b.model));
+            let keep = !(b.batcher.is_idle() && unloaded);
+            if !keep {
+                retire(b, &mut retired);
+            }
+            keep
+        });
+        publish(&batches, &retired, &shared.load);
         let busy = batches.iter().any(|b| !b.batcher.is_idle());
         if !open && !busy && outboxes.is_empty() {
             return;
@@ -121,13 +203,49 @@ pub(crate) fn run(
     }
 }
 
+/// Adds a dropped batch's counts to `retired`.
+fn retire(batch: &ModelBatch, retired: &mut PartitionLoad) {
+    let stats = batch.batcher.stats();
+    retired.preemptions += stats.preemptions;
+    retired.kv_refusals += stats.kv_refusals;
+    for (tenant, c) in batch.batcher.tenant_counts() {
+        let t = retired.tenants.entry(tenant).or_default();
+        t.preemptions += c.preemptions;
+        t.kv_refusals += c.kv_refusals;
+    }
+}
+
+/// Publishes the partition's load when it changed.
+fn publish(batches: &[ModelBatch], retired: &PartitionLoad, load: &ArcSwap<PartitionLoad>) {
+    let mut now = retired.clone();
+    for b in batches {
+        let stats = b.batcher.stats();
+        now.kv_bytes_used += u64::from(stats.kv_blocks_used) * b.block_bytes;
+        now.preemptions += stats.preemptions;
+        now.kv_refusals += stats.kv_refusals;
+        for (tenant, c) in b.batcher.tenant_counts() {
+            add(now.tenants.entry(tenant).or_default(), c, b.block_bytes);
+        }
+    }
+    if **load.load() != now {
+        load.store(Arc::new(now));
+    }
+}
+
+fn add(t: &mut TenantLoad, c: TenantCounts, block_bytes: u64) {
+    t.kv_blocks += c.held_blocks;
+    t.kv_bytes += c.held_blocks * block_bytes;
+    t.preemptions += c.preemptions;
+    t.kv_refusals += c.kv_refusals;
+}
+
 /// Puts a job in its model's batch (creating the batch on first use).
 fn accept(
     job: Job,
     batches: &mut Vec<ModelBatch>,
     outboxes: &mut Vec<Rc<RefCell<Outbox>>>,
-    config: SchedulerConfig,
-    counters: &Arc<Counters>,
+    config: &SchedulerConfig,
+    counters: &Counted,
 ) {
     let Job {
         model,
@@ -150,10 +268,11 @@ fn accept(
     let at = match batches.iter().position(|b| Arc::ptr_eq(&b.model, &model)) {
         Some(at) => at,
         None => match new_batch(&model, config) {
-            Ok(batcher) => {
+            Ok((batcher, block_bytes)) => {
                 batches.push(ModelBatch {
                     model: model.clone(),
                     batcher,
+                    block_bytes,
                 });
                 batches.len() - 1
             }
@@ -172,17 +291,43 @@ fn accept(
     );
 }
 
-/// A batch for `model` with `config.kv_memory_bytes` of KV blocks.
-fn new_batch(model: &LoadedModel, config: SchedulerConfig) -> Result<Batcher, Status> {
+/// A batch for `model` with the partition's memory as KV blocks, shared as
+/// its plan says; and the bytes of one block.
+fn new_batch(model: &LoadedModel, config: &SchedulerConfig) -> Result<(Batcher, u64), Status> {
     let geometry = model
         .model
         .kv_geometry()
         .map_err(|e| Status::internal(format!("KV geometry of `{}`: {e}", model.name)))?;
-    let blocks = u32::try_from(geometry.blocks_in(config.kv_memory_bytes)).unwrap_or(u32::MAX);
+    let partition = &config.partition;
+    let blocks = u32::try_from(geometry.blocks_in(partition.memory_bytes)).unwrap_or(u32::MAX);
     let limits = BatchLimits {
         max_running: config.max_running,
         kv_blocks: blocks,
     };
-    Batcher::new(&model.model, limits)
-        .map_err(|e| Status::internal(format!("KV pool of `{}`: {e}", model.name)))
+    let shares = tenant_shares(partition, |bytes| geometry.blocks_in(bytes));
+    let batcher = Batcher::with_shares(&model.model, limits, shares)
+        .map_err(|e| Status::internal(format!("KV pool of `{}`: {e}", model.name)))?;
+    Ok((batcher, geometry.bytes_per_block()))
+}
+
+/// The plan's tenants as the batcher shares its pool: a dedicated tenant
+/// owns the whole pool; in the shared pool a tenant with `hbm` owns that
+/// much (`guaranteed == budget`), the others split the rest by weight.
+pub(crate) fn tenant_shares(
+    partition: &PartitionSpec,
+    blocks_in: impl Fn(u64) -> u64,
+) -> BTreeMap<String, TenantShare> {
+    partition
+        .tenants
+        .iter()
+        .map(|t| {
+            let owns = partition.kind == PartitionKind::Dedicated || t.owns_memory;
+            let share = TenantShare {
+                weight: t.slot.weight.max(1),
+                own_blocks: owns.then(|| blocks_in(t.slot.budget_bytes)),
+                kv_wait: t.kv_wait,
+            };
+            (t.slot.tenant.clone(), share)
+        })
+        .collect()
 }

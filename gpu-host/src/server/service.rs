@@ -8,7 +8,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use super::queue::{Job, WorkQueue};
+use super::partitions::{Partitions, tenant_requests};
+use super::queue::Job;
 use bulkhead_protocol::digest::Hash;
 
 use super::registry::{BadModelSpec, LoadRefused, LoadedModel, ModelRegistry, ModelSpec};
@@ -30,19 +31,19 @@ pub enum TestHooks {
 #[derive(Debug)]
 pub(crate) struct GpuHostService {
     registry: Arc<ModelRegistry>,
-    queue: WorkQueue,
+    partitions: Partitions,
     test_hooks: TestHooks,
 }
 
 impl GpuHostService {
     pub(crate) fn new(
         registry: Arc<ModelRegistry>,
-        queue: WorkQueue,
+        partitions: Partitions,
         test_hooks: TestHooks,
     ) -> Self {
         GpuHostService {
             registry,
-            queue,
+            partitions,
             test_hooks,
         }
     }
@@ -106,7 +107,7 @@ impl GpuHost for GpuHostService {
         }
         let engine_request = to_engine(&model, &req)?;
         let (events, stream) = mpsc::channel(EVENT_BUFFER);
-        self.queue.submit(Job {
+        self.partitions.submit(Job {
             model,
             request: engine_request,
             tenant: req.tenant.clone(),
@@ -129,15 +130,51 @@ impl GpuHost for GpuHostService {
         _request: Request<v1::HealthRequest>,
     ) -> Result<Response<v1::HealthResponse>, Status> {
         let small = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let load = self.partitions.health();
         Ok(Response::new(v1::HealthResponse {
             serving: true,
             models: small(self.registry.len()),
-            queued: small(self.queue.queued()),
-            queue_capacity: small(self.queue.capacity()),
-            workers: small(self.queue.workers()),
-            running: small(self.queue.running()),
-            max_running: small(self.queue.max_running()),
+            queued: small(load.queued),
+            queue_capacity: small(self.partitions.capacity()),
+            workers: small(load.schedulers),
+            running: small(load.running),
+            max_running: small(self.partitions.max_running()),
+            preemptions: load.preemptions,
+            kv_refusals: load.kv_refusals,
         }))
+    }
+
+    async fn set_partitions(
+        &self,
+        request: Request<v1::SetPartitionsRequest>,
+    ) -> Result<Response<v1::SetPartitionsResponse>, Status> {
+        let tenants = tenant_requests(&request.into_inner().tenants)?;
+        let changed = self.partitions.set(&tenants)?;
+        let layout = self.partitions.report();
+        if changed {
+            let described: Vec<String> = layout
+                .partitions
+                .iter()
+                .filter(|p| !p.draining)
+                .map(|p| format!("{} on cores {:?}", p.id, p.cores))
+                .collect();
+            eprintln!(
+                "partitions: layout {} ({})",
+                layout.generation,
+                described.join(", ")
+            );
+        }
+        Ok(Response::new(v1::SetPartitionsResponse {
+            changed,
+            layout: Some(layout),
+        }))
+    }
+
+    async fn partitions(
+        &self,
+        _request: Request<v1::PartitionsRequest>,
+    ) -> Result<Response<v1::PartitionsResponse>, Status> {
+        Ok(Response::new(self.partitions.report()))
     }
 
     async fn corrupt_resident_weights(

@@ -24,13 +24,48 @@ use crate::engine::{Decoded, FinishReason, GenerateError, Piece, SequenceError, 
 
 type Item = Result<v1::GenerateEvent, Status>;
 
-/// Load numbers shared with `Health`.
+/// Load numbers shared with `Health` (the host's) and `Partitions` (each
+/// partition's).
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     /// Accepted, not yet in a batch.
     pub queued: AtomicUsize,
     /// In a batch, holding KV cache.
     pub running: AtomicUsize,
+}
+
+/// The host's counters and those of the partition a request was routed to,
+/// moved together.
+#[derive(Clone, Debug)]
+pub(crate) struct Counted {
+    pub host: Arc<Counters>,
+    pub partition: Arc<Counters>,
+}
+
+impl Counted {
+    fn each(&self) -> [&Counters; 2] {
+        [&self.host, &self.partition]
+    }
+
+    /// An accepted request left without reaching a batch (or was never sent).
+    pub(crate) fn unqueue(&self) {
+        for c in self.each() {
+            c.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    fn start(&self) {
+        for c in self.each() {
+            c.queued.fetch_sub(1, Ordering::SeqCst);
+            c.running.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn stop(&self) {
+        for c in self.each() {
+            c.running.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
 }
 
 /// A stream's events not yet taken by its channel.
@@ -95,7 +130,7 @@ pub(crate) struct StreamSink {
     model: Arc<LoadedModel>,
     prompt_tokens: usize,
     outbox: Rc<RefCell<Outbox>>,
-    counters: Arc<Counters>,
+    counters: Counted,
     stage: Stage,
     answered: bool,
 }
@@ -106,7 +141,7 @@ impl StreamSink {
         model: Arc<LoadedModel>,
         prompt_tokens: usize,
         outbox: Rc<RefCell<Outbox>>,
-        counters: Arc<Counters>,
+        counters: Counted,
     ) -> StreamSink {
         StreamSink {
             model,
@@ -138,8 +173,7 @@ impl StreamSink {
 impl SequenceSink for StreamSink {
     fn started(&mut self) {
         if self.stage == Stage::Queued {
-            self.counters.queued.fetch_sub(1, Ordering::SeqCst);
-            self.counters.running.fetch_add(1, Ordering::SeqCst);
+            self.counters.start();
             self.stage = Stage::Running;
         }
         let started = Event::Started(v1::Started {
@@ -192,7 +226,7 @@ impl SequenceSink for StreamSink {
                     }),
                 }));
             }
-            Err(e @ SequenceError::KvBudget { .. }) => {
+            Err(e @ (SequenceError::KvBudget { .. } | SequenceError::KvWait { .. })) => {
                 self.fail(Status::resource_exhausted(e.to_string()));
             }
             Err(SequenceError::Generate(GenerateError::Cancelled)) => self.answered = true,
@@ -212,11 +246,10 @@ impl SequenceSink for StreamSink {
 
 impl Drop for StreamSink {
     fn drop(&mut self) {
-        let counter = match self.stage {
-            Stage::Queued => &self.counters.queued,
-            Stage::Running => &self.counters.running,
-        };
-        counter.fetch_sub(1, Ordering::SeqCst);
+        match self.stage {
+            Stage::Queued => self.counters.unqueue(),
+            Stage::Running => self.counters.stop(),
+        }
         if !self.answered {
             self.fail(Status::internal("generation failed (a bug)"));
         }

@@ -200,6 +200,7 @@ fn tenant(id: &str, toml_text: &str) -> TenantPolicy {
         limits: Limits::DEFAULT,
         plugins: Default::default(),
         gpu: Default::default(),
+        kv_wait_ms: None,
         source: Arc::new(SourceFile::new(format!("tenants/{id}.toml"), toml_text)),
     }
 }

@@ -288,3 +288,28 @@ async fn a_reload_that_over_subscribes_keeps_the_old_policy() {
         "{last_error}"
     );
 }
+
+#[test]
+fn kv_wait_is_at_most_two_minutes_and_reaches_the_tenant() {
+    let folder = folder(
+        "threads = 2",
+        &[
+            ("a", "\n[gpu]\nkv_wait_ms = 500\n"),
+            ("b", ""),
+            ("c", "\n[gpu]\nkv_wait_ms = 120001\n"),
+        ],
+    );
+    assert_eq!(
+        errors(&folder),
+        ["tenants/c.toml:10:14: `kv_wait_ms` is 120001; at most 120000 (2 minutes)"]
+    );
+    folder.write("tenants/c.toml", tenant("c", "\n[gpu]\nkv_wait_ms = 0\n"));
+    let policy = load(folder.path()).unwrap_or_else(|e| panic!("{e}"));
+    let waits: Vec<Option<u32>> = ["a", "b", "c"]
+        .iter()
+        .map(|t| policy.tenants[*t].kv_wait_ms)
+        .collect();
+    assert_eq!(waits, [Some(500), None, Some(0)]);
+    let wire = crate::upstream::tenant_set(&policy);
+    assert_eq!(wire[0].kv_wait_ms, Some(500));
+}

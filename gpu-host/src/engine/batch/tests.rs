@@ -353,3 +353,125 @@ fn priority_orders_admission_within_a_tenant() {
     assert!(!low.borrow().started);
     run(&mut batcher, &model, &tok, &backend, 100);
 }
+
+#[test]
+fn planned_shares_give_own_blocks_and_weighted_parts_and_count_refusals() {
+    let backend = CpuBackend::new(1).unwrap();
+    let (model, tok) = fixture("llama-q8_0.gguf");
+    // 64 blocks: `fixed` owns 16; `heavy` (weight 3) and `light` (weight 1)
+    // split the other 48 while both are active: 36 and 12 guaranteed.
+    let shares = BTreeMap::from([
+        (
+            "fixed".to_string(),
+            TenantShare {
+                weight: 1,
+                own_blocks: Some(16),
+                kv_wait: DEFAULT_KV_WAIT,
+            },
+        ),
+        (
+            "heavy".to_string(),
+            TenantShare {
+                weight: 3,
+                own_blocks: None,
+                kv_wait: DEFAULT_KV_WAIT,
+            },
+        ),
+        (
+            "light".to_string(),
+            TenantShare {
+                weight: 1,
+                own_blocks: None,
+                kv_wait: DEFAULT_KV_WAIT,
+            },
+        ),
+    ]);
+    let mut batcher = Batcher::with_shares(&model, limits(8, 64), shares).unwrap();
+    // 16 blocks = 256 tokens is all `fixed` owns: 300 can never fit.
+    let too_big = add(&mut batcher, &tok, "fixed", request(&tok, "Hi", 300));
+    let heavy = add(&mut batcher, &tok, "heavy", request(&tok, "Once upon", 8));
+    let light = add(&mut batcher, &tok, "light", request(&tok, "The sky", 8));
+    batcher.step(&model, &tok, &backend).unwrap();
+    let limits_of = |t: &str| batcher.pool.limits(t).unwrap();
+    assert_eq!(
+        limits_of("heavy"),
+        TenantBlocks {
+            guaranteed: 36,
+            budget: 48
+        }
+    );
+    assert_eq!(
+        limits_of("light"),
+        TenantBlocks {
+            guaranteed: 12,
+            budget: 48
+        }
+    );
+    // 12 blocks = 192 tokens: past `light`'s guaranteed part, refused.
+    let light_big = add(&mut batcher, &tok, "light", request(&tok, "Hi", 200));
+    run(&mut batcher, &model, &tok, &backend, 200);
+    for log in [&heavy, &light] {
+        assert_eq!(log.borrow().result, Some(Ok(FinishReason::Length)));
+    }
+    for log in [&too_big, &light_big] {
+        let result = log.borrow().result.clone().unwrap().unwrap_err();
+        assert!(result.starts_with("kv_budget_exceeded"), "{result}");
+    }
+    let counts = batcher.tenant_counts();
+    assert_eq!(counts["fixed"].kv_refusals, 1);
+    assert_eq!(counts["light"].kv_refusals, 1);
+    assert_eq!(counts["heavy"].kv_refusals, 0);
+    assert_eq!(batcher.stats().kv_refusals, 2);
+    assert!(batcher.pool.is_idle());
+    // Blocks owned by tenants cannot exceed the pool.
+    let over = BTreeMap::from([(
+        "fixed".to_string(),
+        TenantShare {
+            weight: 1,
+            own_blocks: Some(65),
+            kv_wait: DEFAULT_KV_WAIT,
+        },
+    )]);
+    assert!(Batcher::with_shares(&model, limits(8, 64), over).is_err());
+}
+
+#[test]
+fn a_request_waiting_for_its_tenants_budget_is_refused_after_its_kv_wait() {
+    let backend = CpuBackend::new(1).unwrap();
+    let (model, tok) = fixture("llama-q8_0.gguf");
+    // `t` owns 8 blocks (128 tokens); each request reserves 6 (prompt + 80),
+    // so the second waits for the first.
+    for (kv_wait, refused) in [
+        (std::time::Duration::ZERO, true),
+        (std::time::Duration::from_secs(3600), false),
+    ] {
+        let shares = BTreeMap::from([(
+            "t".to_string(),
+            TenantShare {
+                weight: 1,
+                own_blocks: Some(8),
+                kv_wait,
+            },
+        )]);
+        let mut batcher = Batcher::with_shares(&model, limits(4, 8), shares).unwrap();
+        let first = add(&mut batcher, &tok, "t", request(&tok, "Once upon", 80));
+        let second = add(&mut batcher, &tok, "t", request(&tok, "The sky", 80));
+        run(&mut batcher, &model, &tok, &backend, 400);
+        assert_eq!(first.borrow().result, Some(Ok(FinishReason::Length)));
+        let result = second.borrow().result.clone().unwrap();
+        if refused {
+            let message = result.unwrap_err();
+            assert!(
+                message.starts_with("kv_budget_exceeded: the request needs")
+                    && message.contains("tenant `t` had 32 left of its budget")
+                    && message.contains("kv_wait_ms"),
+                "{message}"
+            );
+            assert!(!second.borrow().started);
+        } else {
+            assert_eq!(result, Ok(FinishReason::Length));
+        }
+        assert_eq!(batcher.tenant_counts()["t"].kv_refusals, u64::from(refused));
+        assert!(batcher.pool.is_idle());
+    }
+}

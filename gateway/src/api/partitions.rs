@@ -1,0 +1,81 @@
+//! `GET /admin/v1/partitions` (scope `admin`): the gpu-host's partitions as
+//! its `Partitions` RPC reports them, as JSON (shape in README, "GPU
+//! partitions"). Read only; one RPC per call.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use bulkhead_protocol::v1;
+use serde_json::{Value, json};
+
+use super::error::ApiError;
+use super::{App, inference};
+use crate::auth::Scope;
+
+/// `GET /admin/v1/partitions`.
+pub async fn list(State(app): State<App>, headers: HeaderMap) -> Response {
+    let result = async {
+        let snapshot = app.snapshot.load();
+        let identity = inference::authenticate(&snapshot, &headers)?;
+        identity.require(Scope::Admin)?;
+        let report = app.upstream.partitions().await?;
+        Ok::<_, ApiError>(report_json(&report))
+    }
+    .await;
+    match result {
+        Ok(body) => Json(body).into_response(),
+        Err(error) => error.into_response(),
+    }
+}
+
+/// The host's report as JSON: one device (the host), its partitions, and
+/// each partition's tenants.
+pub fn report_json(report: &v1::PartitionsResponse) -> Value {
+    let partitions: Vec<Value> = report
+        .partitions
+        .iter()
+        .map(|p| {
+            let tenants: Vec<Value> = p
+                .tenants
+                .iter()
+                .map(|t| {
+                    json!({
+                        "tenant": t.tenant,
+                        "weight": t.weight,
+                        "kv_blocks": t.kv_blocks,
+                        "kv_bytes": t.kv_bytes,
+                        "guaranteed_bytes": t.guaranteed_bytes,
+                        "budget_bytes": t.budget_bytes,
+                        "preemptions": t.preemptions,
+                        "kv_refusals": t.kv_refusals,
+                    })
+                })
+                .collect();
+            json!({
+                "id": p.id,
+                "kind": p.kind,
+                "cores": p.cores,
+                "memory_bytes": p.memory_bytes,
+                "memory_used_bytes": p.memory_used_bytes,
+                "queued": p.queued,
+                "running": p.running,
+                "preemptions": p.preemptions,
+                "draining": p.draining,
+                "tenants": tenants,
+            })
+        })
+        .collect();
+    json!({
+        "object": "list",
+        "data": [{
+            "object": "device",
+            "device": report.device,
+            "unit": report.unit,
+            "compute_units": report.compute_units,
+            "memory_bytes": report.memory_bytes,
+            "generation": report.generation,
+            "partitions": partitions,
+        }],
+    })
+}

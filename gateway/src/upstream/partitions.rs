@@ -1,0 +1,298 @@
+//! Partitions on the gpu-host: the gateway sends the whole tenant set with
+//! each tenant's `[gpu]` request (`SetPartitions`) whenever it brings the
+//! host up to date (after the host starts or restarts, after every accepted
+//! policy reload, and at each periodic reconcile; the host ignores a set
+//! that gives the layout it has), reads the layout back (`Partitions`) for
+//! `GET /admin/v1/partitions`, and a watcher turns it into
+//! `bulkhead_partition_*` metrics.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bulkhead_partition::{Compute, GpuRequest, Isolation};
+use bulkhead_protocol::v1::{self, PartitionsRequest, SetPartitionsRequest, TenantGpu};
+use prometheus_client::metrics::counter::Counter;
+use tokio::task::JoinHandle;
+
+use super::{Upstream, UpstreamError, UpstreamState};
+use crate::metrics::{Metrics, PartitionLabels, PartitionTenantLabels};
+use crate::policy::Policy;
+
+/// How often the watcher reads the host's partitions for the metrics.
+pub const PARTITION_POLL: Duration = Duration::from_secs(1);
+
+/// The tenant set of `policy` as the host takes it.
+pub fn tenant_set(policy: &Policy) -> Vec<TenantGpu> {
+    policy
+        .tenants
+        .values()
+        .map(|t| TenantGpu {
+            kv_wait_ms: t.kv_wait_ms,
+            ..tenant_gpu(&t.id, &t.gpu)
+        })
+        .collect()
+}
+
+fn tenant_gpu(tenant: &str, gpu: &GpuRequest) -> TenantGpu {
+    let (cus, share) = match gpu.compute {
+        Compute::Unset => (None, None),
+        Compute::Cus(n) => (Some(n), None),
+        Compute::Share(s) => (None, Some(s)),
+    };
+    TenantGpu {
+        tenant: tenant.to_string(),
+        cus,
+        share,
+        hbm_bytes: gpu.hbm_bytes,
+        isolation: match gpu.isolation {
+            Isolation::Dedicated => v1::Isolation::Dedicated,
+            Isolation::Shared => v1::Isolation::Shared,
+        }
+        .into(),
+        weight: gpu.weight,
+        kv_wait_ms: None,
+    }
+}
+
+impl Upstream {
+    /// Sends the tenant set; true when the host's layout changed. Does not
+    /// wait for the host: callers call it when it is up.
+    pub async fn set_partitions(&self, tenants: Vec<TenantGpu>) -> Result<bool, UpstreamError> {
+        let mut client = self.client.clone();
+        let response = client
+            .set_partitions(SetPartitionsRequest { tenants })
+            .await?;
+        Ok(response.into_inner().changed)
+    }
+
+    /// The host's partitions now, without waiting for a restart.
+    pub async fn partitions(&self) -> Result<v1::PartitionsResponse, UpstreamError> {
+        if self.state() != UpstreamState::Ready {
+            return Err(UpstreamError::Unavailable("restarting".into()));
+        }
+        let mut client = self.client.clone();
+        Ok(client.partitions(PartitionsRequest {}).await?.into_inner())
+    }
+}
+
+/// Sends `policy`'s tenant set to `host`. A refusal is logged once per
+/// distinct message (`last_refusal` remembers it), and the host keeps the
+/// layout it has.
+pub async fn sync_partitions(host: &Upstream, policy: &Policy, last_refusal: &mut Option<String>) {
+    match host.set_partitions(tenant_set(policy)).await {
+        Ok(changed) => {
+            if changed {
+                tracing::info!(
+                    tenants = policy.tenants.len(),
+                    "the gpu-host re-partitioned"
+                );
+            }
+            *last_refusal = None;
+        }
+        Err(UpstreamError::InvalidArgument(message)) => {
+            if last_refusal.as_deref() != Some(&message) {
+                tracing::error!(
+                    "the gpu-host refused the tenants' partitions; its previous layout keeps \
+                     serving: {message}"
+                );
+                *last_refusal = Some(message);
+            }
+        }
+        Err(e) => tracing::warn!("cannot send the tenants' partitions to the gpu-host: {e}"),
+    }
+}
+
+/// Host counters already added to the Prometheus counters, so each poll
+/// adds only what is new (a host restart or a new layout starts them
+/// again from 0, and then the whole new value is added).
+#[derive(Debug, Default)]
+pub(crate) struct PartitionCounters {
+    preemptions: BTreeMap<PartitionLabels, u64>,
+    refusals: BTreeMap<PartitionTenantLabels, u64>,
+    /// The gauges' label sets at the last poll.
+    partitions: BTreeSet<PartitionLabels>,
+    tenants: BTreeSet<PartitionTenantLabels>,
+}
+
+impl PartitionCounters {
+    /// Sets the gauges from `report` and advances the counters.
+    pub(crate) fn observe(&mut self, report: &v1::PartitionsResponse, metrics: &Metrics) {
+        // Draining partitions share ids with their successors: sum them.
+        let mut gauges: BTreeMap<PartitionLabels, [i64; 4]> = BTreeMap::new();
+        let mut blocks: BTreeMap<PartitionTenantLabels, i64> = BTreeMap::new();
+        let mut preemptions: BTreeMap<PartitionLabels, u64> = BTreeMap::new();
+        let mut refusals: BTreeMap<PartitionTenantLabels, u64> = BTreeMap::new();
+        for p in &report.partitions {
+            let labels = PartitionLabels {
+                partition: p.id.clone(),
+            };
+            let g = gauges.entry(labels.clone()).or_default();
+            g[0] += i64::from(p.running);
+            g[1] += i64::from(p.queued);
+            g[2] += i64::try_from(p.memory_used_bytes).unwrap_or(i64::MAX);
+            if !p.draining {
+                g[3] = i64::try_from(p.memory_bytes).unwrap_or(i64::MAX);
+            }
+            *preemptions.entry(labels).or_default() += p.preemptions;
+            for t in &p.tenants {
+                let labels = PartitionTenantLabels {
+                    partition: p.id.clone(),
+                    tenant: t.tenant.clone(),
+                };
+                *blocks.entry(labels.clone()).or_default() +=
+                    i64::try_from(t.kv_blocks).unwrap_or(i64::MAX);
+                *refusals.entry(labels).or_default() += t.kv_refusals;
+            }
+        }
+        // Partitions and tenants gone from the layout leave the gauges.
+        for gone in self.partitions.iter().filter(|l| !gauges.contains_key(*l)) {
+            metrics.partition_running.remove(gone);
+            metrics.partition_queued.remove(gone);
+            metrics.partition_memory_used_bytes.remove(gone);
+            metrics.partition_memory_bytes.remove(gone);
+        }
+        for gone in self.tenants.iter().filter(|l| !blocks.contains_key(*l)) {
+            metrics.partition_kv_blocks.remove(gone);
+        }
+        self.partitions = gauges.keys().cloned().collect();
+        self.tenants = blocks.keys().cloned().collect();
+        for (labels, [running, queued, used, budget]) in &gauges {
+            metrics
+                .partition_running
+                .get_or_create(labels)
+                .set(*running);
+            metrics.partition_queued.get_or_create(labels).set(*queued);
+            metrics
+                .partition_memory_used_bytes
+                .get_or_create(labels)
+                .set(*used);
+            metrics
+                .partition_memory_bytes
+                .get_or_create(labels)
+                .set(*budget);
+        }
+        for (labels, n) in &blocks {
+            metrics.partition_kv_blocks.get_or_create(labels).set(*n);
+        }
+        for (labels, now) in preemptions {
+            let counter = metrics.partition_preemptions.get_or_create(&labels);
+            advance(&counter, self.preemptions.insert(labels, now), now);
+        }
+        for (labels, now) in refusals {
+            let counter = metrics.partition_kv_refusals.get_or_create(&labels);
+            advance(&counter, self.refusals.insert(labels, now), now);
+        }
+    }
+}
+
+/// Adds to `counter` what the host's count grew by since `before`.
+fn advance(counter: &Counter, before: Option<u64>, now: u64) {
+    let added = match before {
+        Some(before) if now >= before => now - before,
+        _ => now, // first seen, or counting again from 0
+    };
+    counter.inc_by(added);
+}
+
+/// Reads the host's partitions every [`PARTITION_POLL`] into the metrics
+/// until the task is aborted.
+pub fn watch_partitions(upstream: Upstream, metrics: Arc<Metrics>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut counters = PartitionCounters::default();
+        let mut tick = tokio::time::interval(PARTITION_POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tick.tick().await;
+            if let Ok(report) = upstream.partitions().await {
+                counters.observe(&report, &metrics);
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(preemptions: u64, refusals: u64, draining: bool) -> v1::PartitionsResponse {
+        let tenant = v1::TenantUsage {
+            tenant: "acme".into(),
+            kv_blocks: 7,
+            kv_refusals: refusals,
+            ..Default::default()
+        };
+        let mut partitions = vec![v1::PartitionInfo {
+            id: "dedicated:acme".into(),
+            kind: "dedicated".into(),
+            memory_bytes: 1 << 20,
+            memory_used_bytes: 4096,
+            running: 2,
+            queued: 1,
+            preemptions,
+            tenants: vec![tenant.clone()],
+            ..Default::default()
+        }];
+        if draining {
+            partitions.push(v1::PartitionInfo {
+                draining: true,
+                running: 1,
+                preemptions: 1,
+                tenants: vec![tenant],
+                ..partitions[0].clone()
+            });
+        }
+        v1::PartitionsResponse {
+            partitions,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn gauges_follow_the_layout_and_counters_only_grow() {
+        let metrics = Metrics::new();
+        let mut counters = PartitionCounters::default();
+        counters.observe(&report(3, 1, false), &metrics);
+        counters.observe(&report(5, 1, false), &metrics);
+        let text = metrics.render();
+        for line in [
+            "bulkhead_partition_running{partition=\"dedicated:acme\"} 2",
+            "bulkhead_partition_queued{partition=\"dedicated:acme\"} 1",
+            "bulkhead_partition_memory_bytes{partition=\"dedicated:acme\"} 1048576",
+            "bulkhead_partition_memory_used_bytes{partition=\"dedicated:acme\"} 4096",
+            "bulkhead_partition_kv_blocks{partition=\"dedicated:acme\",tenant=\"acme\"} 7",
+            "bulkhead_partition_preemptions_total{partition=\"dedicated:acme\"} 5",
+            "bulkhead_partition_kv_refusals_total{partition=\"dedicated:acme\",tenant=\"acme\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        // A re-partition: the new scheduler counts from 0 again, the old one
+        // drains; the counter keeps growing and the gauges add both up.
+        counters.observe(&report(0, 0, true), &metrics);
+        let text = metrics.render();
+        assert!(text.contains("bulkhead_partition_running{partition=\"dedicated:acme\"} 3"));
+        assert!(
+            text.contains("bulkhead_partition_preemptions_total{partition=\"dedicated:acme\"} 6")
+        );
+        // A layout without the partition drops its gauges.
+        counters.observe(&v1::PartitionsResponse::default(), &metrics);
+        assert!(!metrics.render().contains("bulkhead_partition_running{"));
+    }
+
+    #[test]
+    fn the_tenant_set_carries_every_field_of_gpu() {
+        let gpu = GpuRequest {
+            compute: Compute::Share(0.5),
+            hbm_bytes: Some(1 << 30),
+            isolation: Isolation::Dedicated,
+            weight: 3,
+        };
+        let wire = tenant_gpu("acme", &gpu);
+        assert_eq!(
+            (wire.cus, wire.share, wire.hbm_bytes, wire.weight),
+            (None, Some(0.5), Some(1 << 30), 3)
+        );
+        assert_eq!(wire.isolation, v1::Isolation::Dedicated as i32);
+        assert_eq!(tenant_gpu("b", &GpuRequest::default()).cus, None);
+    }
+}

@@ -1,0 +1,494 @@
+//! The host's partitions: the tenant set the gateway sends
+//! (`SetPartitions`) planned with `bulkhead_partition::plan` for this
+//! host's device, one scheduler per partition, and the routing of each job
+//! to its tenant's partition (tenants the plan does not list go to the
+//! shared pool).
+//!
+//! The CPU device has `--threads` compute units (cores) and `--kv-memory`
+//! bytes of KV cache; weights are outside that budget (loaded once, shared
+//! read-only by every partition). A layout is immutable: a new one starts
+//! new schedulers and takes new jobs at once, while the old schedulers
+//! finish the streams they hold and exit (**a re-partition drops no request
+//! in flight**). The same set again changes nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bulkhead_partition::{
+    Compute, Device, GpuRequest, Isolation, Layout, PartitionError, PartitionKind, TenantRequest,
+    plan,
+};
+use bulkhead_protocol::v1;
+use tonic::Status;
+
+use super::affinity::CpuMap;
+use super::queue::{Job, Scheduler, SchedulerView};
+use super::registry::ModelRegistry;
+use super::scheduler::{PartitionLoad, PartitionSpec, PlannedTenant};
+use super::sink::Counters;
+use crate::engine::{DEFAULT_KV_WAIT, MAX_KV_WAIT};
+
+/// Most tenants one `SetPartitions` may list.
+pub const MAX_TENANTS: usize = 10_000;
+/// Longest tenant name accepted (policy ids are far shorter).
+pub const MAX_TENANT_BYTES: usize = 256;
+
+/// The layout in force and the schedulers that run it.
+#[derive(Debug)]
+struct Generation {
+    number: u64,
+    layout: Layout,
+    extras: BTreeMap<String, Extras>,
+    schedulers: Vec<Scheduler>,
+    /// Tenant → index in `schedulers`.
+    by_tenant: BTreeMap<String, usize>,
+    shared: Option<usize>,
+}
+
+/// Host-wide settings every scheduler gets.
+#[derive(Debug)]
+pub(crate) struct PartitionSettings {
+    pub device: Device,
+    pub cpus: CpuMap,
+    /// Sequences one model's batch holds at once.
+    pub max_running: usize,
+    /// Requests that may wait host-wide.
+    pub capacity: usize,
+}
+
+/// One tenant of a `SetPartitions`: its `[gpu]` request and what the
+/// planner does not take.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct WireTenant {
+    pub request: TenantRequest,
+    pub kv_wait: Duration,
+}
+
+/// What the host keeps of a tenant beside its slot in the layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Extras {
+    owns_memory: bool,
+    kv_wait: Duration,
+}
+
+/// The router and the control of the layout.
+#[derive(Debug)]
+pub(crate) struct Partitions {
+    settings: PartitionSettings,
+    registry: Arc<ModelRegistry>,
+    host: Arc<Counters>,
+    current: ArcSwap<Generation>,
+    /// Serializes layout changes; the views of replaced schedulers still draining.
+    control: Mutex<Vec<Arc<SchedulerView>>>,
+    /// Every scheduler thread started, joined at shutdown.
+    threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    /// Counts of schedulers that exited, so `Health`'s totals never go back.
+    retired_preemptions: AtomicU64,
+    retired_kv_refusals: AtomicU64,
+}
+
+/// The scheduler threads, joined at shutdown once every queue's sender is
+/// gone and every stream in flight has drained.
+#[derive(Debug)]
+pub(crate) struct Workers(Arc<Mutex<Vec<JoinHandle<()>>>>);
+
+impl Workers {
+    pub(crate) fn join(self) {
+        loop {
+            let next = self.0.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            match next {
+                Some(handle) => {
+                    let _ = handle.join();
+                }
+                None => return,
+            }
+        }
+    }
+}
+
+impl Partitions {
+    /// Starts the schedulers of the layout with no tenants listed: one
+    /// shared pool on every core with all the memory.
+    pub(crate) fn start(
+        settings: PartitionSettings,
+        registry: Arc<ModelRegistry>,
+    ) -> Result<(Partitions, Workers), String> {
+        let layout = plan(&settings.device, 0, &[]).map_err(|errors| join(&errors))?;
+        let threads = Arc::new(Mutex::new(Vec::new()));
+        let host = Arc::new(Counters::default());
+        let first = start_generation(
+            1,
+            layout,
+            BTreeMap::new(),
+            &settings,
+            &registry,
+            &host,
+            &threads,
+        )?;
+        let partitions = Partitions {
+            settings,
+            registry,
+            host,
+            current: ArcSwap::from_pointee(first),
+            control: Mutex::new(Vec::new()),
+            threads: Arc::clone(&threads),
+            retired_preemptions: AtomicU64::new(0),
+            retired_kv_refusals: AtomicU64::new(0),
+        };
+        Ok((partitions, Workers(threads)))
+    }
+
+    /// Routes a job to its tenant's partition and queues it there.
+    pub(crate) fn submit(&self, job: Job) -> Result<(), Status> {
+        let generation = self.current.load();
+        let at = generation
+            .by_tenant
+            .get(&job.tenant)
+            .copied()
+            .or(generation.shared)
+            .ok_or_else(|| {
+                Status::failed_precondition(format!(
+                    "tenant `{}` has no partition on this host: every core is dedicated to \
+                     other tenants",
+                    job.tenant
+                ))
+            })?;
+        generation.schedulers[at].submit(job, self.settings.capacity)
+    }
+
+    /// Plans `tenants`; a new layout replaces the current one (true), the
+    /// same one changes nothing (false). Refused: the planner's errors,
+    /// and the current layout stays.
+    pub(crate) fn set(&self, tenants: &[WireTenant]) -> Result<bool, Status> {
+        let mut draining = self.control.lock().unwrap_or_else(|e| e.into_inner());
+        let extras = extras(tenants);
+        let requests: Vec<TenantRequest> = tenants.iter().map(|t| t.request.clone()).collect();
+        let layout = plan(&self.settings.device, 0, &requests).map_err(|errors| {
+            Status::invalid_argument(format!(
+                "the partitions cannot be planned on this host ({}, {} {}, {} of KV memory): {}",
+                self.settings.device.name,
+                self.settings.device.compute_units,
+                self.settings.device.unit(),
+                bulkhead_partition::format_bytes(self.settings.device.memory_bytes),
+                join(&errors)
+            ))
+        })?;
+        let current = self.current.load_full();
+        if current.layout == layout && extras == current.extras {
+            return Ok(false);
+        }
+        let next = start_generation(
+            current.number + 1,
+            layout,
+            extras,
+            &self.settings,
+            &self.registry,
+            &self.host,
+            &self.threads,
+        )
+        .map_err(Status::internal)?;
+        let old = self.current.swap(Arc::new(next));
+        draining.extend(old.schedulers.iter().map(|s| Arc::clone(&s.view)));
+        // `old` drops here (or when the last submit that loaded it ends),
+        // and with it the old queues' senders: those schedulers finish
+        // their streams and exit.
+        drop(old);
+        self.reap(&mut draining);
+        Ok(true)
+    }
+
+    /// Forgets schedulers that exited, keeping their counts.
+    fn reap(&self, draining: &mut Vec<Arc<SchedulerView>>) {
+        draining.retain(|view| {
+            if !view.exited.load(Ordering::SeqCst) {
+                return true;
+            }
+            let load = view.load.load();
+            self.retired_preemptions
+                .fetch_add(load.preemptions, Ordering::SeqCst);
+            self.retired_kv_refusals
+                .fetch_add(load.kv_refusals, Ordering::SeqCst);
+            false
+        });
+    }
+
+    /// Every live scheduler: the current layout's, then the draining ones.
+    fn views(&self) -> (Arc<Generation>, Vec<Arc<SchedulerView>>) {
+        let mut draining = self.control.lock().unwrap_or_else(|e| e.into_inner());
+        self.reap(&mut draining);
+        (self.current.load_full(), draining.clone())
+    }
+
+    /// The `Partitions` answer.
+    pub(crate) fn report(&self) -> v1::PartitionsResponse {
+        let (generation, draining) = self.views();
+        let device = &self.settings.device;
+        let current = generation.schedulers.iter().map(|s| (&*s.view, false));
+        let old = draining.iter().map(|v| (&**v, true));
+        v1::PartitionsResponse {
+            device: device.name.clone(),
+            unit: device.unit().to_string(),
+            compute_units: device.compute_units,
+            memory_bytes: device.memory_bytes,
+            generation: generation.number,
+            partitions: current
+                .chain(old)
+                .map(|(view, draining)| partition_info(view, draining))
+                .collect(),
+        }
+    }
+
+    /// Host-wide numbers for `Health`.
+    pub(crate) fn health(&self) -> HostLoad {
+        let (generation, draining) = self.views();
+        let views: Vec<&SchedulerView> = generation
+            .schedulers
+            .iter()
+            .map(|s| &*s.view)
+            .chain(draining.iter().map(|v| &**v))
+            .collect();
+        let sum =
+            |f: fn(&PartitionLoad) -> u64| -> u64 { views.iter().map(|v| f(&v.load.load())).sum() };
+        HostLoad {
+            queued: self.host.queued.load(Ordering::SeqCst),
+            running: self.host.running.load(Ordering::SeqCst),
+            schedulers: views.len(),
+            preemptions: sum(|l| l.preemptions) + self.retired_preemptions.load(Ordering::SeqCst),
+            kv_refusals: sum(|l| l.kv_refusals) + self.retired_kv_refusals.load(Ordering::SeqCst),
+        }
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.settings.capacity
+    }
+
+    pub(crate) fn max_running(&self) -> usize {
+        self.settings.max_running
+    }
+}
+
+/// What `Health` reports of the partitions.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HostLoad {
+    pub queued: usize,
+    pub running: usize,
+    pub schedulers: usize,
+    pub preemptions: u64,
+    pub kv_refusals: u64,
+}
+
+fn partition_info(view: &SchedulerView, draining: bool) -> v1::PartitionInfo {
+    let spec = &view.spec;
+    let load = view.load.load();
+    let small = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    let tenants = spec
+        .tenants
+        .iter()
+        .map(|t| t.slot.tenant.as_str())
+        .chain(load.tenants.keys().map(String::as_str))
+        .collect::<BTreeSet<&str>>()
+        .into_iter()
+        .map(|tenant| {
+            let planned = spec.tenants.iter().find(|t| t.slot.tenant == tenant);
+            let used = load.tenants.get(tenant).copied().unwrap_or_default();
+            v1::TenantUsage {
+                tenant: tenant.to_string(),
+                weight: planned.map_or(1, |t| t.slot.weight),
+                kv_blocks: used.kv_blocks,
+                kv_bytes: used.kv_bytes,
+                guaranteed_bytes: planned.map_or(0, |t| t.slot.guaranteed_bytes),
+                budget_bytes: planned.map_or(0, |t| t.slot.budget_bytes),
+                preemptions: used.preemptions,
+                kv_refusals: used.kv_refusals,
+            }
+        })
+        .collect();
+    v1::PartitionInfo {
+        id: spec.id.clone(),
+        kind: match spec.kind {
+            PartitionKind::Dedicated => "dedicated",
+            PartitionKind::Shared => "shared",
+        }
+        .to_string(),
+        cores: spec.units.clone(),
+        memory_bytes: spec.memory_bytes,
+        memory_used_bytes: load.kv_bytes_used,
+        queued: small(view.counters.queued.load(Ordering::SeqCst)),
+        running: small(view.counters.running.load(Ordering::SeqCst)),
+        preemptions: load.preemptions,
+        tenants,
+        draining,
+    }
+}
+
+/// Starts one scheduler per partition of `layout`; none if one fails.
+fn start_generation(
+    number: u64,
+    layout: Layout,
+    extras: BTreeMap<String, Extras>,
+    settings: &PartitionSettings,
+    registry: &Arc<ModelRegistry>,
+    host: &Arc<Counters>,
+    threads: &Mutex<Vec<JoinHandle<()>>>,
+) -> Result<Generation, String> {
+    let mut schedulers = Vec::new();
+    let mut by_tenant = BTreeMap::new();
+    let mut shared = None;
+    let mut handles = Vec::new();
+    for (i, partition) in layout.partitions.iter().enumerate() {
+        let id = match partition.kind {
+            PartitionKind::Shared => "shared".to_string(),
+            PartitionKind::Dedicated => format!(
+                "dedicated:{}",
+                partition.tenants.first().map_or("", |t| t.tenant.as_str())
+            ),
+        };
+        let units: Vec<u32> = partition.cus.iter().collect();
+        let spec = PartitionSpec {
+            id,
+            kind: partition.kind,
+            cpus: settings.cpus.cpus_of(units.iter().copied()),
+            units,
+            memory_bytes: partition.memory_bytes,
+            tenants: partition
+                .tenants
+                .iter()
+                .map(|slot| {
+                    let extra = extras.get(&slot.tenant);
+                    PlannedTenant {
+                        slot: slot.clone(),
+                        owns_memory: extra.is_some_and(|e| e.owns_memory),
+                        kv_wait: extra.map_or(DEFAULT_KV_WAIT, |e| e.kv_wait),
+                    }
+                })
+                .collect(),
+        };
+        // Dropping what started so far stops it (its queue closes empty).
+        let (scheduler, handle) = Scheduler::start(
+            Arc::new(spec),
+            settings.max_running,
+            Arc::clone(registry),
+            Arc::clone(host),
+        )?;
+        handles.push(handle);
+        for slot in &partition.tenants {
+            by_tenant.insert(slot.tenant.clone(), i);
+        }
+        if partition.kind == PartitionKind::Shared {
+            shared = Some(i);
+        }
+        schedulers.push(scheduler);
+    }
+    threads
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .extend(handles);
+    Ok(Generation {
+        number,
+        layout,
+        extras,
+        schedulers,
+        by_tenant,
+        shared,
+    })
+}
+
+/// Each tenant's extras; memory of its own when it asked for `hbm` (the
+/// layout's slots do not say it; the requests do).
+fn extras(tenants: &[WireTenant]) -> BTreeMap<String, Extras> {
+    tenants
+        .iter()
+        .map(|t| {
+            let extra = Extras {
+                owns_memory: t.request.gpu.hbm_bytes.is_some(),
+                kv_wait: t.kv_wait,
+            };
+            (t.request.tenant.clone(), extra)
+        })
+        .collect()
+}
+
+fn join(errors: &[PartitionError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The wire tenant set, checked: at most [`MAX_TENANTS`], names non-empty
+/// and at most [`MAX_TENANT_BYTES`], `cus` and `share` not both, a known
+/// isolation, `kv_wait_ms` at most [`MAX_KV_WAIT`]. Value checks (weights, sizes, over-subscription) are the
+/// planner's.
+pub(crate) fn tenant_requests(tenants: &[v1::TenantGpu]) -> Result<Vec<WireTenant>, Status> {
+    if tenants.len() > MAX_TENANTS {
+        return Err(Status::invalid_argument(format!(
+            "tenants: {} listed, at most {MAX_TENANTS}",
+            tenants.len()
+        )));
+    }
+    tenants
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let bad = |what: String| Status::invalid_argument(format!("tenants[{i}]: {what}"));
+            if t.tenant.is_empty() || t.tenant.len() > MAX_TENANT_BYTES {
+                return Err(bad(format!(
+                    "tenant must be 1 to {MAX_TENANT_BYTES} bytes, not {}",
+                    t.tenant.len()
+                )));
+            }
+            let compute = match (t.cus, t.share) {
+                (Some(_), Some(_)) => {
+                    return Err(bad(format!(
+                        "tenant `{}`: set cus or share, not both",
+                        t.tenant
+                    )));
+                }
+                (Some(cus), None) => Compute::Cus(cus),
+                (None, Some(share)) => Compute::Share(share),
+                (None, None) => Compute::Unset,
+            };
+            let isolation = match v1::Isolation::try_from(t.isolation) {
+                Ok(v1::Isolation::Dedicated) => Isolation::Dedicated,
+                Ok(v1::Isolation::Shared | v1::Isolation::Unspecified) => Isolation::Shared,
+                Err(_) => {
+                    return Err(bad(format!(
+                        "tenant `{}`: unknown isolation {}",
+                        t.tenant, t.isolation
+                    )));
+                }
+            };
+            let kv_wait = match t.kv_wait_ms {
+                None => DEFAULT_KV_WAIT,
+                Some(ms) if u128::from(ms) <= MAX_KV_WAIT.as_millis() => {
+                    Duration::from_millis(u64::from(ms))
+                }
+                Some(ms) => {
+                    return Err(bad(format!(
+                        "tenant `{}`: kv_wait_ms {ms} is above the most, {}",
+                        t.tenant,
+                        MAX_KV_WAIT.as_millis()
+                    )));
+                }
+            };
+            let request = TenantRequest {
+                tenant: t.tenant.clone(),
+                gpu: GpuRequest {
+                    compute,
+                    hbm_bytes: t.hbm_bytes,
+                    isolation,
+                    weight: if t.weight == 0 { 1 } else { t.weight },
+                },
+            };
+            Ok(WireTenant { request, kv_wait })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,194 @@
+//! Planning, routing and replacing layouts, without models (the serve
+//! tests run generations through them).
+
+use std::time::{Duration, Instant};
+
+use super::*;
+
+const GIB: u64 = 1 << 30;
+
+fn host(cores: u32) -> (Partitions, Workers) {
+    let settings = PartitionSettings {
+        device: Device::cpu(cores, 4 * GIB).unwrap(),
+        cpus: CpuMap::from_cpus(vec![0]),
+        max_running: 4,
+        capacity: 8,
+    };
+    let registry = Arc::new(ModelRegistry::load(&[]).unwrap());
+    Partitions::start(settings, registry).unwrap()
+}
+
+fn tenant(name: &str, isolation: Isolation, cus: Option<u32>, hbm: Option<u64>) -> WireTenant {
+    WireTenant {
+        request: TenantRequest {
+            tenant: name.into(),
+            gpu: GpuRequest {
+                compute: cus.map_or(Compute::Unset, Compute::Cus),
+                hbm_bytes: hbm,
+                isolation,
+                weight: 1,
+            },
+        },
+        kv_wait: DEFAULT_KV_WAIT,
+    }
+}
+
+fn summary(p: &Partitions) -> Vec<(String, Vec<u32>, u64, bool)> {
+    p.report()
+        .partitions
+        .into_iter()
+        .map(|p| (p.id, p.cores, p.memory_bytes, p.draining))
+        .collect()
+}
+
+fn route(p: &Partitions, tenant: &str) -> Option<String> {
+    let generation = p.current.load();
+    let at = generation
+        .by_tenant
+        .get(tenant)
+        .copied()
+        .or(generation.shared)?;
+    Some(generation.schedulers[at].view.spec.id.clone())
+}
+
+/// Waits (bounded) until no replaced scheduler is left draining.
+fn drained(p: &Partitions) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while summary(p).iter().any(|s| s.3) {
+        assert!(Instant::now() < deadline, "old schedulers never exited");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_host_starts_as_one_shared_pool_on_every_core() {
+    let (p, _workers) = host(2);
+    assert_eq!(summary(&p), [("shared".into(), vec![0, 1], 4 * GIB, false)]);
+    assert_eq!(p.report().generation, 1);
+    assert_eq!(route(&p, "anyone").as_deref(), Some("shared"));
+}
+
+#[test]
+fn dedicated_tenants_get_their_own_partition_and_the_rest_share() {
+    let (p, _workers) = host(2);
+    let tenants = [
+        tenant("acme", Isolation::Dedicated, Some(1), Some(GIB)),
+        tenant("globex", Isolation::Shared, None, None),
+    ];
+    assert!(p.set(&tenants).unwrap());
+    drained(&p);
+    assert_eq!(
+        summary(&p),
+        [
+            ("dedicated:acme".into(), vec![0], GIB, false),
+            ("shared".into(), vec![1], 3 * GIB, false),
+        ]
+    );
+    assert_eq!(route(&p, "acme").as_deref(), Some("dedicated:acme"));
+    assert_eq!(route(&p, "globex").as_deref(), Some("shared"));
+    assert_eq!(route(&p, "unlisted").as_deref(), Some("shared"));
+    assert_eq!(p.report().generation, 2);
+    // The same set again is not a new layout; another KV wait is.
+    assert!(!p.set(&tenants).unwrap());
+    assert_eq!(p.report().generation, 2);
+    let mut patient = tenants.clone();
+    patient[1].kv_wait = Duration::from_secs(1);
+    assert!(p.set(&patient).unwrap());
+    drained(&p);
+    let generation = p.current.load();
+    let shared = &generation.schedulers[generation.shared.unwrap()].view.spec;
+    assert_eq!(shared.tenants[0].kv_wait, Duration::from_secs(1));
+    assert!(!shared.tenants[0].owns_memory);
+    drop(generation);
+    assert_eq!(p.health().schedulers, 2);
+}
+
+#[test]
+fn an_oversubscribed_set_is_refused_with_the_numbers_and_the_old_layout_stays() {
+    let (p, _workers) = host(2);
+    let first = [tenant("acme", Isolation::Dedicated, Some(1), Some(GIB))];
+    assert!(p.set(&first).unwrap());
+    drained(&p);
+    let before = summary(&p);
+    let bad = [
+        tenant("acme", Isolation::Dedicated, Some(2), Some(GIB)),
+        tenant("globex", Isolation::Dedicated, Some(1), Some(GIB)),
+    ];
+    let refused = p.set(&bad).unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    for needle in ["acme 2", "globex 1", "= 3 > 2"] {
+        assert!(refused.message().contains(needle), "{}", refused.message());
+    }
+    assert_eq!(summary(&p), before);
+    assert_eq!(route(&p, "acme").as_deref(), Some("dedicated:acme"));
+}
+
+#[test]
+fn a_new_layout_leaves_the_old_schedulers_draining_until_they_exit() {
+    let (p, workers) = host(2);
+    assert!(
+        p.set(&[tenant("acme", Isolation::Dedicated, Some(1), Some(GIB))])
+            .unwrap()
+    );
+    // Back to everyone shared: the dedicated scheduler is replaced.
+    assert!(p.set(&[]).unwrap());
+    drained(&p);
+    assert_eq!(summary(&p), [("shared".into(), vec![0, 1], 4 * GIB, false)]);
+    assert_eq!(route(&p, "acme").as_deref(), Some("shared"));
+    assert_eq!(p.health().schedulers, 1);
+    drop(p);
+    workers.join(); // every thread ever started exits once the router is gone
+}
+
+#[test]
+fn bad_wire_values_are_named() {
+    let wire = |t: v1::TenantGpu| tenant_requests(&[t]).unwrap_err().message().to_string();
+    let both = wire(v1::TenantGpu {
+        tenant: "acme".into(),
+        cus: Some(1),
+        share: Some(0.5),
+        ..Default::default()
+    });
+    assert!(
+        both.contains("tenants[0]: tenant `acme`: set cus or share"),
+        "{both}"
+    );
+    let unnamed = wire(v1::TenantGpu::default());
+    assert!(
+        unnamed.contains("tenant must be 1 to 256 bytes, not 0"),
+        "{unnamed}"
+    );
+    let isolation = wire(v1::TenantGpu {
+        tenant: "acme".into(),
+        isolation: 7,
+        ..Default::default()
+    });
+    assert!(isolation.contains("unknown isolation 7"), "{isolation}");
+    let many = vec![v1::TenantGpu::default(); MAX_TENANTS + 1];
+    assert!(
+        tenant_requests(&many)
+            .unwrap_err()
+            .message()
+            .contains("at most 10000")
+    );
+    let ok = tenant_requests(&[v1::TenantGpu {
+        tenant: "acme".into(),
+        share: Some(0.5),
+        isolation: v1::Isolation::Dedicated.into(),
+        hbm_bytes: Some(GIB),
+        ..Default::default()
+    }])
+    .unwrap();
+    assert_eq!(ok[0].request.gpu.compute, Compute::Share(0.5));
+    assert_eq!(ok[0].request.gpu.weight, 1);
+    assert_eq!(ok[0].kv_wait, DEFAULT_KV_WAIT);
+    let slow = wire(v1::TenantGpu {
+        tenant: "acme".into(),
+        kv_wait_ms: Some(120_001),
+        ..Default::default()
+    });
+    assert!(
+        slow.contains("kv_wait_ms 120001 is above the most, 120000"),
+        "{slow}"
+    );
+}

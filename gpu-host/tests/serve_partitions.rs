@@ -1,0 +1,371 @@
+//! `serve` with partitions: `SetPartitions` turns the tenant set into one
+//! scheduler per partition, pinned to its cores; jobs run in their tenant's
+//! partition; a new layout takes new requests while streams in flight
+//! finish on the old one; a set that does not fit is refused and the old
+//! layout keeps serving.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bulkhead_protocol::v1::generate_event::Event;
+use bulkhead_protocol::v1::generate_request::Prompt;
+use bulkhead_protocol::v1::gpu_host_client::GpuHostClient;
+use bulkhead_protocol::{Target, connect, v1};
+use tonic::Code;
+use tonic::transport::Channel;
+
+const MIB: u64 = 1 << 20;
+
+struct Host {
+    child: Child,
+    dir: PathBuf,
+    target: Target,
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A host with the llama fixture on a 2-core CPU device with 4 MiB of KV
+/// memory (2 KiB a token for this model: 2,048 tokens).
+fn start(name: &str) -> Host {
+    let dir = std::env::temp_dir().join(format!("bulkhead-part-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("host.sock");
+    let model =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/llama-q8_0.gguf");
+    let child = Command::new(env!("CARGO_BIN_EXE_bulkhead-gpu-host"))
+        .arg("serve")
+        .arg("--listen")
+        .arg(format!("unix:{}", socket.display()))
+        .arg("--model")
+        .arg(format!("llama={}", model.display()))
+        .args(["--threads", "2", "--kv-memory", "4MiB"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("binary starts");
+    Host {
+        child,
+        dir,
+        target: Target::Unix(socket),
+    }
+}
+
+impl Host {
+    async fn client(&mut self) -> GpuHostClient<Channel> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match connect(&self.target).await {
+                Ok(channel) => return GpuHostClient::new(channel),
+                Err(e) => {
+                    assert!(self.child.try_wait().unwrap().is_none(), "host exited");
+                    assert!(Instant::now() < deadline, "host not ready: {e}");
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+            }
+        }
+    }
+}
+
+fn dedicated(tenant: &str, cus: u32, hbm: u64) -> v1::TenantGpu {
+    v1::TenantGpu {
+        tenant: tenant.into(),
+        cus: Some(cus),
+        hbm_bytes: Some(hbm),
+        isolation: v1::Isolation::Dedicated.into(),
+        ..Default::default()
+    }
+}
+
+fn request(tenant: &str, max_tokens: u32) -> v1::GenerateRequest {
+    v1::GenerateRequest {
+        model: "llama".into(),
+        prompt: Some(Prompt::Text("Once upon a time".into())),
+        max_tokens: Some(max_tokens),
+        tenant: tenant.into(),
+        ..Default::default()
+    }
+}
+
+/// Completion tokens of a stream read to its end.
+async fn finish(mut stream: tonic::Streaming<v1::GenerateEvent>) -> u32 {
+    let mut tokens = 0;
+    while let Some(event) = stream.message().await.unwrap() {
+        match event.event {
+            Some(Event::Delta(d)) => tokens += d.token_ids.len() as u32,
+            Some(Event::Finished(f)) => {
+                assert_eq!(f.usage.unwrap().completion_tokens, tokens);
+                return tokens;
+            }
+            _ => {}
+        }
+    }
+    panic!("the stream ended without Finished");
+}
+
+async fn set(
+    client: &mut GpuHostClient<Channel>,
+    tenants: Vec<v1::TenantGpu>,
+) -> Result<v1::SetPartitionsResponse, tonic::Status> {
+    client
+        .set_partitions(v1::SetPartitionsRequest { tenants })
+        .await
+        .map(|r| r.into_inner())
+}
+
+async fn report(client: &mut GpuHostClient<Channel>) -> v1::PartitionsResponse {
+    client
+        .partitions(v1::PartitionsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Waits (bounded) until `done` holds of the host's report.
+async fn until(
+    client: &mut GpuHostClient<Channel>,
+    what: &str,
+    done: impl Fn(&v1::PartitionsResponse) -> bool,
+) -> v1::PartitionsResponse {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = report(client).await;
+        if done(&r) {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "never {what}: {r:#?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn no_draining(r: &v1::PartitionsResponse) -> bool {
+    r.partitions.iter().all(|p| !p.draining)
+}
+
+/// `0-2,5` → [0, 1, 2, 5].
+fn cpu_list(text: &str) -> Vec<usize> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
+            None => cpus.push(part.parse().unwrap()),
+        }
+    }
+    cpus
+}
+
+fn allowed_cpus(status: &str) -> Vec<usize> {
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .expect("status has Cpus_allowed_list");
+    cpu_list(line)
+}
+
+/// Each of `pid`'s threads: its name and the CPUs it may run on.
+fn threads_of(pid: u32) -> Vec<(String, Vec<usize>)> {
+    let mut threads = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return threads;
+    };
+    for task in tasks.flatten() {
+        let (Ok(comm), Ok(status)) = (
+            std::fs::read_to_string(task.path().join("comm")),
+            std::fs::read_to_string(task.path().join("status")),
+        ) else {
+            continue; // the thread exited meanwhile
+        };
+        threads.push((comm.trim().to_string(), allowed_cpus(&status)));
+    }
+    threads.sort();
+    threads
+}
+
+#[tokio::test]
+async fn dedicated_tenants_run_on_their_own_pinned_cores() {
+    let ours = allowed_cpus(&std::fs::read_to_string("/proc/self/status").unwrap());
+    if ours.len() < 2 {
+        eprintln!("SKIPPED: this process may run on {ours:?}; pinning two partitions needs 2 CPUs");
+        return;
+    }
+    let mut host = start("pinned");
+    let mut client = host.client().await;
+    let answer = set(
+        &mut client,
+        vec![dedicated("a", 1, MIB), dedicated("b", 1, MIB)],
+    )
+    .await
+    .unwrap();
+    assert!(answer.changed);
+    let layout = until(&mut client, "replaced the first layout", no_draining).await;
+    let cores: Vec<(&str, &[u32], u64)> = layout
+        .partitions
+        .iter()
+        .map(|p| (p.id.as_str(), p.cores.as_slice(), p.memory_bytes))
+        .collect();
+    assert_eq!(
+        cores,
+        [
+            ("dedicated:a", &[0][..], MIB),
+            ("dedicated:b", &[1][..], MIB)
+        ]
+    );
+    for tenant in ["a", "b"] {
+        let stream = client.generate(request(tenant, 4)).await.unwrap();
+        assert_eq!(finish(stream.into_inner()).await, 4);
+    }
+    // The unit → CPU map is the host's allowed CPUs in order (it inherited ours).
+    let (cpu_a, cpu_b) = (ours[0], ours[1]);
+    let pid = host.child.id();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let threads = loop {
+        let threads = threads_of(pid);
+        let kernels = threads
+            .iter()
+            .filter(|(name, _)| name.starts_with("bulkhead-kern"))
+            .count();
+        // The first layout's pool exits once replaced: one worker per partition is left.
+        if kernels == 2 {
+            break threads;
+        }
+        assert!(Instant::now() < deadline, "workers: {threads:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let by_name: BTreeMap<&str, &Vec<usize>> =
+        threads.iter().map(|(n, c)| (n.as_str(), c)).collect();
+    assert_eq!(by_name.get("part:a"), Some(&&vec![cpu_a]), "{threads:?}");
+    assert_eq!(by_name.get("part:b"), Some(&&vec![cpu_b]), "{threads:?}");
+    let mut worker_cpus: Vec<&Vec<usize>> = threads
+        .iter()
+        .filter(|(name, _)| name.starts_with("bulkhead-kern"))
+        .map(|(_, cpus)| cpus)
+        .collect();
+    worker_cpus.sort();
+    assert_eq!(worker_cpus, [&vec![cpu_a], &vec![cpu_b]], "{threads:?}");
+}
+
+#[tokio::test]
+async fn a_new_layout_takes_new_requests_while_a_stream_in_flight_finishes() {
+    let mut host = start("swap");
+    let mut client = host.client().await;
+    let before = report(&mut client).await;
+    assert_eq!(before.generation, 1);
+    assert_eq!(
+        (before.device.as_str(), before.unit.as_str()),
+        ("cpu", "cores")
+    );
+    assert_eq!((before.compute_units, before.memory_bytes), (2, 4 * MIB));
+
+    // A long stream for `a` starts in the shared pool.
+    let mut old = client
+        .generate(request("a", 120))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = old.message().await.unwrap().unwrap();
+    assert!(matches!(first.event, Some(Event::Started(_))));
+
+    let answer = set(&mut client, vec![dedicated("a", 1, MIB)])
+        .await
+        .unwrap();
+    assert!(answer.changed);
+    let layout = answer.layout.unwrap();
+    assert_eq!(layout.generation, 2);
+    let draining: Vec<_> = layout.partitions.iter().filter(|p| p.draining).collect();
+    assert_eq!(draining.len(), 1, "{layout:#?}");
+    assert_eq!(
+        (draining[0].id.as_str(), draining[0].running),
+        ("shared", 1)
+    );
+
+    // A new request for `a` runs in its dedicated partition, its blocks
+    // charged to it there.
+    let mut new = client
+        .generate(request("a", 120))
+        .await
+        .unwrap()
+        .into_inner();
+    new.message().await.unwrap().unwrap(); // Started: it holds KV now
+    let now = report(&mut client).await;
+    let mine = now
+        .partitions
+        .iter()
+        .find(|p| p.id == "dedicated:a" && !p.draining)
+        .unwrap();
+    assert_eq!((mine.cores.as_slice(), mine.running), (&[0][..], 1));
+    assert_eq!(mine.tenants.len(), 1);
+    assert_eq!(mine.tenants[0].tenant, "a");
+    assert_eq!(mine.tenants[0].budget_bytes, MIB);
+
+    // Both finish; the old scheduler then exits.
+    assert_eq!(finish(old).await, 120);
+    assert_eq!(finish(new).await, 120);
+    let after = until(&mut client, "drained the old layout", no_draining).await;
+    assert_eq!(after.partitions.len(), 2, "{after:#?}"); // dedicated:a + shared
+    let health = client
+        .health(v1::HealthRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((health.workers, health.running, health.queued), (2, 0, 0));
+
+    // The same set again changes nothing.
+    let again = set(&mut client, vec![dedicated("a", 1, MIB)])
+        .await
+        .unwrap();
+    assert!(!again.changed);
+    assert_eq!(again.layout.unwrap().generation, 2);
+}
+
+#[tokio::test]
+async fn an_oversubscribed_set_is_refused_and_the_old_layout_keeps_serving() {
+    let mut host = start("refused");
+    let mut client = host.client().await;
+    set(&mut client, vec![dedicated("a", 1, MIB)])
+        .await
+        .unwrap();
+    let before = until(&mut client, "replaced the first layout", no_draining).await;
+
+    let refused = set(
+        &mut client,
+        vec![dedicated("a", 2, MIB), dedicated("b", 1, 8 * MIB)],
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    for needle in [
+        "dedicated cores: a 2 + b 1 = 3 > 2 on cpu",
+        "b 8MiB",
+        "4MiB",
+    ] {
+        assert!(refused.message().contains(needle), "{}", refused.message());
+    }
+    let bad_wire = set(
+        &mut client,
+        vec![v1::TenantGpu {
+            tenant: "a".into(),
+            cus: Some(1),
+            share: Some(0.5),
+            ..Default::default()
+        }],
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(bad_wire.code(), Code::InvalidArgument);
+    assert!(bad_wire.message().contains("set cus or share, not both"));
+
+    let after = report(&mut client).await;
+    assert_eq!(after, before);
+    let stream = client.generate(request("a", 5)).await.unwrap();
+    assert_eq!(finish(stream.into_inner()).await, 5);
+    // A tenant the plan does not list runs in the shared pool.
+    let stream = client.generate(request("stranger", 5)).await.unwrap();
+    assert_eq!(finish(stream.into_inner()).await, 5);
+}

@@ -103,6 +103,8 @@ pub struct Metrics {
     pub tokens: Family<TokenLabels, Counter>,
     pub latency: Histograms<TenantLabels>,
     pub time_to_first_token: Histograms<TenantLabels>,
+    /// Held through [`OpenStream`] guards.
+    upstream_streams_open: Family<TenantLabels, Gauge>,
     pub policy_reloads: Family<ResultLabels, Counter>,
     pub plugin_calls: Family<PluginCallLabels, Counter>,
     pub plugin_duration: Histograms<HookLabels>,
@@ -161,6 +163,12 @@ impl Metrics {
             "time_to_first_token_seconds",
             "Time from request to the first generated text",
             time_to_first_token.clone(),
+        );
+        let upstream_streams_open = Family::<TenantLabels, Gauge>::default();
+        registry.register(
+            "upstream_streams_open",
+            "Generations whose gpu-host stream is open (started, not yet finished, failed or dropped by the client)",
+            upstream_streams_open.clone(),
         );
         let policy_reloads = Family::<ResultLabels, Counter>::default();
         registry.register(
@@ -272,6 +280,7 @@ impl Metrics {
             tokens,
             latency,
             time_to_first_token,
+            upstream_streams_open,
             policy_reloads,
             plugin_calls,
             plugin_duration,
@@ -300,6 +309,18 @@ impl Metrics {
         out
     }
 
+    /// Counts one open upstream stream of `tenant` until the guard drops.
+    pub fn open_stream(&self, tenant: &str) -> OpenStream {
+        let gauge = self
+            .upstream_streams_open
+            .get_or_create(&TenantLabels {
+                tenant: tenant.to_string(),
+            })
+            .clone();
+        gauge.inc();
+        OpenStream { gauge }
+    }
+
     pub fn reject(&self, tenant: &str, reason: &'static str) {
         self.rejections
             .get_or_create(&RejectionLabels {
@@ -307,5 +328,47 @@ impl Metrics {
                 reason,
             })
             .inc();
+    }
+}
+
+/// One open upstream stream in `bulkhead_upstream_streams_open`: the gauge
+/// goes down when this drops, however the generation ended (finished,
+/// failed, timed out, or its client went away and the body was dropped).
+#[derive(Debug)]
+pub struct OpenStream {
+    gauge: Gauge,
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open_streams(metrics: &Metrics, tenant: &str) -> Option<i64> {
+        let line = format!("bulkhead_upstream_streams_open{{tenant=\"{tenant}\"}} ");
+        let text = metrics.render();
+        let value = text.lines().find_map(|l| l.strip_prefix(line.as_str()))?;
+        Some(value.parse().unwrap())
+    }
+
+    #[test]
+    fn open_streams_count_live_guards_per_tenant() {
+        let metrics = Metrics::new();
+        assert_eq!(open_streams(&metrics, "acme"), None);
+        let a = metrics.open_stream("acme");
+        let b = metrics.open_stream("acme");
+        let c = metrics.open_stream("globex");
+        assert_eq!(open_streams(&metrics, "acme"), Some(2));
+        assert_eq!(open_streams(&metrics, "globex"), Some(1));
+        drop(a);
+        assert_eq!(open_streams(&metrics, "acme"), Some(1));
+        drop((b, c));
+        assert_eq!(open_streams(&metrics, "acme"), Some(0));
+        assert_eq!(open_streams(&metrics, "globex"), Some(0));
     }
 }

@@ -4,8 +4,8 @@
 
 use rayon::prelude::*;
 
-use crate::avx2::Avx2;
-use crate::quantize::{quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
+use crate::avx2::{Avx2, Vnni};
+use crate::quantize::{BlockQ8_0U, quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
 use crate::{GgmlType, Isa, KernelError, scalar};
 
 /// A weight matrix as stored in GGUF: `rows` rows of `cols` elements each
@@ -89,10 +89,10 @@ pub struct AttentionShape {
 enum TokenGrouping {
     /// One single-row dot per (row, token): decode, and the old prefill path.
     One,
-    /// Up to [`Avx2::MAX_TOKENS`] tokens per weight row, where a multi-token
-    /// kernel exists.
-    UpToFour,
-    /// As `UpToFour`, but only for the types whose multi-token kernels keep
+    /// Several tokens per weight row where a multi-token kernel exists:
+    /// [`Avx2::MAX_TOKENS`], or [`Vnni::MAX_TOKENS`] for its kernels.
+    Several,
+    /// As `Several`, but only for the types whose multi-token kernels keep
     /// the one-row accumulation order (Q4_0, Q8_0, Q4_K): every result is
     /// bit-identical to a one-row call.
     Exact,
@@ -106,6 +106,39 @@ enum RowsPerCall {
     Two,
 }
 
+/// The shape of one grouped kernel call: rows × tokens.
+#[derive(Clone, Copy, Debug)]
+struct Tile {
+    rows: RowsPerCall,
+    /// At most [`Tile::MAX_TOKENS`].
+    tokens: usize,
+}
+
+impl Tile {
+    const MAX_TOKENS: usize = Vnni::MAX_TOKENS;
+
+    /// The AVX2 multi-token kernels: up to four tokens.
+    fn avx2(rows: RowsPerCall) -> Tile {
+        Tile {
+            rows,
+            tokens: Avx2::MAX_TOKENS,
+        }
+    }
+
+    /// The VNNI kernels: one row, up to eight tokens.
+    fn vnni() -> Tile {
+        Tile {
+            rows: RowsPerCall::One,
+            tokens: Vnni::MAX_TOKENS,
+        }
+    }
+}
+
+/// Q8_0 activations offset to unsigned for the VNNI kernels.
+fn offset(q: &[crate::BlockQ8_0]) -> Vec<BlockQ8_0U> {
+    q.iter().map(BlockQ8_0U::from).collect()
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Backend {
     Scalar,
@@ -116,6 +149,9 @@ enum Backend {
 #[derive(Debug)]
 pub struct CpuKernels {
     backend: Backend,
+    /// Present with [`Isa::Avx512Vnni`]: the multi-token Q8_0/Q4_0 kernels
+    /// take up to eight tokens per weight block instead of four.
+    vnni: Option<Vnni>,
     pool: rayon::ThreadPool,
 }
 
@@ -160,16 +196,26 @@ impl CpuKernels {
         if threads == 0 {
             return Err(KernelError::ZeroThreads);
         }
-        let backend = match isa {
-            Isa::Scalar => Backend::Scalar,
-            Isa::Avx2 => Backend::Avx2(Avx2::detect().ok_or(KernelError::IsaUnavailable { isa })?),
+        let unavailable = || KernelError::IsaUnavailable { isa };
+        let (backend, vnni) = match isa {
+            Isa::Scalar => (Backend::Scalar, None),
+            Isa::Avx2 => (Backend::Avx2(Avx2::detect().ok_or_else(unavailable)?), None),
+            Isa::Avx512Vnni => {
+                let vnni = Vnni::detect().ok_or_else(unavailable)?;
+                let avx2 = Avx2::detect().ok_or_else(unavailable)?;
+                (Backend::Avx2(avx2), Some(vnni))
+            }
         };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("bulkhead-kernels-{i}"))
             .build()
             .map_err(|e| KernelError::ThreadPool(e.to_string()))?;
-        Ok(CpuKernels { backend, pool })
+        Ok(CpuKernels {
+            backend,
+            vnni,
+            pool,
+        })
     }
 
     /// Threads in the pool.
@@ -179,9 +225,10 @@ impl CpuKernels {
 
     /// The instruction set the kernels use.
     pub fn isa(&self) -> Isa {
-        match self.backend {
-            Backend::Scalar => Isa::Scalar,
-            Backend::Avx2(_) => Isa::Avx2,
+        match (self.backend, self.vnni) {
+            (Backend::Scalar, _) => Isa::Scalar,
+            (Backend::Avx2(_), None) => Isa::Avx2,
+            (Backend::Avx2(_), Some(_)) => Isa::Avx512Vnni,
         }
     }
 
@@ -191,13 +238,14 @@ impl CpuKernels {
     /// Quantized weights take activations quantized the way ggml pairs them
     /// (Q8_0, Q8_1 or Q8_K), once per call. With AVX2 and more than one
     /// token, F16, Q4_0, Q8_0, Q4_K and Q6_K weights go through multi-token
-    /// kernels that unpack each weight block once for up to four tokens.
+    /// kernels that unpack each weight block once for up to four tokens
+    /// (eight for Q8_0 and Q4_0 with [`Isa::Avx512Vnni`], same results).
     /// Results do not depend on the thread count.
     ///
     /// # Panics
     /// If `w` is malformed or `x`/`out` have the wrong length (caller bugs).
     pub fn matmul(&self, w: &QuantMatrix, x: &[f32], n_tokens: usize, out: &mut [f32]) {
-        self.matmul_by(w, x, n_tokens, out, TokenGrouping::UpToFour);
+        self.matmul_by(w, x, n_tokens, out, TokenGrouping::Several);
     }
 
     /// [`CpuKernels::matmul`] with every (row, token) pair computed by its own
@@ -253,7 +301,7 @@ impl CpuKernels {
         let b = self.backend;
         // Decode (one token) stays on the single-row kernels: nothing to share.
         let grouped = match (b, grouping) {
-            (Backend::Avx2(k), TokenGrouping::UpToFour | TokenGrouping::Exact) if n_tokens > 1 => {
+            (Backend::Avx2(k), TokenGrouping::Several | TokenGrouping::Exact) if n_tokens > 1 => {
                 Some(k)
             }
             _ => None,
@@ -265,7 +313,7 @@ impl CpuKernels {
                     w,
                     x,
                     n_tokens,
-                    RowsPerCall::Two,
+                    Tile::avx2(RowsPerCall::Two),
                     |w, x, o| k.dot_f16_rows_tokens(w, x, o),
                     out,
                 ),
@@ -274,16 +322,24 @@ impl CpuKernels {
             GgmlType::BF16 => self.rows_dot(w, x, n_tokens, row_kernel!(b, dot_bf16), out),
             GgmlType::Q4_0 => {
                 let q = self.quantize(x, n_tokens, w.cols, 32, quantize_row_q8_0);
-                match grouped {
-                    Some(k) => self.rows_dot_grouped(
+                match (grouped, self.vnni) {
+                    (Some(_), Some(v)) => self.rows_dot_grouped(
+                        w,
+                        &offset(&q),
+                        n_tokens,
+                        Tile::vnni(),
+                        |w, x, o| v.dot_q4_0_tokens(w[0], x, o),
+                        out,
+                    ),
+                    (Some(k), None) => self.rows_dot_grouped(
                         w,
                         &q,
                         n_tokens,
-                        RowsPerCall::One,
+                        Tile::avx2(RowsPerCall::One),
                         |w, x, o| k.dot_q4_0_tokens(w[0], x, o),
                         out,
                     ),
-                    None => self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q4_0), out),
+                    (None, _) => self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q4_0), out),
                 }
             }
             GgmlType::Q5_0 => {
@@ -292,16 +348,24 @@ impl CpuKernels {
             }
             GgmlType::Q8_0 => {
                 let q = self.quantize(x, n_tokens, w.cols, 32, quantize_row_q8_0);
-                match grouped {
-                    Some(k) => self.rows_dot_grouped(
+                match (grouped, self.vnni) {
+                    (Some(_), Some(v)) => self.rows_dot_grouped(
+                        w,
+                        &offset(&q),
+                        n_tokens,
+                        Tile::vnni(),
+                        |w, x, o| v.dot_q8_0_tokens(w[0], x, o),
+                        out,
+                    ),
+                    (Some(k), None) => self.rows_dot_grouped(
                         w,
                         &q,
                         n_tokens,
-                        RowsPerCall::One,
+                        Tile::avx2(RowsPerCall::One),
                         |w, x, o| k.dot_q8_0_tokens(w[0], x, o),
                         out,
                     ),
-                    None => self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q8_0), out),
+                    (None, _) => self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q8_0), out),
                 }
             }
             GgmlType::Q4_1 => {
@@ -319,7 +383,7 @@ impl CpuKernels {
                         w,
                         &q,
                         n_tokens,
-                        RowsPerCall::One,
+                        Tile::avx2(RowsPerCall::One),
                         |w, x, o| k.dot_q4k_tokens(w[0], x, o),
                         out,
                     ),
@@ -337,7 +401,7 @@ impl CpuKernels {
                         w,
                         &q,
                         n_tokens,
-                        RowsPerCall::One,
+                        Tile::avx2(RowsPerCall::One),
                         |w, x, o| k.dot_q6k_tokens(w[0], x, o),
                         out,
                     ),
@@ -394,40 +458,41 @@ impl CpuKernels {
     }
 
     /// As [`Self::rows_dot`], but `dot(rows, tokens, out)` takes up to
-    /// [`Avx2::MAX_TOKENS`] tokens and up to `rows_per_call` rows at once,
-    /// writing `out[r * tokens.len() + t]`. Within a chunk, token groups
-    /// outer, rows inner. Groups are fixed by token index (0..4, 4..8, …) and
-    /// row pairs by row index (chunks start on even rows), never by the thread
-    /// split, so results do not depend on the thread count.
+    /// `tile.tokens` tokens and up to `tile.rows` rows at once, writing
+    /// `out[r * tokens.len() + t]`. Within a chunk, token groups outer, rows
+    /// inner. Groups are fixed by token index (0..4, 4..8, … or 0..8, …) and
+    /// row pairs by row index (chunks start on even rows), never by the
+    /// thread split, so results do not depend on the thread count.
     fn rows_dot_grouped<B, D>(
         &self,
         w: &QuantMatrix,
         acts: &[B],
         n_tokens: usize,
-        rows_per_call: RowsPerCall,
+        tile: Tile,
         dot: D,
         out: &mut [f32],
     ) where
         B: Sync,
         D: Fn(&[&[u8]], &[&[B]], &mut [f32]) + Sync,
     {
-        const GROUP: usize = Avx2::MAX_TOKENS;
+        const GROUP: usize = Tile::MAX_TOKENS;
         const MAX_ROWS: usize = 2;
-        let rows_per_call = match rows_per_call {
+        let rows_per_call = match tile.rows {
             RowsPerCall::One => 1,
             RowsPerCall::Two => 2,
         };
+        let group = tile.tokens;
         let per_token = acts.len() / n_tokens;
         let row_bytes = w.row_bytes();
         self.row_chunks(w, n_tokens, out, |first_row, dst| {
             let rows_here = dst.len() / n_tokens;
             let weights = &w.data[first_row * row_bytes..(first_row + rows_here) * row_bytes];
-            for (g, group) in acts.chunks(GROUP * per_token).enumerate() {
+            for (g, tokens) in acts.chunks(group * per_token).enumerate() {
                 let mut xs: [&[B]; GROUP] = [&[]; GROUP];
-                for (x, token) in xs.iter_mut().zip(group.chunks_exact(per_token)) {
+                for (x, token) in xs.iter_mut().zip(tokens.chunks_exact(per_token)) {
                     *x = token;
                 }
-                let n = group.len() / per_token;
+                let n = tokens.len() / per_token;
                 let xs = &xs[..n];
                 let mut res = [0.0f32; MAX_ROWS * GROUP];
                 for (p, rows) in weights.chunks(rows_per_call * row_bytes).enumerate() {
@@ -438,7 +503,7 @@ impl CpuKernels {
                     let nr = rows.len() / row_bytes;
                     dot(&ws[..nr], xs, &mut res[..nr * n]);
                     for (r, vals) in res[..nr * n].chunks_exact(n).enumerate() {
-                        let first = (p * rows_per_call + r) * n_tokens + g * GROUP;
+                        let first = (p * rows_per_call + r) * n_tokens + g * group;
                         dst[first..first + n].copy_from_slice(vals);
                     }
                 }

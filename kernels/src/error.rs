@@ -34,7 +34,7 @@ pub enum KernelError {
     #[error("kernel thread count must be at least 1")]
     ZeroThreads,
     /// The requested instruction set is missing on this CPU.
-    #[error("{isa:?} kernels need a CPU with avx2, fma and f16c, which this one lacks")]
+    #[error("{isa:?} kernels need a CPU with {}, which this one lacks", isa.features())]
     IsaUnavailable { isa: Isa },
     /// Rayon could not start the pool's threads.
     #[error("could not start the kernel thread pool: {0}")]

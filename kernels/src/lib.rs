@@ -27,6 +27,7 @@ pub use error::KernelError;
 pub use isa::Isa;
 pub use ops::{RopeStyle, add, rms_norm, rope, silu_mul, softmax};
 pub use quantize::{
-    BlockQ8_0, BlockQ8_1, BlockQ8K, quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k,
+    BlockQ8_0, BlockQ8_0U, BlockQ8_1, BlockQ8K, quantize_row_q8_0, quantize_row_q8_1,
+    quantize_row_q8_k,
 };
 pub use types::{GgmlType, TypeError};

@@ -17,6 +17,25 @@ pub struct BlockQ8_0 {
     pub qs: [i8; QK],
 }
 
+/// A [`BlockQ8_0`] with its quants stored offset by +128 as unsigned bytes
+/// (`qs[i] = q[i] + 128`): the unsigned operand of the AVX-512 VNNI kernels
+/// (`avx2::Vnni`). Made from a `BlockQ8_0` once per matmul.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ8_0U {
+    /// Scale, as in the `BlockQ8_0` it came from.
+    pub d: f32,
+    pub qs: [u8; QK],
+}
+
+impl From<&BlockQ8_0> for BlockQ8_0U {
+    fn from(b: &BlockQ8_0) -> Self {
+        BlockQ8_0U {
+            d: b.d,
+            qs: b.qs.map(|q| (q as u8) ^ 0x80),
+        }
+    }
+}
+
 /// 32 activations as `d * qs[i]`, plus `s = d * Σ qs` for the weights' min
 /// term (ggml's `block_q8_1`).
 #[derive(Clone, Copy, Debug, PartialEq)]

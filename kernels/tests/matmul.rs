@@ -13,6 +13,10 @@ static SCALAR_1: LazyLock<CpuKernels> = LazyLock::new(|| CpuKernels::new(1, Isa:
 static SCALAR_3: LazyLock<CpuKernels> = LazyLock::new(|| CpuKernels::new(3, Isa::Scalar).unwrap());
 static AVX2_1: LazyLock<Option<CpuKernels>> = LazyLock::new(|| CpuKernels::new(1, Isa::Avx2).ok());
 static AVX2_3: LazyLock<Option<CpuKernels>> = LazyLock::new(|| CpuKernels::new(3, Isa::Avx2).ok());
+static VNNI_1: LazyLock<Option<CpuKernels>> =
+    LazyLock::new(|| CpuKernels::new(1, Isa::Avx512Vnni).ok());
+static VNNI_3: LazyLock<Option<CpuKernels>> =
+    LazyLock::new(|| CpuKernels::new(3, Isa::Avx512Vnni).ok());
 
 struct Case {
     ty: GgmlType,
@@ -141,6 +145,19 @@ fn check_case(case: &Case) {
         }
     }
     assert_bit_identical(&fast, &case.run(avx3), case, "avx2 1 vs 3 threads");
+    let (Some(vnni1), Some(vnni3)) = (VNNI_1.as_ref(), VNNI_3.as_ref()) else {
+        eprintln!("AVX-512 VNNI comparison skipped: this CPU lacks avx512f/avx512vl/avx512vnni");
+        return;
+    };
+    // Its eight-token Q8_0/Q4_0 kernels keep the AVX2 kernels' order of
+    // summation, so every type gives the same bits as AVX2.
+    assert_bit_identical(&fast, &case.run(vnni1), case, "avx2 vs avx512vnni");
+    assert_bit_identical(
+        &fast,
+        &case.run(vnni3),
+        case,
+        "avx2 vs avx512vnni 3 threads",
+    );
 }
 
 fn assert_bit_identical(a: &[f32], b: &[f32], case: &Case, what: &str) {
@@ -229,7 +246,13 @@ fn grouped_matmul_matches_per_token_matmul() {
 /// bit for bit what a one-token `matmul` gives, for every type, on both ISAs.
 #[test]
 fn row_exact_matmul_equals_one_token_calls_bit_for_bit() {
-    let kernels = [Some(&*SCALAR_3), AVX2_1.as_ref(), AVX2_3.as_ref()];
+    let kernels = [
+        Some(&*SCALAR_3),
+        AVX2_1.as_ref(),
+        AVX2_3.as_ref(),
+        VNNI_1.as_ref(),
+        VNNI_3.as_ref(),
+    ];
     for k in kernels.into_iter().flatten() {
         for ty in GgmlType::ALL {
             let cols = if ty.block_elements() == 256 { 512 } else { 768 };
@@ -323,12 +346,66 @@ fn kernels_report_their_configuration() {
     assert_eq!(SCALAR_3.threads(), 3);
     assert_eq!(SCALAR_3.isa(), Isa::Scalar);
     if Isa::Avx2.is_available() {
-        assert_eq!(Isa::detect(), Isa::Avx2);
         assert_eq!(AVX2_1.as_ref().unwrap().isa(), Isa::Avx2);
     } else {
         assert_eq!(
             CpuKernels::new(1, Isa::Avx2).unwrap_err(),
             KernelError::IsaUnavailable { isa: Isa::Avx2 }
         );
+    }
+    if Isa::Avx512Vnni.is_available() {
+        assert_eq!(Isa::detect(), Isa::Avx512Vnni);
+        assert_eq!(VNNI_3.as_ref().unwrap().isa(), Isa::Avx512Vnni);
+    } else {
+        let e = CpuKernels::new(1, Isa::Avx512Vnni).unwrap_err();
+        assert_eq!(
+            e,
+            KernelError::IsaUnavailable {
+                isa: Isa::Avx512Vnni
+            }
+        );
+        assert!(e.to_string().contains("avx512vnni"), "{e}");
+        let best = if Isa::Avx2.is_available() {
+            Isa::Avx2
+        } else {
+            Isa::Scalar
+        };
+        assert_eq!(Isa::detect(), best);
+    }
+}
+
+/// The VNNI tiles take eight tokens per call: token counts around and
+/// between multiples of eight (and of the AVX2 kernels' four), row counts
+/// that split unevenly into pool tasks and odd block counts must all give
+/// each token exactly what a one-token call gives it.
+#[test]
+fn vnni_tiles_equal_one_token_calls_on_edge_shapes() {
+    let (Some(vnni1), Some(vnni3)) = (VNNI_1.as_ref(), VNNI_3.as_ref()) else {
+        eprintln!("skipped: this CPU lacks avx512f/avx512vl/avx512vnni");
+        return;
+    };
+    let mut seed = 9000;
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
+        for (rows, cols) in [(1, 32), (7, 96), (65, 800), (130, 4096)] {
+            for n_tokens in [2, 7, 8, 9, 15, 16, 17, 33] {
+                seed += 1;
+                let case = Case::new(ty, rows, cols, n_tokens, seed);
+                let mut one = vec![f32::NAN; rows];
+                let mut want = Vec::with_capacity(n_tokens * rows);
+                for t in 0..n_tokens {
+                    vnni1.matmul(&case.matrix(), case.token(t), 1, &mut one);
+                    want.extend_from_slice(&one);
+                }
+                for k in [vnni1, vnni3] {
+                    let mut got = vec![f32::NAN; n_tokens * rows];
+                    k.matmul_row_exact(&case.matrix(), &case.x, n_tokens, &mut got);
+                    let what = format!("row_exact {rows}×{cols} {n_tokens} tokens");
+                    assert_bit_identical(&want, &got, &case, &what);
+                    k.matmul(&case.matrix(), &case.x, n_tokens, &mut got);
+                    let what = format!("matmul {rows}×{cols} {n_tokens} tokens");
+                    assert_bit_identical(&want, &got, &case, &what);
+                }
+            }
+        }
     }
 }

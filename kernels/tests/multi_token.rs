@@ -1,11 +1,14 @@
 //! The multi-token (prefill) AVX2 kernels against the single-row kernels they
 //! replace: same weight row, N = 1..=4 token rows, equal up to float
-//! re-association (1e-6 of Σ|w||x|).
+//! re-association (1e-6 of Σ|w||x|). The AVX-512 VNNI kernels (N = 1..=8)
+//! must equal the single-row AVX2 kernels bit for bit.
 
 mod common;
 
-use bulkhead_kernels::avx2::Avx2;
-use bulkhead_kernels::{BlockQ8_0, BlockQ8K, GgmlType, quantize_row_q8_0, quantize_row_q8_k};
+use bulkhead_kernels::avx2::{Avx2, Vnni};
+use bulkhead_kernels::{
+    BlockQ8_0, BlockQ8_0U, BlockQ8K, GgmlType, quantize_row_q8_0, quantize_row_q8_k, scalar,
+};
 use common::{Rng, dequantized, random_matrix};
 
 /// 1e-6 · Σ|w||x|, with a floor for rows that happen to be all zero.
@@ -161,4 +164,104 @@ fn more_than_four_tokens_is_a_caller_bug() {
     let act = [BlockQ8_0::default()];
     let xs: [&[BlockQ8_0]; 5] = [&act; 5];
     k.dot_q8_0_tokens(&row, &xs, &mut [0.0; 5]);
+}
+
+fn vnni() -> Option<(Vnni, Avx2)> {
+    let pair = Vnni::detect().zip(Avx2::detect());
+    if pair.is_none() {
+        eprintln!("skipped: this CPU lacks avx512f/avx512vl/avx512vnni");
+    }
+    pair
+}
+
+/// For N in 1..=8 and block counts even, odd and 1: `multi` on offset
+/// activations gives exactly the bits of the one-row AVX2 kernel `single`
+/// for every token, and is within float re-association of the scalar
+/// oracle. Random quant bytes include -128 weights; one token is all ±127.
+fn check_vnni(
+    ty: GgmlType,
+    single: impl Fn(&[u8], &[BlockQ8_0]) -> f32,
+    oracle: impl Fn(&[u8], &[BlockQ8_0]) -> f32,
+    multi: impl Fn(&[u8], &[&[BlockQ8_0U]], &mut [f32]),
+) {
+    for cols in [32, 96, 768, 800, 4096] {
+        for n in 1..=Vnni::MAX_TOKENS {
+            let mut rng = Rng::new((cols * 100 + n) as u64);
+            let row = random_matrix(&mut rng, ty, 1, cols);
+            let w = dequantized(ty, &row, 1, cols);
+            let mut xs: Vec<Vec<f32>> = (0..n).map(|_| rng.vec(cols, 3.0)).collect();
+            // Every quant at ±127, the extreme the sign tricks must survive.
+            xs[n - 1] = (0..cols)
+                .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
+                .collect();
+            let acts: Vec<Vec<BlockQ8_0>> = xs.iter().map(|x| q8_0(x)).collect();
+            let offset: Vec<Vec<BlockQ8_0U>> = acts
+                .iter()
+                .map(|a| a.iter().map(BlockQ8_0U::from).collect())
+                .collect();
+            let refs: Vec<&[BlockQ8_0U]> = offset.iter().map(Vec::as_slice).collect();
+            let mut got = vec![f32::NAN; n];
+            multi(&row, &refs, &mut got);
+            for (t, (&g, a)) in got.iter().zip(&acts).enumerate() {
+                let want = single(&row, a);
+                assert_eq!(
+                    g.to_bits(),
+                    want.to_bits(),
+                    "{ty} cols {cols} N {n} token {t}: vnni {g} vs one-row avx2 {want}"
+                );
+                let (s, tol) = (oracle(&row, a), tolerance(&w, &xs[t]));
+                assert!(
+                    (g - s).abs() <= tol,
+                    "{ty} cols {cols} N {n} token {t}: vnni {g} vs scalar {s} (tol {tol})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn vnni_q8_0_tokens_equal_single_row_bit_for_bit() {
+    let Some((v, k)) = vnni() else { return };
+    check_vnni(
+        GgmlType::Q8_0,
+        |w, x| k.dot_q8_0(w, x),
+        scalar::dot_q8_0,
+        |w, x, o| v.dot_q8_0_tokens(w, x, o),
+    );
+}
+
+#[test]
+fn vnni_q4_0_tokens_equal_single_row_bit_for_bit() {
+    let Some((v, k)) = vnni() else { return };
+    check_vnni(
+        GgmlType::Q4_0,
+        |w, x| k.dot_q4_0(w, x),
+        scalar::dot_q4_0,
+        |w, x, o| v.dot_q4_0_tokens(w, x, o),
+    );
+}
+
+#[test]
+fn offset_blocks_hold_quants_plus_128() {
+    let b = BlockQ8_0 {
+        d: 0.5,
+        qs: std::array::from_fn(|i| [-127, -1, 0, 1, 127][i % 5]),
+    };
+    let u = BlockQ8_0U::from(&b);
+    assert_eq!(u.d, 0.5);
+    for (q, u) in b.qs.iter().zip(u.qs) {
+        assert_eq!(i32::from(u), i32::from(*q) + 128);
+    }
+}
+
+#[test]
+#[should_panic(expected = "at most 8 per call")]
+fn more_than_eight_vnni_tokens_is_a_caller_bug() {
+    let Some(v) = Vnni::detect() else {
+        panic!("skipped (no avx512 vnni): at most 8 per call");
+    };
+    let row = vec![0u8; 34];
+    let act = [BlockQ8_0U::from(&BlockQ8_0::default())];
+    let xs: [&[BlockQ8_0U]; 9] = [&act; 9];
+    v.dot_q8_0_tokens(&row, &xs, &mut [0.0; 9]);
 }

@@ -19,7 +19,7 @@ use super::error::ApiError;
 use super::hooks::Hooks;
 use super::respond::{Finish, ResponseMeta, Usage};
 use crate::limits::Admission;
-use crate::metrics::{Metrics, TenantLabels, TokenLabels};
+use crate::metrics::{Metrics, OpenStream, TenantLabels, TokenLabels};
 use crate::upstream::UpstreamError;
 
 /// A piece of the generation as the HTTP layer sees it.
@@ -41,6 +41,8 @@ pub struct Generation {
     metrics: Arc<Metrics>,
     started_at: Instant,
     first_text_seen: bool,
+    /// Counted in `bulkhead_upstream_streams_open` while this lives.
+    _open: OpenStream,
 }
 
 impl std::fmt::Debug for Generation {
@@ -85,6 +87,7 @@ impl Generation {
                 kind: "prompt",
             })
             .inc_by(u64::from(prompt_tokens));
+        let open = context.metrics.open_stream(&context.tenant);
         Generation {
             events,
             admission,
@@ -97,6 +100,7 @@ impl Generation {
             metrics: context.metrics,
             started_at: context.started_at,
             first_text_seen: false,
+            _open: open,
         }
     }
 

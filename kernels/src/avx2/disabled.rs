@@ -2,7 +2,7 @@
 //! always `None` and no method can ever run. Same API as the real one.
 #![forbid(unsafe_code)]
 
-use crate::quantize::{BlockQ8_0, BlockQ8_1, BlockQ8K};
+use crate::quantize::{BlockQ8_0, BlockQ8_0U, BlockQ8_1, BlockQ8K};
 
 /// Proof of AVX2 support, which this target can never have.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,9 +18,23 @@ impl Avx2 {
     }
 }
 
+/// Proof of AVX-512 VNNI support, which this target can never have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vnni {}
+
+impl Vnni {
+    /// Most tokens one `dot_*_tokens` call takes.
+    pub const MAX_TOKENS: usize = 8;
+
+    /// Always `None`: this target is not x86-64.
+    pub fn detect() -> Option<Vnni> {
+        None
+    }
+}
+
 macro_rules! unreachable_methods {
-    ($($name:ident(self $(, $arg:ident: $ty:ty)*) $(-> $ret:ty)?;)*) => {
-        impl Avx2 {
+    ($token:ident: $($name:ident(self $(, $arg:ident: $ty:ty)*) $(-> $ret:ty)?;)*) => {
+        impl $token {
             $(
                 #[allow(unused_variables)]
                 pub fn $name(self $(, $arg: $ty)*) $(-> $ret)? {
@@ -32,6 +46,13 @@ macro_rules! unreachable_methods {
 }
 
 unreachable_methods! {
+    Vnni:
+    dot_q8_0_tokens(self, w: &[u8], x: &[&[BlockQ8_0U]], out: &mut [f32]);
+    dot_q4_0_tokens(self, w: &[u8], x: &[&[BlockQ8_0U]], out: &mut [f32]);
+}
+
+unreachable_methods! {
+    Avx2:
     dot_f32(self, w: &[u8], x: &[f32]) -> f32;
     dot_f16(self, w: &[u8], x: &[f32]) -> f32;
     dot_bf16(self, w: &[u8], x: &[f32]) -> f32;

@@ -28,7 +28,7 @@ use bulkhead_gpu_host::engine::{
 use bulkhead_gpu_host::gguf::Gguf;
 use bulkhead_gpu_host::gguf::Value;
 use bulkhead_gpu_host::gguf::writer::GgufWriter;
-use bulkhead_kernels::GgmlType;
+use bulkhead_kernels::{GgmlType, Isa};
 
 const DIM: usize = 768;
 const LAYERS: usize = 12;
@@ -42,6 +42,7 @@ struct Args {
     max_tokens: usize,
     concurrency: Vec<usize>,
     weights: GgmlType,
+    isas: Vec<Isa>,
 }
 
 fn args() -> Args {
@@ -51,6 +52,7 @@ fn args() -> Args {
         max_tokens: 64,
         concurrency: vec![1, 4, 16, 32],
         weights: GgmlType::Q8_0,
+        isas: vec![Isa::detect()],
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -71,6 +73,17 @@ fn args() -> Args {
                     "f32" => GgmlType::F32,
                     _ => panic!("--weights q8_0|f32"),
                 }
+            }
+            "--isa" => {
+                a.isas = value
+                    .split(',')
+                    .map(|isa| match isa {
+                        "scalar" => Isa::Scalar,
+                        "avx2" => Isa::Avx2,
+                        "avx512vnni" => Isa::Avx512Vnni,
+                        _ => panic!("--isa scalar|avx2|avx512vnni[,…]"),
+                    })
+                    .collect()
             }
             _ => panic!("unknown flag {flag}"),
         }
@@ -324,52 +337,74 @@ fn main() {
     let path = model_file(&out, a.weights);
     let model = Model::open(&path).unwrap();
     let tok = Tokenizer::from_metadata(model.gguf().metadata()).unwrap();
-    let backend = CpuBackend::new(a.threads).unwrap();
+    let backends: Vec<CpuBackend> = a
+        .isas
+        .iter()
+        .map(|&isa| {
+            CpuBackend::with_isa(a.threads, isa).unwrap_or_else(|e| panic!("--isa {isa:?}: {e}"))
+        })
+        .collect();
     let bytes = std::fs::metadata(&path).unwrap().len();
+    let names: Vec<String> = backends.iter().map(|b| b.name()).collect();
     println!(
-        "model {} ({:.0} MB, {} layers, dim {}, ffn {}), backend {} × {} threads, max_tokens {}, repeats {} (median)",
+        "model {} ({:.0} MB, {} layers, dim {}, ffn {}), backends {} × {} threads, max_tokens {}, repeats {} (median)",
         path.display(),
         bytes as f64 / 1e6,
         LAYERS,
         DIM,
         FFN,
-        backend.name(),
+        names.join(", "),
         a.threads,
         a.max_tokens,
         a.repeats
     );
-    // Warm-up: page in the weights, start the pool's threads.
-    alone(&model, &tok, &backend, 8);
-    let one_at_a_time = median(
-        (0..a.repeats)
-            .map(|_| alone(&model, &tok, &backend, a.max_tokens))
-            .collect(),
-    );
-    println!("one at a time (generate, contiguous cache): {one_at_a_time:.1} tok/s");
-    let chunks: Vec<String> = [1, 16, 64, 256]
-        .iter()
-        .map(|&n| {
-            let ms = median(
-                (0..a.repeats)
-                    .map(|_| chunk_ms(&model, &backend, n))
-                    .collect(),
-            );
-            format!("{n}: {ms:.0} ms")
-        })
-        .collect();
-    println!("one forward call of N prompt tokens: {}", chunks.join(", "));
-    println!("| concurrent | decode tok/s (total) | per sequence | vs one at a time |");
-    println!("|---:|---:|---:|---:|");
-    for &n in &a.concurrency {
-        let rate = median(
-            (0..a.repeats)
-                .map(|_| batched(&model, &tok, &backend, n, a.max_tokens))
-                .collect(),
-        );
+    for b in &backends {
+        // Warm-up: page in the weights, start the pool's threads.
+        alone(&model, &tok, b, 8);
+        let chunks: Vec<String> = [1, 16, 64, 256]
+            .iter()
+            .map(|&n| format!("{n}: {:.0} ms", chunk_ms(&model, b, n)))
+            .collect();
         println!(
-            "| {n} | {rate:.1} | {:.1} | {:.2}x |",
-            rate / n as f64,
-            rate / one_at_a_time
+            "{}: one forward call of N prompt tokens: {}",
+            b.name(),
+            chunks.join(", ")
         );
+    }
+    // Each repeat runs one at a time and then every concurrency, for every
+    // backend in turn, so drift in the machine's load lands on all alike;
+    // the ratio is taken within a repeat, then the median over repeats.
+    let (n_b, n_c) = (backends.len(), a.concurrency.len());
+    let mut alone_rates = vec![Vec::new(); n_b];
+    let mut rates = vec![vec![Vec::new(); n_c]; n_b];
+    let mut ratios = vec![vec![Vec::new(); n_c]; n_b];
+    for _ in 0..a.repeats {
+        for (i, b) in backends.iter().enumerate() {
+            let one = alone(&model, &tok, b, a.max_tokens);
+            alone_rates[i].push(one);
+            for (j, &n) in a.concurrency.iter().enumerate() {
+                let rate = batched(&model, &tok, b, n, a.max_tokens);
+                rates[i][j].push(rate);
+                ratios[i][j].push(rate / one);
+            }
+        }
+    }
+    println!("| backend | concurrent | decode tok/s (total) | per sequence | vs one at a time |");
+    println!("|---|---:|---:|---:|---:|");
+    for (i, b) in backends.iter().enumerate() {
+        let one = median(alone_rates[i].clone());
+        println!(
+            "| {} | one at a time (`generate`) | {one:.1} | {one:.1} | 1.00x |",
+            b.name()
+        );
+        for (j, &n) in a.concurrency.iter().enumerate() {
+            let rate = median(rates[i][j].clone());
+            println!(
+                "| {} | {n} | {rate:.1} | {:.1} | {:.2}x |",
+                b.name(),
+                rate / n as f64,
+                median(ratios[i][j].clone())
+            );
+        }
     }
 }

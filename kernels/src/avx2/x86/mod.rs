@@ -4,8 +4,9 @@ mod dot;
 mod dot_tokens;
 mod ops;
 mod simd;
+mod vnni;
 
-use crate::quantize::{BlockQ8_0, BlockQ8_1, BlockQ8K};
+use crate::quantize::{BlockQ8_0, BlockQ8_0U, BlockQ8_1, BlockQ8K};
 
 /// Proof that this CPU supports AVX2, FMA and F16C; the AVX2 kernels are its
 /// methods. `Copy` and zero-sized: pass it around freely.
@@ -183,6 +184,91 @@ impl Avx2 {
     /// Most tokens one `dot_*_tokens` call takes: four accumulators per
     /// kernel still leave registers for the unpacked weights.
     pub const MAX_TOKENS: usize = 4;
+}
+
+/// Proof that this CPU has, beyond [`Avx2`]'s features, AVX-512 VNNI with
+/// its 256-bit forms (avx512f, avx512vl, avx512vnni): the multi-token Q8_0
+/// and Q4_0 kernels of `vnni.rs` are its methods. `Copy` and zero-sized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Vnni {
+    _proof: (),
+}
+
+impl Vnni {
+    /// Most tokens one `dot_*_tokens` call takes: two accumulators for each
+    /// of eight tokens fit in AVX512VL's 32 vector registers.
+    pub const MAX_TOKENS: usize = 8;
+
+    /// The token, if this CPU has avx2, fma, f16c, avx512f, avx512vl and
+    /// avx512vnni.
+    pub fn detect() -> Option<Vnni> {
+        Avx2::detect()?;
+        let ok = std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512vnni");
+        ok.then_some(Vnni { _proof: () })
+    }
+}
+
+/// Safe wrappers for the VNNI kernels, as `token_dots` with up to
+/// [`Vnni::MAX_TOKENS`] tokens.
+macro_rules! vnni_token_dots {
+    ($($(#[$doc:meta])* $name:ident($bytes_per:expr) => $kernel:path;)*) => {
+        impl Vnni {
+            $(
+                $(#[$doc])*
+                pub fn $name(self, w: &[u8], x: &[&[BlockQ8_0U]], out: &mut [f32]) {
+                    assert_eq!(
+                        x.len(),
+                        out.len(),
+                        concat!(stringify!($name), ": token and output counts differ")
+                    );
+                    for xt in x {
+                        assert_eq!(
+                            w.len(),
+                            xt.len() * $bytes_per,
+                            concat!(stringify!($name), ": row bytes and activations disagree")
+                        );
+                    }
+                    // SAFETY: `self` exists only if avx2, fma, f16c, avx512f,
+                    // avx512vl and avx512vnni were detected.
+                    unsafe {
+                        match *x {
+                            [] => {}
+                            [a] => out.copy_from_slice(&$kernel(w, [a])),
+                            [a, b] => out.copy_from_slice(&$kernel(w, [a, b])),
+                            [a, b, c] => out.copy_from_slice(&$kernel(w, [a, b, c])),
+                            [a, b, c, d] => out.copy_from_slice(&$kernel(w, [a, b, c, d])),
+                            [a, b, c, d, e] => out.copy_from_slice(&$kernel(w, [a, b, c, d, e])),
+                            [a, b, c, d, e, f] => {
+                                out.copy_from_slice(&$kernel(w, [a, b, c, d, e, f]))
+                            }
+                            [a, b, c, d, e, f, g] => {
+                                out.copy_from_slice(&$kernel(w, [a, b, c, d, e, f, g]))
+                            }
+                            [a, b, c, d, e, f, g, h] => {
+                                out.copy_from_slice(&$kernel(w, [a, b, c, d, e, f, g, h]))
+                            }
+                            _ => panic!(
+                                concat!(stringify!($name), ": {} tokens, at most {} per call"),
+                                x.len(),
+                                Vnni::MAX_TOKENS
+                            ),
+                        }
+                    }
+                }
+            )*
+        }
+    };
+}
+
+vnni_token_dots! {
+    /// Q8_0 · up to eight offset Q8_0 rows; bit-identical to
+    /// [`Avx2::dot_q8_0`] on the same activations.
+    dot_q8_0_tokens(crate::blocks::Q8_0_BYTES) => vnni::q8_0_rows;
+    /// Q4_0 · up to eight offset Q8_0 rows; bit-identical to
+    /// [`Avx2::dot_q4_0`] on the same activations.
+    dot_q4_0_tokens(crate::blocks::Q4_0_BYTES) => vnni::q4_0_rows;
 }
 
 impl Avx2 {

@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use anyhow::Context;
-use bulkhead_protocol::v1::GenerateRequest;
+use bulkhead_protocol::v1::{GenerateRequest, HealthRequest};
 use bulkhead_protocol::v1::generate_event::Event;
 use bulkhead_protocol::v1::generate_request::Prompt;
 use bulkhead_protocol::v1::gpu_host_client::GpuHostClient;
@@ -90,4 +90,34 @@ fn status_failure(status: tonic::Status) -> Failure {
         kind: format!("grpc:{:?}", status.code()),
         detail: status.message().to_string(),
     }
+}
+
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// The gpu-host: `unix:PATH` (a `tcp:` host needs a bearer secret, which
+    /// this tool does not send).
+    #[arg(long)]
+    target: Target,
+}
+
+/// One `GpuHost.Health` call, as a JSON line (the soak bench samples it).
+pub async fn health(args: &HealthArgs) -> anyhow::Result<String> {
+    let channel = connect(&args.target)
+        .await
+        .with_context(|| format!("connecting to {}", args.target))?;
+    let health = GpuHostClient::new(channel)
+        .health(HealthRequest {})
+        .await
+        .context("GpuHost.Health")?
+        .into_inner();
+    Ok(serde_json::json!({
+        "serving": health.serving,
+        "models": health.models,
+        "queued": health.queued,
+        "queue_capacity": health.queue_capacity,
+        "workers": health.workers,
+        "running": health.running,
+        "max_running": health.max_running,
+    })
+    .to_string())
 }

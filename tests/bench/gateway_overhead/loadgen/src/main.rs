@@ -1,6 +1,7 @@
 //! Closed-loop load generator for `tests/bench/gateway_overhead`: N workers
 //! send requests back to back for a fixed time after a warm-up, every latency
-//! is kept, and one JSON line per run goes to stdout.
+//! is kept, and one JSON line per run goes to stdout. `health` (no load)
+//! prints a gpu-host's `Health` as JSON for `tests/bench/soak`.
 
 #![forbid(unsafe_code)]
 
@@ -51,6 +52,8 @@ enum Mode {
     Grpc(grpc::GrpcArgs),
     /// `POST` an OpenAI completion with `max_tokens: 1` over HTTP/1.1 keep-alive.
     Http(http::HttpArgs),
+    /// No load: one `GpuHost.Health` call, printed as a JSON line.
+    Health(grpc::HealthArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -83,6 +86,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Mode::Http(args) => {
             let workers = http::workers(args, &cli.load.prompt, cli.load.concurrency).await?;
             ("http", driver::run(workers, &plan).await?)
+        }
+        Mode::Health(args) => {
+            println!("{}", grpc::health(args).await?);
+            return Ok(());
         }
     };
     let summary = stats::Summary::new(samples, plan.duration);

@@ -156,6 +156,7 @@ impl Generation {
                         .latency
                         .get_or_create(&self.tenant_labels())
                         .observe(self.started_at.elapsed().as_secs_f64());
+                    self.read_to_end().await;
                     return Ok(Piece::Finished(finish, usage));
                 }
                 Some(generate_event::Event::Started(_)) => {
@@ -166,6 +167,18 @@ impl Generation {
                 None => return Err(ended_early()),
             }
         }
+    }
+
+    /// Reads the stream's end (the gRPC trailers, sent right after
+    /// `Finished`) so it closes cleanly: dropping it first would cancel it
+    /// (RST_STREAM) and leave the host's trailers to arrive for a stream
+    /// the connection has to remember as reset. Bounded, and whatever it
+    /// finds is ignored: the generation is already complete.
+    async fn read_to_end(&mut self) {
+        let until = self
+            .deadline
+            .min(tokio::time::Instant::now() + TRAILERS_WAIT);
+        let _ = tokio::time::timeout_at(until, self.events.trailers()).await;
     }
 
     fn tenant_labels(&self) -> TenantLabels {
@@ -280,6 +293,9 @@ impl Generation {
         .flat_map(|events| futures_util::stream::iter(events.into_iter().map(Ok)))
     }
 }
+
+/// How long a finished generation waits for the host's trailers.
+const TRAILERS_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 fn ended_early() -> ApiError {
     ApiError::from(UpstreamError::Unavailable(

@@ -59,25 +59,44 @@ pub fn bearer_value(secret: &str) -> String {
     format!("Bearer {secret}")
 }
 
+/// Streams this client remembers having reset (cancelled) while the host's
+/// frames for them may still arrive. h2's default, 10, is far below the
+/// streams one gateway cancels at once (client disconnects, up to every
+/// stream in flight): a frame for a stream pushed out of that memory counts
+/// as a protocol error, and after 1,024 of those over a connection's life
+/// h2 closes it (ENHANCE_YOUR_CALM, "locally-reset streams reached limit"),
+/// failing every request in flight — seen in `tests/bench/gateway_overhead`
+/// at concurrency 64. Each remembered stream is a few hundred bytes.
+const MAX_REMEMBERED_RESET_STREAMS: usize = 16_384;
+
+/// How long a reset stream is remembered: the host's frames in flight for it
+/// arrive within milliseconds on a local socket or a LAN.
+const RESET_STREAM_MEMORY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Every channel's settings, for `uri`.
+fn endpoint(uri: Endpoint) -> Endpoint {
+    uri.http2_max_concurrent_reset_streams(MAX_REMEMBERED_RESET_STREAMS)
+        .http2_reset_stream_duration(RESET_STREAM_MEMORY)
+}
+
 /// A channel to a gpu-host that connects on first use and reconnects after
 /// the connection breaks (a restarted host on the same socket is found again);
 /// while nothing listens, calls fail with `UNAVAILABLE`.
 pub fn connect_lazy(target: &Target) -> Result<Channel, ConnectError> {
     match target {
-        Target::Tcp(addr) => Ok(Endpoint::from_shared(format!("http://{addr}"))?.connect_lazy()),
+        Target::Tcp(addr) => {
+            Ok(endpoint(Endpoint::from_shared(format!("http://{addr}"))?).connect_lazy())
+        }
         Target::Unix(path) => {
             let path = path.clone();
-            Ok(
-                Endpoint::from_static("http://gpu-host.invalid").connect_with_connector_lazy(
-                    tower::service_fn(move |_| {
-                        let path = path.clone();
-                        async move {
-                            let stream = tokio::net::UnixStream::connect(path).await?;
-                            Ok::<_, std::io::Error>(TokioIo::new(stream))
-                        }
-                    }),
-                ),
-            )
+            Ok(endpoint(Endpoint::from_static("http://gpu-host.invalid"))
+                .connect_with_connector_lazy(tower::service_fn(move |_| {
+                    let path = path.clone();
+                    async move {
+                        let stream = tokio::net::UnixStream::connect(path).await?;
+                        Ok::<_, std::io::Error>(TokioIo::new(stream))
+                    }
+                })))
         }
     }
 }
@@ -85,13 +104,13 @@ pub fn connect_lazy(target: &Target) -> Result<Channel, ConnectError> {
 /// Opens a channel to a gpu-host (one connection attempt; callers retry).
 pub async fn connect(target: &Target) -> Result<Channel, ConnectError> {
     match target {
-        Target::Tcp(addr) => Ok(Endpoint::from_shared(format!("http://{addr}"))?
+        Target::Tcp(addr) => Ok(endpoint(Endpoint::from_shared(format!("http://{addr}"))?)
             .connect()
             .await?),
         Target::Unix(path) => {
             let path = path.clone();
             // The URI is required by the API but unused: the connector decides where to go.
-            let channel = Endpoint::from_static("http://gpu-host.invalid")
+            let channel = endpoint(Endpoint::from_static("http://gpu-host.invalid"))
                 .connect_with_connector(tower::service_fn(move |_| {
                     let path = path.clone();
                     async move {

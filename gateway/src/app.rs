@@ -15,7 +15,9 @@ use crate::audit::{Actor, Audit, AuditError, AuditLog, AuditSettings, Event, Out
 use crate::auth::Verifiers;
 use crate::limits::Limiters;
 use crate::metrics::{Metrics, ResultLabels};
-use crate::plugins::{PluginEngine, PluginEngineConfig, PluginError, PluginRegistry, StoreError};
+use crate::plugins::{
+    HookGate, PluginEngine, PluginEngineConfig, PluginError, PluginRegistry, StoreError,
+};
 use crate::policy::{self, GatewayPlugins, PolicyErrors, UpstreamSettings};
 use crate::registration::{ModelRegistry, RegistrationError};
 use crate::upstream::{
@@ -192,6 +194,7 @@ pub async fn serve(
         models,
         metrics,
         plugins,
+        plugin_gate: HookGate::new(gateway.plugins.max_concurrent_calls),
         audit,
     };
     let router = api::router(
@@ -325,13 +328,14 @@ fn warn_restart_only_changes(running: &policy::GatewaySettings, new: &policy::Ga
         || running.listen != new.listen
         || running.max_body_bytes != new.max_body_bytes
         || running.plugins.store != new.plugins.store
+        || running.plugins.max_concurrent_calls != new.plugins.max_concurrent_calls
         || running.audit != new.audit
         || running.models_registry != new.models_registry
     {
         tracing::warn!(
-            "gateway.toml changed listen, max_body_bytes, the upstream, the plugin store, \
-             the audit log or the model registry; those take effect at the next restart (the \
-             rest, models included, is live)"
+            "gateway.toml changed listen, max_body_bytes, the upstream, the plugin store or \
+             max_concurrent_calls, the audit log or the model registry; those take effect at \
+             the next restart (the rest, models included, is live)"
         );
     }
 }

@@ -89,6 +89,12 @@ fn plugin_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_01, 2.0, 17))
 }
 
+fn gate_histogram() -> Histogram {
+    // 1 µs … ~4 s: no wait at all is the common case; a wait is whole
+    // hook runs of other requests, up to their deadlines.
+    Histogram::new(exponential_buckets(0.000_001, 4.0, 12))
+}
+
 fn latency_histogram() -> Histogram {
     // 1 ms … ~65 s.
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
@@ -108,6 +114,7 @@ pub struct Metrics {
     pub policy_reloads: Family<ResultLabels, Counter>,
     pub plugin_calls: Family<PluginCallLabels, Counter>,
     pub plugin_duration: Histograms<HookLabels>,
+    pub plugin_gate_wait: Histograms<TenantLabels>,
     pub upstream_starts: Counter,
     pub upstream_ready: Gauge,
     pub plugin_uploads: Family<PluginUploadLabels, Counter>,
@@ -188,6 +195,14 @@ impl Metrics {
             "plugin_call_duration_seconds",
             "Time one plugin hook call took (instantiation included), by tenant and hook",
             plugin_duration.clone(),
+        );
+        let plugin_gate_wait: Histograms<TenantLabels> =
+            Family::new_with_constructor(gate_histogram);
+        registry.register(
+            "plugin_gate_wait_seconds",
+            "Time a plugin hook run waited for a slot of the gateway-wide cap on plugin code \
+             running at once (`[plugins] max_concurrent_calls`), by tenant",
+            plugin_gate_wait.clone(),
         );
         let upstream_starts = Counter::default();
         registry.register(
@@ -284,6 +299,7 @@ impl Metrics {
             policy_reloads,
             plugin_calls,
             plugin_duration,
+            plugin_gate_wait,
             upstream_starts,
             upstream_ready,
             plugin_uploads,

@@ -23,8 +23,10 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use super::error::ApiError;
 use super::openai::{Endpoint, InferenceRequest, MAX_MESSAGES, MAX_STOP, MAX_STOP_BYTES, Prompt};
 use super::respond::Finish;
-use crate::metrics::{HookLabels, Metrics, PluginCallLabels};
-use crate::plugins::{self, CallContext, CompiledPlugin, Hook, PluginCall, PluginError, Rejection};
+use crate::metrics::{HookLabels, Metrics, PluginCallLabels, TenantLabels};
+use crate::plugins::{
+    self, CallContext, CompiledPlugin, Hook, HookGate, PluginCall, PluginError, Rejection,
+};
 use crate::policy::{PluginSettings, TenantPlugins, TenantPolicy};
 
 /// Names the plugin behind a plugin error or rejection on the response.
@@ -39,6 +41,8 @@ pub struct Hooks {
     on_request: Vec<usize>,
     on_response: Vec<usize>,
     metrics: Arc<Metrics>,
+    /// Every hook run waits for a slot here first.
+    gate: Arc<HookGate>,
 }
 
 impl std::fmt::Debug for Hooks {
@@ -118,6 +122,7 @@ impl Hooks {
         chains: &TenantPlugins,
         lookup: impl Fn(&str) -> Option<CompiledPlugin>,
         metrics: &Arc<Metrics>,
+        gate: &Arc<HookGate>,
     ) -> Result<Option<Hooks>, ApiError> {
         if chains.is_empty() {
             return Ok(None);
@@ -161,6 +166,7 @@ impl Hooks {
             on_request,
             on_response,
             metrics: Arc::clone(metrics),
+            gate: Arc::clone(gate),
         }))
     }
 
@@ -175,13 +181,24 @@ impl Hooks {
     }
 
     /// Runs `f` on a blocking thread (hooks are synchronous and run up to
-    /// their deadline) and hands the hooks back.
+    /// their deadline) once the gate lets it, and hands the hooks back. The
+    /// pass goes along: the slot is held until `f` returns, also when the
+    /// request is dropped meanwhile.
     async fn blocking<T: Send + 'static>(
         mut self,
         f: impl FnOnce(&mut Hooks) -> T + Send + 'static,
     ) -> Result<(Hooks, T), ApiError> {
+        let queued = Instant::now();
+        let pass = self.gate.enter(&self.tenant).await;
+        self.metrics
+            .plugin_gate_wait
+            .get_or_create(&TenantLabels {
+                tenant: self.tenant.to_string(),
+            })
+            .observe(queued.elapsed().as_secs_f64());
         tokio::task::spawn_blocking(move || {
             let out = f(&mut self);
+            drop(pass);
             (self, out)
         })
         .await
@@ -606,11 +623,28 @@ mod tests {
     }
 
     fn hooks(on_request: &[&str], on_response: &[&str], deadline_ms: u64) -> Hooks {
-        Hooks::resolve(
+        hooks_on(
+            &HookGate::new(2),
             "acme",
+            on_request,
+            on_response,
+            deadline_ms,
+        )
+    }
+
+    fn hooks_on(
+        gate: &Arc<HookGate>,
+        tenant: &str,
+        on_request: &[&str],
+        on_response: &[&str],
+        deadline_ms: u64,
+    ) -> Hooks {
+        Hooks::resolve(
+            tenant,
             &chains(on_request, on_response, deadline_ms),
             |name| Some(compiled(name)),
             &Arc::new(Metrics::new()),
+            gate,
         )
         .expect("resolves")
         .expect("has plugins")
@@ -667,6 +701,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_hook_run_holds_its_gate_slot_until_the_guest_stops_even_if_the_request_is_gone() {
+        require_guests!();
+        let gate = HookGate::new(1);
+        let hostile = hooks_on(&gate, "attacker", &["hostile"], &[], 1_000);
+        let request =
+            InferenceRequest::parse(Endpoint::Completion, br#"{"model":"m","prompt":"loop"}"#)
+                .expect("valid");
+        let attack = tokio::spawn(hostile.on_request(request, Arc::new(rules()), "r".into()));
+        while gate.in_use() == 0 {
+            tokio::task::yield_now().await;
+        }
+        // The client goes away; the guest loops on to its deadline.
+        attack.abort();
+        assert!(attack.await.expect_err("aborted").is_cancelled());
+        assert_eq!(
+            gate.in_use(),
+            1,
+            "the looping guest still holds the only slot"
+        );
+
+        // Another tenant's hook waits for it, then runs.
+        let (_, request) = hooks_on(&gate, "acme", &["echo"], &[], 10_000)
+            .on_request(chat("hi"), Arc::new(rules()), "r2".into())
+            .await
+            .expect("passes");
+        assert_eq!(content(&request), "hi");
+        assert_eq!(gate.in_use(), 0);
+    }
+
+    #[tokio::test]
     async fn responses_and_streams_pass_through_the_response_chain() {
         require_guests!();
         let response = plugins::Response {
@@ -704,6 +768,7 @@ mod tests {
             &chains(&["guard"], &[], 50),
             |_| None,
             &Arc::new(Metrics::new()),
+            &HookGate::new(2),
         )
         .expect_err("missing");
         assert_eq!(error.status, StatusCode::BAD_GATEWAY);
@@ -718,6 +783,7 @@ mod tests {
             &TenantPlugins::default(),
             |_| None,
             &Arc::new(Metrics::new()),
+            &HookGate::new(2),
         );
         assert!(none.expect("no chain").is_none());
     }

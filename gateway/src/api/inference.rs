@@ -154,6 +154,7 @@ async fn serve(
         &tenant.plugins,
         |name| app.plugins.get(&tenant.id, name),
         &app.metrics,
+        &app.plugin_gate,
     )?;
 
     // Admitted.

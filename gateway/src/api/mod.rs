@@ -60,6 +60,9 @@ pub struct App {
     /// Tenant plugins: the request path reads them with `get`; the plugin
     /// API (`plugins.rs`) uploads and deletes them.
     pub plugins: PluginRegistry,
+    /// The cap on plugin code running at once (`[plugins]
+    /// max_concurrent_calls`), shared fairly by tenants.
+    pub plugin_gate: Arc<crate::plugins::HookGate>,
     /// The audit log: control-plane actions append to it, the admin API
     /// (`audit.rs`) reads it. Never touched by the inference path.
     pub audit: crate::audit::Audit,

@@ -16,12 +16,15 @@
 //!
 //! The HTTP layer sees only the plain types here ([`Request`],
 //! [`Response`], [`Rejection`], …); the generated bindings stay inside.
-//! Calls are synchronous: run them on a blocking thread.
+//! Calls are synchronous: run them on a blocking thread, each holding a
+//! [`GatePass`] from the gateway's [`HookGate`] (the cap on plugin code
+//! running at once, fair between tenants).
 
 mod bindings;
 mod call;
 mod engine;
 mod error;
+mod gate;
 mod host;
 mod limits;
 mod store;
@@ -36,6 +39,7 @@ pub(crate) mod tests;
 pub use call::{CallContext, PluginCall};
 pub use engine::{CompiledPlugin, PluginDigest, PluginEngine, PluginEngineConfig};
 pub use error::{Hook, PluginError};
+pub use gate::{GatePass, HookGate, MAX_GATE_SLOTS, default_gate_slots};
 pub use host::{LogStats, PluginConfig};
 pub use limits::*;
 pub use store::{

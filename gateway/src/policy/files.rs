@@ -72,6 +72,10 @@ pub struct PluginsGatewayFile {
     /// `[plugins.maximums]`: the most any tenant's `[plugins.limits.NAME]`
     /// may set; unset fields are the plugin host's ceilings.
     pub maximums: Option<PluginLimitsFile>,
+    /// Most plugin hook runs at once, all tenants together (each may burn
+    /// a core up to its deadline). Default: the cores minus one, at least
+    /// one. Read at start only.
+    pub max_concurrent_calls: Option<Spanned<u64>>,
 }
 
 /// `[upstream]` in `gateway.toml`.

@@ -101,6 +101,8 @@ pub struct GatewayPlugins {
     /// The most any tenant may give one plugin; the defaults are clamped to
     /// these too.
     pub maximums: PluginLimits,
+    /// Most hook runs at once, gateway-wide (`plugins::HookGate`).
+    pub max_concurrent_calls: usize,
 }
 
 impl Default for GatewayPlugins {
@@ -108,6 +110,7 @@ impl Default for GatewayPlugins {
         GatewayPlugins {
             store: None,
             maximums: plugins::ceilings(),
+            max_concurrent_calls: crate::plugins::default_gate_slots(),
         }
     }
 }

@@ -255,10 +255,32 @@ fn check_plugins(
         Some(file) => super::plugins::check_maximums(source, file, errors),
         None => super::plugins::ceilings(),
     };
+    let max_concurrent_calls = match plugins.and_then(|p| p.max_concurrent_calls.as_ref()) {
+        None => crate::plugins::default_gate_slots(),
+        Some(calls) => {
+            let n = *calls.get_ref();
+            match usize::try_from(n) {
+                Ok(n @ 1..=crate::plugins::MAX_GATE_SLOTS) => n,
+                _ => {
+                    errors.push(source.error_at(
+                        calls.span(),
+                        format!(
+                            "`max_concurrent_calls` is {n}; it must be from 1 to {} (the \
+                             default, {}, leaves one of this machine's cores to the request path)",
+                            crate::plugins::MAX_GATE_SLOTS,
+                            crate::plugins::default_gate_slots()
+                        ),
+                    ));
+                    crate::plugins::default_gate_slots()
+                }
+            }
+        }
+    };
     let Some(store) = plugins.and_then(|p| p.store.as_ref()) else {
         return GatewayPlugins {
             store: None,
             maximums,
+            max_concurrent_calls,
         };
     };
     let path = lexically_normal(&dir.join(store.get_ref()));
@@ -280,6 +302,7 @@ fn check_plugins(
     GatewayPlugins {
         store: Some(path),
         maximums,
+        max_concurrent_calls,
     }
 }
 

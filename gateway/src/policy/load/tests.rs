@@ -907,6 +907,36 @@ fn the_plugin_store_resolves_against_the_folder_and_must_lie_outside_it() {
 }
 
 #[test]
+fn the_gateway_wide_plugin_call_cap_defaults_to_the_cores_minus_one_and_is_bounded() {
+    let folder = valid_folder();
+    assert_eq!(
+        load_ok(&folder).gateway.plugins.max_concurrent_calls,
+        crate::plugins::default_gate_slots()
+    );
+    folder.write(
+        "gateway.toml",
+        format!("{GATEWAY}\n[plugins]\nmax_concurrent_calls = 3\n"),
+    );
+    assert_eq!(load_ok(&folder).gateway.plugins.max_concurrent_calls, 3);
+
+    let line = GATEWAY.lines().count() + 3;
+    for bad in ["0", "1025"] {
+        folder.write(
+            "gateway.toml",
+            format!("{GATEWAY}\n[plugins]\nmax_concurrent_calls = {bad}\n"),
+        );
+        assert_eq!(
+            errors(&folder),
+            [format!(
+                "gateway.toml:{line}:24: `max_concurrent_calls` is {bad}; it must be from 1 to \
+                 1024 (the default, {}, leaves one of this machine's cores to the request path)",
+                crate::plugins::default_gate_slots()
+            )]
+        );
+    }
+}
+
+#[test]
 fn the_audit_log_resolves_against_the_folder_and_is_checked() {
     let folder = valid_folder();
     assert_eq!(load_ok(&folder).gateway.audit, None);

@@ -21,6 +21,10 @@ const SAMPLES: usize = 1500;
 /// Requests the attacking tenant may have in flight (its `max_concurrent`),
 /// and the threads it attacks with.
 const ATTACKER_CONCURRENCY: u32 = 2;
+/// Isolation runs this many rounds of `ROUND_SAMPLES` requests alone and
+/// then as many under attack: 3,000 of each in all.
+const ROUNDS: usize = 6;
+const ROUND_SAMPLES: usize = 500;
 
 /// A tenant with the demo tenant's dev keys, its own issuer, generous
 /// limits (so the limiter never refuses) and `plugins`.
@@ -137,42 +141,56 @@ fn plugin_overhead_and_isolation_through_the_gateway() {
         ms(p99_with) - ms(p99_without)
     );
 
-    // 2. Isolation: the benign tenant alone, then under attack.
-    let quiet: Vec<Duration> = (0..SAMPLES)
-        .map(|_| timed(&gateway, &plain, &body, 200))
-        .collect();
-    let stop = Arc::new(AtomicBool::new(false));
+    // 2. Isolation: the benign tenant alone, then under attack, in
+    //    alternating rounds so drift in the machine's load lands on both.
+    let (mut quiet, mut attacked) = (Vec::new(), Vec::new());
+    let mut round_ratios = Vec::new();
     let attacks = Arc::new(AtomicU64::new(0));
-    let attackers: Vec<_> = (0..ATTACKER_CONCURRENCY)
-        .map(|_| {
-            let (stop, attacks) = (Arc::clone(&stop), Arc::clone(&attacks));
-            let client = bulkhead_tests::Client::new(gateway.addr);
-            let token = attacker.clone();
-            thread::spawn(move || {
-                let body = completion("loop");
-                while !stop.load(Ordering::Relaxed) {
-                    let r = client.request("POST", "/v1/completions", Some(&token), Some(&body));
-                    assert!(r.status == 502 || r.status == 429, "{}", r.body);
-                    attacks.fetch_add(1, Ordering::Relaxed);
-                }
+    for _ in 0..ROUNDS {
+        let alone: Vec<Duration> = (0..ROUND_SAMPLES)
+            .map(|_| timed(&gateway, &plain, &body, 200))
+            .collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let started_with = attacks.load(Ordering::Relaxed);
+        let attackers: Vec<_> = (0..ATTACKER_CONCURRENCY)
+            .map(|_| {
+                let (stop, attacks) = (Arc::clone(&stop), Arc::clone(&attacks));
+                let client = bulkhead_tests::Client::new(gateway.addr);
+                let token = attacker.clone();
+                thread::spawn(move || {
+                    let body = completion("loop");
+                    while !stop.load(Ordering::Relaxed) {
+                        let r =
+                            client.request("POST", "/v1/completions", Some(&token), Some(&body));
+                        assert!(r.status == 502 || r.status == 429, "{}", r.body);
+                        attacks.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
             })
-        })
-        .collect();
-    // Let the attack reach its steady state.
-    while attacks.load(Ordering::Relaxed) < 4 {
-        thread::yield_now();
+            .collect();
+        // Let the attack reach its steady state.
+        while attacks.load(Ordering::Relaxed) < started_with + 2 {
+            thread::yield_now();
+        }
+        let under: Vec<Duration> = (0..ROUND_SAMPLES)
+            .map(|_| timed(&gateway, &plain, &body, 200))
+            .collect();
+        stop.store(true, Ordering::Relaxed);
+        for a in attackers {
+            a.join().unwrap();
+        }
+        let (_, alone99) = summary(alone.clone());
+        let (_, under99) = summary(under.clone());
+        round_ratios.push(under99.as_secs_f64() / alone99.as_secs_f64());
+        quiet.extend(alone);
+        attacked.extend(under);
     }
-    let attacked: Vec<Duration> = (0..SAMPLES)
-        .map(|_| timed(&gateway, &plain, &body, 200))
-        .collect();
-    stop.store(true, Ordering::Relaxed);
-    for a in attackers {
-        a.join().unwrap();
-    }
+    round_ratios.sort_by(f64::total_cmp);
     let (q50, q99) = summary(quiet);
     let (a50, a99) = summary(attacked);
     eprintln!(
-        "benign tenant alone:        median {:.3} ms, p99 {:.3} ms",
+        "benign tenant alone:        median {:.3} ms, p99 {:.3} ms ({ROUNDS} rounds of \
+         {ROUND_SAMPLES} requests)",
         ms(q50),
         ms(q99)
     );
@@ -183,5 +201,14 @@ fn plugin_overhead_and_isolation_through_the_gateway() {
         ms(a99),
         a99.as_secs_f64() / q99.as_secs_f64(),
         attacks.load(Ordering::Relaxed)
+    );
+    eprintln!(
+        "per-round p99 ratios (sorted): {}; median {:.2}",
+        round_ratios
+            .iter()
+            .map(|r| format!("{r:.2}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        round_ratios[round_ratios.len() / 2]
     );
 }

@@ -109,7 +109,7 @@ pub fn planning_device(
             )
         })?;
     let mi300 = ["gfx940", "gfx941", "gfx942"].contains(&props.arch());
-    let xcds = (mi300 && props.compute_units.is_multiple_of(MI300_XCDS)).then(|| XcdGrouping {
+    let xcds = (mi300 && props.compute_units.is_multiple_of(MI300_XCDS)).then_some(XcdGrouping {
         xcds: MI300_XCDS,
         cus_per_xcd: props.compute_units / MI300_XCDS,
     });

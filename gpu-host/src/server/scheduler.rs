@@ -161,13 +161,15 @@ pub(crate) fn run(
             }
         }
         // A step that panicked left its batch in an unknown state: drop it
-        // (each stream is told "generation failed"); other models go on.
+        // (each stream is told "generation failed" and why); other models
+        // go on.
         // On a device that is also how a failed launch or an allocation
         // past the partition's budget ends (the backend trait has no error
         // path): the message says which.
         for (i, why) in failed.into_iter().rev() {
-            let gone = batches.remove(i);
+            let mut gone = batches.remove(i);
             retire(&gone, &mut retired);
+            gone.batcher.fail_all(&why);
             eprintln!(
                 "model `{}` in partition {}: a batched step panicked, its batch is dropped: {why}",
                 gone.model.name, config.partition.id

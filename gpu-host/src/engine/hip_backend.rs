@@ -83,34 +83,36 @@ impl DeviceWeights {
         cache.values().map(|w| w.buffer.len).sum()
     }
 
-    /// Drops every cached weight (when models are unloaded).
+    /// Drops every cached weight (when models are unloaded). An op running
+    /// meanwhile keeps the weights it is using until it returns.
     pub fn clear(&self) {
         self.cache.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
-    /// The device address of a weight at host address `key.0` of `key.1`
-    /// bytes, uploading `bytes()` the first time (or when the weight at that
-    /// address is no longer the one cached: its ends differ).
+    /// The weight at host address `key.0` of `key.1` bytes on the device,
+    /// uploading `bytes()` the first time (or when the weight at that
+    /// address is no longer the one cached: its ends differ). The caller
+    /// holds it until its launch has finished, so a weight replaced or
+    /// cleared meanwhile (by another partition) is not freed under it.
     fn cached(
         &self,
         key: (usize, usize),
         fingerprint: Vec<u8>,
         bytes: impl FnOnce() -> Vec<u8>,
-    ) -> u64 {
+    ) -> Arc<DeviceBuffer> {
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         match cache.get(&key) {
-            Some(w) if w.fingerprint == fingerprint => w.buffer.addr,
+            Some(w) if w.fingerprint == fingerprint => Arc::clone(&w.buffer),
             _ => {
-                let buffer = DeviceBuffer::from_bytes(&self.device, &bytes());
-                let addr = buffer.addr;
+                let buffer = Arc::new(DeviceBuffer::from_bytes(&self.device, &bytes()));
                 cache.insert(
                     key,
                     CachedWeight {
-                        buffer,
+                        buffer: Arc::clone(&buffer),
                         fingerprint,
                     },
                 );
-                addr
+                buffer
             }
         }
     }
@@ -118,7 +120,7 @@ impl DeviceWeights {
 
 #[derive(Debug)]
 struct CachedWeight {
-    buffer: DeviceBuffer,
+    buffer: Arc<DeviceBuffer>,
     fingerprint: Vec<u8>,
 }
 
@@ -214,8 +216,9 @@ impl HipBackend {
         }
     }
 
-    /// Drops every cached weight (of every backend sharing the cache) and
-    /// this backend's KV mirrors (call when models are unloaded).
+    /// Drops every cached weight (of every backend sharing the cache; ops
+    /// running on them keep theirs until they return) and this backend's
+    /// KV mirrors (call when models are unloaded).
     pub fn forget_weights(&self) {
         self.weights.clear();
         *self.kv_mirrors.lock().unwrap_or_else(|p| p.into_inner()) = [None, None];
@@ -233,7 +236,7 @@ impl HipBackend {
     }
 
     /// A quantized or float weight matrix's bytes on the device.
-    fn weight(&self, bytes: &[u8]) -> u64 {
+    fn weight(&self, bytes: &[u8]) -> Arc<DeviceBuffer> {
         let fingerprint = ends(bytes, FINGERPRINT_BYTES);
         self.weights
             .cached((bytes.as_ptr() as usize, bytes.len()), fingerprint, || {
@@ -242,7 +245,7 @@ impl HipBackend {
     }
 
     /// A norm vector on the device.
-    fn weight_f32(&self, v: &[f32]) -> u64 {
+    fn weight_f32(&self, v: &[f32]) -> Arc<DeviceBuffer> {
         let fingerprint = f32_bytes(&ends(v, FINGERPRINT_BYTES / 4));
         self.weights
             .cached((v.as_ptr() as usize, v.len() * 4), fingerprint, || {
@@ -274,8 +277,9 @@ impl HipBackend {
         let xd = DeviceBuffer::from_f32(&self.device, x);
         let acts = quant.map(|q| self.quantize(&xd, q, n_tokens, w.cols));
         let od = DeviceBuffer::alloc(&self.device, out.len() * 4);
+        let wd = self.weight(w.data);
         let args = hip::MatArgs {
-            w: self.weight(w.data),
+            w: wd.addr,
             x: acts.as_ref().unwrap_or(&xd).addr,
             out: od.addr,
             row_bytes: w.row_bytes() as u64,
@@ -320,8 +324,9 @@ impl HipBackend {
     fn matmul_tiled(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]) {
         let xd = DeviceBuffer::from_f32(&self.device, x);
         let od = DeviceBuffer::alloc(&self.device, out.len() * 4);
+        let wd = self.weight(w.data);
         let args = hip::MatArgs {
-            w: self.weight(w.data),
+            w: wd.addr,
             x: xd.addr,
             out: od.addr,
             row_bytes: w.row_bytes() as u64,
@@ -482,8 +487,9 @@ impl Backend for HipBackend {
         );
         assert_eq!(out.len(), table.cols, "embedding: out is not one row");
         let od = DeviceBuffer::alloc(&self.device, out.len() * 4);
+        let td = self.weight(table.data);
         let args = hip::EmbeddingArgs {
-            table: self.weight(table.data),
+            table: td.addr,
             out: od.addr,
             row_bytes: table.row_bytes() as u64,
             token,
@@ -507,9 +513,10 @@ impl Backend for HipBackend {
             DeviceBuffer::alloc(&self.device, out.len() * 4),
         );
         let n_rows = x.len() / width;
+        let wd = self.weight_f32(weight);
         let args = hip::RmsNormArgs {
             x: xd.addr,
-            weight: self.weight_f32(weight),
+            weight: wd.addr,
             out: od.addr,
             n_rows: as_u32(n_rows, "rows"),
             width: as_u32(width, "width"),
@@ -723,5 +730,33 @@ fn ends<T: Copy>(v: &[T], n: usize) -> Vec<T> {
         v.to_vec()
     } else {
         [&v[..n], &v[v.len() - n..]].concat()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::budgeted::fake::MemoryOnly;
+
+    #[test]
+    fn a_weight_in_use_outlives_its_replacement_and_a_clear() {
+        let device = Arc::new(MemoryOnly::default());
+        let weights = DeviceWeights::new(device.clone());
+        let held = weights.cached((0x1000, 8), vec![1], || vec![1; 8]);
+        let again = weights.cached((0x1000, 8), vec![1], || panic!("uploaded twice"));
+        assert_eq!(held.addr, again.addr);
+        drop(again);
+        // Another weight at the same address (a model replaced), while an
+        // op of another partition still uses the first.
+        let replaced = weights.cached((0x1000, 8), vec![2], || vec![2; 8]);
+        assert_ne!(replaced.addr, held.addr);
+        assert_eq!(device.live(), 2, "the weight in use is not freed");
+        assert_eq!(weights.bytes(), 8, "only the new one is cached");
+        weights.clear();
+        assert_eq!((device.live(), weights.bytes()), (2, 0));
+        drop(held);
+        assert_eq!(device.live(), 1);
+        drop(replaced);
+        assert_eq!(device.live(), 0);
     }
 }

@@ -84,14 +84,17 @@ pub fn open_hip_partitions(
     }
 }
 
-/// XCDs of an MI300-class part (gfx940/941/942) in SPX mode: its CU mask
-/// interleaves them, bit `i` on XCD `i % 8`.
-const MI300_XCDS: u32 = 8;
+/// Active CUs of one XCD on MI300X, MI325X and MI300A (304 = 8 × 38,
+/// 228 = 6 × 38): how many XCDs a device of theirs spans, whole or in a
+/// DPX/QPX hardware partition (152 = 4 × 38, 76 = 2 × 38).
+const MI300_CUS_PER_XCD: u32 = 38;
 
-/// The planner's model of a device: its CUs (with the MI300 XCD grouping
-/// when the part is MI300-class and its CUs split evenly over 8 XCDs — in
-/// CPX mode a device is one XCD, and no grouping applies), its memory,
-/// and the model reservation: what `partition_memory_bytes` leaves.
+/// The planner's model of a device: its CUs, with the MI300 XCD grouping
+/// when the part is MI300-class (gfx940/941/942) and its CUs are whole
+/// XCDs of 38 — the CU mask then interleaves them, bit `i` on XCD
+/// `i % xcds` (on a whole MI325X `i % 8`); a CPX device is one XCD and
+/// needs no grouping — its memory, and the model reservation: what
+/// `partition_memory_bytes` leaves.
 pub fn planning_device(
     props: &DeviceProperties,
     partition_memory_bytes: u64,
@@ -109,10 +112,12 @@ pub fn planning_device(
             )
         })?;
     let mi300 = ["gfx940", "gfx941", "gfx942"].contains(&props.arch());
-    let xcds = (mi300 && props.compute_units.is_multiple_of(MI300_XCDS)).then_some(XcdGrouping {
-        xcds: MI300_XCDS,
-        cus_per_xcd: props.compute_units / MI300_XCDS,
-    });
+    let whole_xcds = props.compute_units / MI300_CUS_PER_XCD;
+    let xcds = (mi300 && props.compute_units.is_multiple_of(MI300_CUS_PER_XCD) && whole_xcds > 1)
+        .then_some(XcdGrouping {
+            xcds: whole_xcds,
+            cus_per_xcd: MI300_CUS_PER_XCD,
+        });
     let model = Device {
         name: label.to_string(),
         compute_units: props.compute_units,
@@ -144,6 +149,23 @@ mod tests {
     }
 
     #[test]
+    fn a_dpx_partition_is_4_xcds_of_38() {
+        let dpx = DeviceProperties {
+            compute_units: 152,
+            ..crate::hip::test_mi325x()
+        };
+        let (model, _) = planning_device(&dpx, 1 << 30).unwrap();
+        assert_eq!(
+            model.xcds,
+            Some(XcdGrouping {
+                xcds: 4,
+                cus_per_xcd: 38
+            })
+        );
+        assert_eq!(model.xcd(3).len(), 38);
+    }
+
+    #[test]
     fn a_cpx_partition_or_another_arch_has_no_xcd_grouping() {
         let cpx = DeviceProperties {
             compute_units: 38,
@@ -156,6 +178,12 @@ mod tests {
             ..crate::hip::test_mi325x()
         };
         assert_eq!(planning_device(&mi250, 1 << 30).unwrap().0.xcds, None);
+        // An MI300-class count that is not whole XCDs of 38 (a cut-down part).
+        let odd = DeviceProperties {
+            compute_units: 80,
+            ..crate::hip::test_mi325x()
+        };
+        assert_eq!(planning_device(&odd, 1 << 30).unwrap().0.xcds, None);
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! attention, per-row matvecs).
 //!
 //! `device_kernels_match_scalar_oracle` runs the kernel-level cases of
-//! kernels/tests/hip_cases on the device first.
+//! kernels/tests/hip_cases on the device first. The `partitions` cases run
+//! the same model on two partitions of one device (disjoint CU sets, each
+//! with its own stream and budget, one copy of the weights).
 //!
 //! Two devices run the same bodies:
 //! - the kernel emulator (`bulkhead_kernels::hip::emulator`: the kernels'
@@ -36,11 +38,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use bulkhead_gpu_host::engine::{
-    Backend, BatchEntry, CpuBackend, HipBackend, Logits, Model, argmax, open_hip_device,
+    Backend, BatchEntry, CpuBackend, HipBackend, Logits, Model, PartitionedDevice, StreamSource,
+    argmax, open_hip_device, open_hip_partitions,
 };
 use bulkhead_kernels::hip::KernelDevice;
 use bulkhead_kernels::hip::emulator::{Emulator, build_harness};
 use bulkhead_kernels::{GgmlType, QuantMatrix};
+use bulkhead_partition::{CuSet, Device};
 use serde::Deserialize;
 
 fn fixtures() -> PathBuf {
@@ -265,6 +269,200 @@ fn paged_batch_matches_cpu(device: Arc<dyn KernelDevice>, family: &str, ty: &str
             "{family} {ty} paged {what}: max rel {max_rel:.3e} ≥ {bound}"
         );
     }
+}
+
+/// Two partitions of `split` on disjoint CU sets (`a`, `b`): each one's
+/// logits match the CPU backend's (as [`logits_match_cpu`] checks), the
+/// weights are uploaded once for both and charged to the model
+/// reservation, and each partition's activations to its own budget (all
+/// given back when its ops return).
+fn partitions_match_cpu(split: &PartitionedDevice, a: &CuSet, b: &CuSet) {
+    assert!(a.is_disjoint(b), "the partitions must not share CUs");
+    let memory = 64 << 20;
+    let pa = split.partition("dedicated:a", a, memory).unwrap();
+    let pb = split.partition("dedicated:b", b, memory).unwrap();
+    let m = model("llama", "f32");
+    let r = reference("llama");
+    let prompt = &r.prompt_tokens[..PROMPT];
+    let cpu = CpuBackend::new(2).unwrap();
+    let (cpu_prefill, cpu_decode) = prefill_and_decode(&m, &cpu, prompt);
+    let mut weight_bytes = None;
+    for (name, p) in [("a", &pa), ("b", &pb)] {
+        let (prefill, decode) = prefill_and_decode(&m, &*p.backend, prompt);
+        let (max_rel, _) = error(&prefill, &cpu_prefill);
+        let (dmax_rel, _) = error(&decode, &cpu_decode);
+        eprintln!(
+            "partition {name} on {}: prefill max rel {max_rel:.2e}, decode {dmax_rel:.2e}",
+            p.backend.name()
+        );
+        assert!(max_rel < 1e-4, "partition {name} prefill: {max_rel:.3e}");
+        assert!(dmax_rel < 1e-4, "partition {name} decode: {dmax_rel:.3e}");
+        assert_eq!(argmax(&decode), argmax(&cpu_decode), "partition {name}");
+        assert_eq!(
+            p.budget.used_bytes(),
+            0,
+            "partition {name}: scratch given back"
+        );
+        let cached = split.weights().bytes();
+        assert_eq!(
+            *weight_bytes.get_or_insert(cached),
+            cached,
+            "uploaded again"
+        );
+    }
+    let cached = weight_bytes.unwrap() as u64;
+    assert!(cached > 0);
+    assert!(
+        split.weights_budget().used_bytes() >= cached,
+        "the weights are charged to the model reservation"
+    );
+}
+
+/// The emulator as a device of `compute_units` CUs: every CU set gets the
+/// same emulated device (it has no CUs to mask; the host code above it is
+/// what runs).
+#[derive(Debug)]
+struct EmulatorStreams(Arc<dyn KernelDevice>);
+
+impl StreamSource for EmulatorStreams {
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+
+    fn streams_for(&self, _cus: &CuSet) -> Result<Arc<dyn KernelDevice>, String> {
+        Ok(Arc::clone(&self.0))
+    }
+}
+
+/// The emulator split as an MI325X with 1 GiB, half of it for weights.
+fn emulated_split(d: Arc<dyn KernelDevice>) -> PartitionedDevice {
+    let device = Device {
+        memory_bytes: 1 << 30,
+        ..Device::mi325x()
+    };
+    PartitionedDevice::new(device, 512 << 20, Arc::new(EmulatorStreams(d))).unwrap()
+}
+
+#[test]
+fn emulated_partitions_match_cpu_sharing_one_copy_of_the_weights() {
+    on_emulator(|d| {
+        let split = emulated_split(d);
+        let device = split.device().clone();
+        partitions_match_cpu(&split, &device.xcd(0), &device.xcd(1));
+    });
+}
+
+/// On a real device: two partitions on disjoint CUs ([`two_halves`]), each
+/// on its own CU-masked stream.
+#[test]
+fn device_partitions_on_disjoint_cus_match_cpu() {
+    match open_hip_partitions(0, 1 << 30) {
+        Ok(split) => {
+            let (a, b) = two_halves(split.device());
+            partitions_match_cpu(&split, &a, &b);
+        }
+        Err(why) => skip_or_fail("HIP device", &why.to_string()),
+    }
+}
+
+/// Two disjoint CU sets of a real device: an XCD each on an MI300-class
+/// part, the lower and upper half of the CUs elsewhere.
+fn two_halves(device: &Device) -> (CuSet, CuSet) {
+    match device.xcds {
+        Some(_) => (device.xcd(0), device.xcd(1)),
+        None => {
+            let (n, half) = (device.compute_units, (device.compute_units / 2).max(1));
+            (CuSet::from_ids(n, 0..half), CuSet::from_ids(n, half..n))
+        }
+    }
+}
+
+/// Both partitions at once from two threads, `rounds` times each (on a
+/// real device: kernels on two CU-masked streams concurrently, frees
+/// waiting for running launches): each still matches the CPU as alone.
+fn partitions_running_at_once_match_cpu(split: &PartitionedDevice, rounds: usize) {
+    let (a, b) = two_halves(split.device());
+    let pa = split.partition("dedicated:a", &a, 64 << 20).unwrap();
+    let pb = split.partition("dedicated:b", &b, 64 << 20).unwrap();
+    let m = model("llama", "f32");
+    let r = reference("llama");
+    let prompt = &r.prompt_tokens[..PROMPT];
+    let cpu = CpuBackend::new(2).unwrap();
+    let (cpu_prefill, cpu_decode) = prefill_and_decode(&m, &cpu, prompt);
+    let results: Vec<(Vec<f32>, Vec<f32>)> = std::thread::scope(|scope| {
+        let runs: Vec<_> = [&pa, &pb]
+            .into_iter()
+            .map(|p| {
+                let m = &m;
+                scope.spawn(move || {
+                    let mut last = None;
+                    for _ in 0..rounds {
+                        last = Some(prefill_and_decode(m, &*p.backend, prompt));
+                    }
+                    last.expect("at least one round")
+                })
+            })
+            .collect();
+        runs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (prefill, decode)) in results.iter().enumerate() {
+        let (max_rel, _) = error(prefill, &cpu_prefill);
+        let (dmax_rel, _) = error(decode, &cpu_decode);
+        assert!(max_rel < 1e-4, "partition {i} prefill: {max_rel:.3e}");
+        assert!(dmax_rel < 1e-4, "partition {i} decode: {dmax_rel:.3e}");
+    }
+    assert_eq!((pa.budget.used_bytes(), pb.budget.used_bytes()), (0, 0));
+}
+
+#[test]
+fn device_partitions_running_at_once_match_cpu() {
+    match open_hip_partitions(0, 1 << 30) {
+        // Several rounds, so the two partitions' launches overlap.
+        Ok(split) => partitions_running_at_once_match_cpu(&split, 8),
+        Err(why) => skip_or_fail("HIP device", &why.to_string()),
+    }
+}
+
+#[test]
+fn emulated_partitions_running_at_once_match_cpu() {
+    on_emulator(|d| partitions_running_at_once_match_cpu(&emulated_split(d), 1));
+}
+
+/// A partition whose budget cannot hold an op's activations: the op fails
+/// with the budget's message (the backend trait has no error path, so as
+/// a panic, which the scheduler catches), and nothing stays charged.
+fn partition_past_its_budget_is_refused_naming_it(split: &PartitionedDevice) {
+    let (a, _) = two_halves(split.device());
+    let tiny = split.partition("dedicated:tiny", &a, 4096).unwrap();
+    let w = vec![0u8; 4 * 16 * 4];
+    let m = QuantMatrix::new(GgmlType::F32, &w, 4, 16).unwrap();
+    let mut out = vec![0.0f32; 4];
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tiny.backend.matmul(&m, &[1.0; 16], 1, &mut out);
+    }))
+    .expect_err("the output cannot fit a one-page budget the input fills");
+    let message = failed.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        message.contains(
+            "partition \"dedicated:tiny\" cannot allocate 16B: 4KiB of its 4KiB \
+             device-memory budget is in use, 0B left"
+        ),
+        "{message}"
+    );
+    assert_eq!(tiny.budget.used_bytes(), 0, "the input was given back");
+}
+
+#[test]
+fn device_partition_past_its_budget_is_refused_naming_it() {
+    match open_hip_partitions(0, 1 << 30) {
+        Ok(split) => partition_past_its_budget_is_refused_naming_it(&split),
+        Err(why) => skip_or_fail("HIP device", &why.to_string()),
+    }
+}
+
+#[test]
+fn emulated_partition_past_its_budget_is_refused_naming_it() {
+    on_emulator(|d| partition_past_its_budget_is_refused_naming_it(&emulated_split(d)));
 }
 
 fn on_emulator(case: impl FnOnce(Arc<dyn KernelDevice>)) {

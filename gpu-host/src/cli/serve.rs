@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use bulkhead_gpu_host::engine::{
-    BackendChoice, BackendPlan, ComputeBackend, DeviceLabel, HIP_ENGINE, open_hip_backend,
+    BackendChoice, BackendPlan, ComputeBackend, DeviceLabel, HIP_ENGINE, open_hip_partitions,
     plan_backend,
 };
 use bulkhead_gpu_host::hip;
@@ -44,7 +44,9 @@ pub struct ServeArgs {
     /// MB, GB): the memory tenants' partitions split (each partition's
     /// share is a pool of 16-token blocks per model it serves). Default: a
     /// quarter of host memory, at most 4 GiB. Pages are only touched as
-    /// blocks are first used.
+    /// blocks are first used. With `--backend hip` it is also the device
+    /// memory the partitions' budgets split; the rest of the device's memory
+    /// is the model reservation the weights are charged to.
     #[arg(long, value_parser = parse_kv_memory)]
     kv_memory: Option<u64>,
     /// Requests that may wait to join a batch; more get RESOURCE_EXHAUSTED.
@@ -91,7 +93,8 @@ fn default_kv_memory() -> u64 {
 const DEFAULT_SCRUB_BYTES_PER_S: u64 = 64 << 20;
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
-    let compute = choose_backend(a.backend, a.hip_device)?;
+    let kv_memory_bytes = a.kv_memory.unwrap_or_else(default_kv_memory);
+    let compute = choose_backend(a.backend, a.hip_device, kv_memory_bytes)?;
     let auth_secret = a
         .auth_token_file
         .as_deref()
@@ -103,7 +106,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         threads: super::threads(a.threads),
         compute,
         max_batch: a.max_batch,
-        kv_memory_bytes: a.kv_memory.unwrap_or_else(default_kv_memory),
+        kv_memory_bytes,
         queue_capacity: a.queue_capacity,
         auth_secret,
         scrub: ScrubConfig {
@@ -139,7 +142,11 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
 
 /// Settles `--backend` before anything is loaded, with one line on
 /// stderr naming the backend (and why not HIP, when `auto` fell back).
-fn choose_backend(choice: BackendChoice, hip_device: usize) -> anyhow::Result<ComputeBackend> {
+fn choose_backend(
+    choice: BackendChoice,
+    hip_device: usize,
+    kv_memory_bytes: u64,
+) -> anyhow::Result<ComputeBackend> {
     let hip = match choice {
         // Not even asked: `--backend cpu` must work where the runtime misbehaves.
         BackendChoice::Cpu => hip::HipAvailability::NotBuilt,
@@ -158,14 +165,17 @@ fn choose_backend(choice: BackendChoice, hip_device: usize) -> anyhow::Result<Co
         }
         BackendPlan::Hip { device } => {
             let label = DeviceLabel::of(&device);
-            // The whole device for now: weights, activations and the KV
-            // mirrors of every partition (per-partition budgets come with
-            // per-partition streams).
-            let budget = hip::MemoryBudget::new(label.to_string(), device.total_memory_bytes);
-            let backend = open_hip_backend(device.ordinal, budget)
+            // `--kv-memory` of the device for the partitions (each one's
+            // streams on its CUs, its allocations charged to its budget);
+            // the rest is the model reservation the weights are charged to.
+            let split = open_hip_partitions(device.ordinal, kv_memory_bytes)
                 .with_context(|| format!("opening {label}"))?;
-            eprintln!("backend: hip ({label})");
-            ComputeBackend::Shared(Arc::new(backend))
+            eprintln!(
+                "backend: hip ({label}; {} for partitions, {} for weights)",
+                bulkhead_partition::format_bytes(kv_memory_bytes),
+                bulkhead_partition::format_bytes(split.model_reservation_bytes())
+            );
+            ComputeBackend::Device(Arc::new(split))
         }
     })
 }

@@ -7,6 +7,8 @@ use bulkhead_kernels::{
     AttentionShape, CpuKernels, Isa, KernelError, PagedSeq, PagedShape, QuantMatrix, RopeStyle,
 };
 
+use super::partitioned::PartitionedDevice;
+
 /// RoPE parameters shared by every call in a model.
 #[derive(Clone, Copy, Debug)]
 pub struct RopeParams {
@@ -59,10 +61,10 @@ pub enum ComputeBackend {
     /// pinned with the partition's scheduler to its cores.
     #[default]
     Cpu,
-    /// One backend every partition shares: a HIP device. Per-partition
-    /// CU-masked streams and memory budgets on it are the next step; until
-    /// then partitions share its compute and split only the KV memory.
-    Shared(Arc<dyn Backend>),
+    /// A device the partitions split: each partition's scheduler gets a
+    /// backend of its own from it (streams on the partition's CUs, a
+    /// budget of its memory), all reading one copy of the weights.
+    Device(Arc<PartitionedDevice>),
 }
 
 /// The CPU backend: AVX2/FMA kernels when the processor has them, scalar otherwise.

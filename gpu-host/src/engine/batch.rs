@@ -103,6 +103,11 @@ pub enum SequenceError {
     Generate(#[from] GenerateError),
     #[error("KV accounting: {0}")]
     Accounting(PartitionError),
+    /// A step of its batch failed past recovery (on a device: a failed
+    /// launch, or an allocation past the partition's budget) and the batch
+    /// was dropped; the text is the failure's own.
+    #[error("generation failed: {0}")]
+    StepFailed(String),
 }
 
 /// Limits of one batcher.
@@ -467,6 +472,16 @@ impl Batcher {
             self.enqueue(key);
         }
         Ok(ran)
+    }
+
+    /// Tells every sequence, waiting or running, that its generation
+    /// failed with `why`, and forgets them all: for a batch whose step
+    /// panicked, which is dropped next (its pool is in an unknown state).
+    pub fn fail_all(&mut self, why: &str) {
+        for (_, mut s) in std::mem::take(&mut self.sequences) {
+            s.sink
+                .finished(Err(SequenceError::StepFailed(why.to_string())));
+        }
     }
 
     /// Ends sequences their sinks stop (client gone, model out of service):

@@ -8,17 +8,19 @@
 //! KV rows it reads) to the device and its result back. Only weights stay
 //! on the device: each weight slice (a resident model's tensor, or a norm
 //! vector) is uploaded the first time an op sees it and cached, keyed by
-//! its host address and length — weights are resident and read-only for
-//! as long as their model is loaded. Paged KV pools get a device mirror
-//! each, into which every attention call copies the blocks it reads (so a
-//! mirror kept for a pool that was freed and replaced at the same address
-//! never serves stale rows). Device-resident activations and KV blocks (a
-//! forward pass that stays on the device) are the next step; they need a
-//! backend interface above the per-op one.
+//! its host address and length, in a [`DeviceWeights`] that every
+//! partition's backend on the device shares — weights are resident and
+//! read-only for as long as their model is loaded. A paged attention call
+//! copies the KV blocks it reads into a pair of device mirrors (K and V)
+//! the backend keeps, sized to the largest pool seen. Device-resident
+//! activations and KV blocks (a forward pass that stays on the device) are
+//! the next step; they need a backend interface above the per-op one.
 //!
 //! The trait has no error path (the CPU backend cannot fail), so a device
-//! failure here — out of memory, a failed launch — panics with the device's
-//! message, as a shape mismatch does on the CPU.
+//! failure here — out of memory, an allocation past the partition's budget,
+//! a failed launch — panics with the device's message, as a shape mismatch
+//! does on the CPU; the partition's scheduler catches it, fails that
+//! model's batch and goes on.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -37,20 +39,88 @@ const ATTENTION_SPLIT_POSITIONS: u32 = 256;
 /// address apart (a model unloaded and another mapped where it was).
 const FINGERPRINT_BYTES: usize = 256;
 
-/// The HIP backend over one device.
+/// The HIP backend of one partition: launches (and activations, scratch
+/// and its KV mirrors) on `device` — on a GPU a view whose stream is
+/// limited to the partition's CUs and whose allocations are charged to the
+/// partition's budget — and weights from a [`DeviceWeights`] cache that
+/// every partition of the device shares.
 #[derive(Debug)]
 pub struct HipBackend {
     device: Arc<dyn KernelDevice>,
-    /// Weights on the device, by (host address, length).
-    weights: Mutex<HashMap<(usize, usize), CachedWeight>>,
-    /// Device mirrors of paged KV pools (one per layer's K and V), by host
-    /// (address, length); the blocks a call reads are re-copied each call.
-    kv_mirrors: Mutex<HashMap<(usize, usize), Arc<DeviceBuffer>>>,
+    weights: Arc<DeviceWeights>,
+    /// The device mirrors of the K and V pools of the paged call running
+    /// now, grown to the largest pool seen. Every call copies the blocks it
+    /// reads into them first, so one pair serves every layer's pools (and
+    /// a pool freed and replaced never leaves a mirror behind); the lock is
+    /// held for the whole call.
+    kv_mirrors: Mutex<[Option<DeviceBuffer>; 2]>,
+}
+
+/// Weights on the device, uploaded the first time an op sees them and
+/// shared read-only by every backend made with [`HipBackend::sharing`]:
+/// **one copy per device, however many partitions use the model.**
+#[derive(Debug)]
+pub struct DeviceWeights {
+    /// Where weights are allocated (on a GPU: charged to the model
+    /// reservation's budget, not to any partition's).
+    device: Arc<dyn KernelDevice>,
+    /// By (host address, length).
+    cache: Mutex<HashMap<(usize, usize), CachedWeight>>,
+}
+
+impl DeviceWeights {
+    /// An empty cache allocating on `device`.
+    pub fn new(device: Arc<dyn KernelDevice>) -> Arc<DeviceWeights> {
+        Arc::new(DeviceWeights {
+            device,
+            cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Bytes of weights on the device.
+    pub fn bytes(&self) -> usize {
+        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.values().map(|w| w.buffer.len).sum()
+    }
+
+    /// Drops every cached weight (when models are unloaded). An op running
+    /// meanwhile keeps the weights it is using until it returns.
+    pub fn clear(&self) {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// The weight at host address `key.0` of `key.1` bytes on the device,
+    /// uploading `bytes()` the first time (or when the weight at that
+    /// address is no longer the one cached: its ends differ). The caller
+    /// holds it until its launch has finished, so a weight replaced or
+    /// cleared meanwhile (by another partition) is not freed under it.
+    fn cached(
+        &self,
+        key: (usize, usize),
+        fingerprint: Vec<u8>,
+        bytes: impl FnOnce() -> Vec<u8>,
+    ) -> Arc<DeviceBuffer> {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        match cache.get(&key) {
+            Some(w) if w.fingerprint == fingerprint => Arc::clone(&w.buffer),
+            _ => {
+                let buffer = Arc::new(DeviceBuffer::from_bytes(&self.device, &bytes()));
+                cache.insert(
+                    key,
+                    CachedWeight {
+                        buffer: Arc::clone(&buffer),
+                        fingerprint,
+                    },
+                );
+                buffer
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
 struct CachedWeight {
-    buffer: DeviceBuffer,
+    buffer: Arc<DeviceBuffer>,
     fingerprint: Vec<u8>,
 }
 
@@ -128,85 +198,59 @@ fn grid_for(n: u64, per_block: u32) -> u32 {
 
 impl HipBackend {
     /// A backend launching on `device` (whose kernels must already be
-    /// loaded: the HIP runtime loads the code object of its architecture).
+    /// loaded: the HIP runtime loads the code object of its architecture),
+    /// with a weight cache of its own on the same device.
     pub fn new(device: Arc<dyn KernelDevice>) -> HipBackend {
+        let weights = DeviceWeights::new(Arc::clone(&device));
+        HipBackend::sharing(device, weights)
+    }
+
+    /// A backend launching and allocating its scratch on `device`, reading
+    /// weights from `weights` (which must be on the same device: one
+    /// address space).
+    pub fn sharing(device: Arc<dyn KernelDevice>, weights: Arc<DeviceWeights>) -> HipBackend {
         HipBackend {
             device,
-            weights: Mutex::new(HashMap::new()),
-            kv_mirrors: Mutex::new(HashMap::new()),
+            weights,
+            kv_mirrors: Mutex::new([None, None]),
         }
     }
 
-    /// Drops every cached weight and KV mirror (call when models are unloaded).
+    /// Drops every cached weight (of every backend sharing the cache; ops
+    /// running on them keep theirs until they return) and this backend's
+    /// KV mirrors (call when models are unloaded).
     pub fn forget_weights(&self) {
-        self.weights
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
-        self.kv_mirrors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        self.weights.clear();
+        *self.kv_mirrors.lock().unwrap_or_else(|p| p.into_inner()) = [None, None];
     }
 
-    /// The device mirror of a host KV pool, allocated the first time.
-    fn kv_mirror(&self, pool: &[f32]) -> Arc<DeviceBuffer> {
-        let key = (pool.as_ptr() as usize, pool.len());
-        let mut mirrors = self.kv_mirrors.lock().unwrap_or_else(|p| p.into_inner());
-        Arc::clone(
-            mirrors
-                .entry(key)
-                .or_insert_with(|| Arc::new(DeviceBuffer::alloc(&self.device, pool.len() * 4))),
-        )
-    }
-
-    /// Bytes of weights cached on the device.
+    /// Bytes of weights cached on the device (shared with every backend
+    /// using the same [`DeviceWeights`]).
     pub fn cached_weight_bytes(&self) -> usize {
-        let cache = self.weights.lock().unwrap_or_else(|p| p.into_inner());
-        cache.values().map(|w| w.buffer.len).sum()
+        self.weights.bytes()
     }
 
-    /// The device address of a weight at host address `key.0` of `key.1`
-    /// bytes, uploading `bytes()` the first time (or when the weight at that
-    /// address is no longer the one cached: its ends differ).
-    fn cached(
-        &self,
-        key: (usize, usize),
-        fingerprint: Vec<u8>,
-        bytes: impl FnOnce() -> Vec<u8>,
-    ) -> u64 {
-        let mut cache = self.weights.lock().unwrap_or_else(|p| p.into_inner());
-        match cache.get(&key) {
-            Some(w) if w.fingerprint == fingerprint => w.buffer.addr,
-            _ => {
-                let buffer = DeviceBuffer::from_bytes(&self.device, &bytes());
-                let addr = buffer.addr;
-                cache.insert(
-                    key,
-                    CachedWeight {
-                        buffer,
-                        fingerprint,
-                    },
-                );
-                addr
-            }
-        }
+    /// The weight cache this backend reads.
+    pub fn weights(&self) -> &Arc<DeviceWeights> {
+        &self.weights
     }
 
     /// A quantized or float weight matrix's bytes on the device.
-    fn weight(&self, bytes: &[u8]) -> u64 {
+    fn weight(&self, bytes: &[u8]) -> Arc<DeviceBuffer> {
         let fingerprint = ends(bytes, FINGERPRINT_BYTES);
-        self.cached((bytes.as_ptr() as usize, bytes.len()), fingerprint, || {
-            bytes.to_vec()
-        })
+        self.weights
+            .cached((bytes.as_ptr() as usize, bytes.len()), fingerprint, || {
+                bytes.to_vec()
+            })
     }
 
     /// A norm vector on the device.
-    fn weight_f32(&self, v: &[f32]) -> u64 {
+    fn weight_f32(&self, v: &[f32]) -> Arc<DeviceBuffer> {
         let fingerprint = f32_bytes(&ends(v, FINGERPRINT_BYTES / 4));
-        self.cached((v.as_ptr() as usize, v.len() * 4), fingerprint, || {
-            f32_bytes(v)
-        })
+        self.weights
+            .cached((v.as_ptr() as usize, v.len() * 4), fingerprint, || {
+                f32_bytes(v)
+            })
     }
 
     fn launch(&self, kernel: &str, grid: [u32; 3], threads: u32, args: &dyn KernelArgs) {
@@ -233,8 +277,9 @@ impl HipBackend {
         let xd = DeviceBuffer::from_f32(&self.device, x);
         let acts = quant.map(|q| self.quantize(&xd, q, n_tokens, w.cols));
         let od = DeviceBuffer::alloc(&self.device, out.len() * 4);
+        let wd = self.weight(w.data);
         let args = hip::MatArgs {
-            w: self.weight(w.data),
+            w: wd.addr,
             x: acts.as_ref().unwrap_or(&xd).addr,
             out: od.addr,
             row_bytes: w.row_bytes() as u64,
@@ -279,8 +324,9 @@ impl HipBackend {
     fn matmul_tiled(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]) {
         let xd = DeviceBuffer::from_f32(&self.device, x);
         let od = DeviceBuffer::alloc(&self.device, out.len() * 4);
+        let wd = self.weight(w.data);
         let args = hip::MatArgs {
-            w: self.weight(w.data),
+            w: wd.addr,
             x: xd.addr,
             out: od.addr,
             row_bytes: w.row_bytes() as u64,
@@ -441,8 +487,9 @@ impl Backend for HipBackend {
         );
         assert_eq!(out.len(), table.cols, "embedding: out is not one row");
         let od = DeviceBuffer::alloc(&self.device, out.len() * 4);
+        let td = self.weight(table.data);
         let args = hip::EmbeddingArgs {
-            table: self.weight(table.data),
+            table: td.addr,
             out: od.addr,
             row_bytes: table.row_bytes() as u64,
             token,
@@ -466,9 +513,10 @@ impl Backend for HipBackend {
             DeviceBuffer::alloc(&self.device, out.len() * 4),
         );
         let n_rows = x.len() / width;
+        let wd = self.weight_f32(weight);
         let args = hip::RmsNormArgs {
             x: xd.addr,
-            weight: self.weight_f32(weight),
+            weight: wd.addr,
             out: od.addr,
             n_rows: as_u32(n_rows, "rows"),
             width: as_u32(width, "width"),
@@ -566,9 +614,9 @@ impl Backend for HipBackend {
         self.attend(q, &kd, &vd, &[0], &vec![0; n_tokens], &row_pos, shape, out);
     }
 
-    /// Each pool has a device mirror of its size (kept between calls); the
-    /// blocks the sequences' tables name are copied into it each call, the
-    /// rest of it is never read.
+    /// The blocks the sequences' tables name are copied into the backend's
+    /// K and V mirrors (grown to the pool's size) each call; the rest of a
+    /// mirror is never read.
     fn attention_paged(
         &self,
         q: &[f32],
@@ -637,17 +685,27 @@ impl Backend for HipBackend {
         if rows == 0 {
             return;
         }
-        let (kd, vd) = (self.kv_mirror(k_pool), self.kv_mirror(v_pool));
+        let mut mirrors = self.kv_mirrors.lock().unwrap_or_else(|p| p.into_inner());
+        for mirror in mirrors.iter_mut() {
+            if mirror.as_ref().is_none_or(|m| m.len < k_pool.len() * 4) {
+                // The old one is freed first, so growing never needs both.
+                *mirror = None;
+                *mirror = Some(DeviceBuffer::alloc(&self.device, k_pool.len() * 4));
+            }
+        }
+        let [Some(kd), Some(vd)] = &*mirrors else {
+            unreachable!("both mirrors were just allocated")
+        };
         for (b, _) in used.iter().enumerate().filter(|(_, u)| **u) {
             let range = b * block_floats..(b + 1) * block_floats;
             let at = (b * block_floats * 4) as u64;
-            for (pool, dev) in [(k_pool, &*kd), (v_pool, &*vd)] {
+            for (pool, dev) in [(k_pool, kd), (v_pool, vd)] {
                 self.device
                     .write(dev.addr + at, &f32_bytes(&pool[range.clone()]))
                     .unwrap_or_else(|e| fail(e));
             }
         }
-        self.attend(q, &kd, &vd, &tables, &row_table, &row_pos, shape, out);
+        self.attend(q, kd, vd, &tables, &row_table, &row_pos, shape, out);
     }
 
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
@@ -672,5 +730,33 @@ fn ends<T: Copy>(v: &[T], n: usize) -> Vec<T> {
         v.to_vec()
     } else {
         [&v[..n], &v[v.len() - n..]].concat()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::budgeted::fake::MemoryOnly;
+
+    #[test]
+    fn a_weight_in_use_outlives_its_replacement_and_a_clear() {
+        let device = Arc::new(MemoryOnly::default());
+        let weights = DeviceWeights::new(device.clone());
+        let held = weights.cached((0x1000, 8), vec![1], || vec![1; 8]);
+        let again = weights.cached((0x1000, 8), vec![1], || panic!("uploaded twice"));
+        assert_eq!(held.addr, again.addr);
+        drop(again);
+        // Another weight at the same address (a model replaced), while an
+        // op of another partition still uses the first.
+        let replaced = weights.cached((0x1000, 8), vec![2], || vec![2; 8]);
+        assert_ne!(replaced.addr, held.addr);
+        assert_eq!(device.live(), 2, "the weight in use is not freed");
+        assert_eq!(weights.bytes(), 8, "only the new one is cached");
+        weights.clear();
+        assert_eq!((device.live(), weights.bytes()), (2, 0));
+        drop(held);
+        assert_eq!(device.live(), 1);
+        drop(replaced);
+        assert_eq!(device.live(), 0);
     }
 }

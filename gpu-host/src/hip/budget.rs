@@ -114,15 +114,16 @@ impl Drop for Reservation {
     }
 }
 
-/// A refused reservation.
+/// A refused reservation: whose budget, what was asked, what it held.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BudgetError {
     #[error(
         "partition {partition:?} cannot allocate {}: {} of its {} device-memory budget \
-         is in use",
+         is in use, {} left",
         format_bytes(*requested_bytes),
         format_bytes(*used_bytes),
-        format_bytes(*limit_bytes)
+        format_bytes(*limit_bytes),
+        format_bytes(limit_bytes.saturating_sub(*used_bytes))
     )]
     Exceeded {
         partition: String,
@@ -160,7 +161,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "partition \"tenant-a\" cannot allocate 512KiB: 768KiB of its 1MiB \
-             device-memory budget is in use"
+             device-memory budget is in use, 256KiB left"
         );
         assert_eq!(budget.used_bytes(), 768 << 10, "a refusal charges nothing");
         // Exactly what is left still fits.

@@ -1,6 +1,12 @@
 //! Compute-unit masks for `hipExtStreamCreateWithCUMask`: bit `i % 32` of
 //! word `i / 32` enables CU `i`. The partition manager's [`CuSet`] makes
 //! them; this checks one against the device before the runtime sees it.
+//!
+//! On MI300-class parts the runtime hands mask bits to XCDs round-robin:
+//! bit `i` is a CU of XCD `i % 8`. The partition manager's CU ids *are*
+//! mask bits (`bulkhead_partition::Device::xcd_of(i) == i % 8`), so the
+//! mask is the set's bits as they are, and a partition that owns an XCD
+//! owns every eighth bit — the tests below check that on real plans.
 
 use bulkhead_partition::CuSet;
 
@@ -60,6 +66,8 @@ pub fn cu_mask_for(set: &CuSet, compute_units: u32) -> Result<Vec<u32>, HipError
 
 #[cfg(test)]
 mod tests {
+    use bulkhead_partition::{Compute, Device, GpuRequest, Isolation, TenantRequest, plan};
+
     use super::*;
 
     fn message(result: Result<impl std::fmt::Debug, HipError>) -> String {
@@ -77,6 +85,99 @@ mod tests {
         assert!(cu_mask_for(&CuSet::full(304), 304).is_ok());
         // A shorter mask (the low CUs only) is allowed.
         assert!(check_cu_mask(&[0xff], 304).is_ok());
+    }
+
+    /// The XCDs a mask's bits land on (bit `i` → XCD `i % 8`), with the
+    /// number of bits on each: the hardware's rule, applied to the words
+    /// themselves rather than to the set they came from.
+    fn xcds_of(words: &[u32]) -> std::collections::BTreeMap<u32, u32> {
+        let mut xcds = std::collections::BTreeMap::new();
+        for (w, word) in words.iter().enumerate() {
+            for bit in 0..32 {
+                if word & (1 << bit) != 0 {
+                    *xcds.entry((w as u32 * 32 + bit) % 8).or_insert(0) += 1;
+                }
+            }
+        }
+        xcds
+    }
+
+    fn tenant(name: &str, isolation: Isolation, cus: u32, hbm_gib: u64) -> TenantRequest {
+        TenantRequest {
+            tenant: name.into(),
+            gpu: GpuRequest {
+                compute: Compute::Cus(cus),
+                hbm_bytes: Some(hbm_gib << 30),
+                isolation,
+                weight: 1,
+            },
+        }
+    }
+
+    #[test]
+    fn a_38_cu_dedicated_tenant_lands_on_exactly_one_xcd() {
+        let device = Device::mi325x();
+        let layout = plan(
+            &device,
+            16 << 30,
+            &[
+                tenant("acme", Isolation::Dedicated, 38, 20),
+                tenant("demo", Isolation::Shared, 10, 10),
+            ],
+        )
+        .unwrap();
+        let (acme, _) = layout.placement("acme").unwrap();
+        let words = cu_mask_for(&acme.cus, 304).unwrap();
+        assert_eq!(xcds_of(&words), [(0, 38)].into(), "all 38 bits on XCD 0");
+        // Every eighth bit from 0: 0x01010101 in each full word.
+        assert!(words[..9].iter().all(|w| *w == 0x0101_0101), "{words:x?}");
+        assert_eq!(words[9], 0x0101, "bits 288 and 296");
+        // The pool is the other seven XCDs, whole.
+        let pool = cu_mask_for(&layout.shared().unwrap().cus, 304).unwrap();
+        assert_eq!(xcds_of(&pool), (1..8).map(|k| (k, 38)).collect());
+        assert_eq!(
+            layout.shared().unwrap().whole_xcds,
+            (1..8).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn masks_of_a_mixed_plan_are_disjoint_cover_the_device_and_keep_xcds() {
+        let device = Device::mi325x();
+        let layout = plan(
+            &device,
+            16 << 30,
+            &[
+                tenant("acme", Isolation::Dedicated, 76, 40),
+                tenant("beta", Isolation::Dedicated, 40, 20),
+                tenant("gamma", Isolation::Dedicated, 38, 10),
+                tenant("demo", Isolation::Shared, 10, 10),
+            ],
+        )
+        .unwrap();
+        let mask = |tenant: &str| {
+            let (p, _) = layout.placement(tenant).unwrap();
+            cu_mask_for(&p.cus, 304).unwrap()
+        };
+        let (acme, beta, gamma) = (mask("acme"), mask("beta"), mask("gamma"));
+        let pool = cu_mask_for(&layout.shared().unwrap().cus, 304).unwrap();
+        // Whole XCDs for multiples of 38, in tenant order.
+        assert_eq!(xcds_of(&acme), [(0, 38), (1, 38)].into());
+        assert_eq!(xcds_of(&gamma), [(2, 38)].into());
+        // 40 CUs spread over the five XCDs no one owns: 8 on each.
+        assert_eq!(xcds_of(&beta), (3..8).map(|k| (k, 8)).collect());
+        assert_eq!(xcds_of(&pool), (3..8).map(|k| (k, 30)).collect());
+        for w in 0..10 {
+            let words = [acme[w], beta[w], gamma[w], pool[w]];
+            for (i, a) in words.iter().enumerate() {
+                for b in &words[i + 1..] {
+                    assert_eq!(a & b, 0, "word {w}: masks overlap");
+                }
+            }
+            let union = words.iter().fold(0, |u, x| u | x);
+            let full = if w == 9 { 0xffff } else { u32::MAX };
+            assert_eq!(union, full, "word {w}: a CU in no partition");
+        }
     }
 
     #[test]

@@ -37,6 +37,13 @@ impl CpuMap {
         self.cpus[unit as usize % self.cpus.len()]
     }
 
+    /// Every CPU of the map, sorted.
+    pub(crate) fn all(&self) -> Vec<usize> {
+        let mut cpus = self.cpus.clone();
+        cpus.sort_unstable();
+        cpus
+    }
+
     /// The CPUs of `units`, sorted, without repeats.
     pub(crate) fn cpus_of(&self, units: impl IntoIterator<Item = u32>) -> Vec<usize> {
         let mut cpus: Vec<usize> = units.into_iter().map(|u| self.cpu_of(u)).collect();

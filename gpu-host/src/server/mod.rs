@@ -51,14 +51,17 @@ pub struct ServeConfig {
     /// later with `LoadModel`).
     pub models: Vec<ModelSpec>,
     /// Cores of the CPU device (compute units the partitions split; each
-    /// partition runs one worker thread per core it has).
+    /// partition runs one worker thread per core it has). Unused on a HIP
+    /// device, whose CUs the partitions split.
     pub threads: usize,
     /// What the partitions compute with (`--backend`).
     pub compute: ComputeBackend,
     /// Sequences one model's batch holds at once (decode rows per step).
     pub max_batch: usize,
-    /// Bytes of KV cache of the whole host (the device memory partitions
-    /// split; each partition's pool of 16-token blocks per model).
+    /// Bytes of KV cache of the whole host (the memory partitions split;
+    /// each partition's pool of 16-token blocks per model). On a HIP
+    /// device the partitions are planned with the `PartitionedDevice`'s
+    /// own memory split instead (made from this same setting by `serve`).
     pub kv_memory_bytes: u64,
     /// Requests that may wait to join a batch before new ones get RESOURCE_EXHAUSTED.
     pub queue_capacity: usize,
@@ -85,7 +88,7 @@ pub enum ServeError {
         path: PathBuf,
         message: String,
     },
-    #[error("the CPU device: {0}")]
+    #[error("the device: {0}")]
     Device(String),
     #[error("starting the schedulers: {0}")]
     Workers(String),
@@ -138,13 +141,22 @@ impl Server {
             }
         }
         let registry = Arc::new(ModelRegistry::load(&config.models)?);
-        let cores = u32::try_from(config.threads).unwrap_or(u32::MAX);
-        let device = Device::cpu(cores, config.kv_memory_bytes)
-            .map_err(|e| ServeError::Device(e.to_string()))?;
+        let (device, model_reservation_bytes) = match &config.compute {
+            ComputeBackend::Cpu => {
+                let cores = u32::try_from(config.threads).unwrap_or(u32::MAX);
+                let device = Device::cpu(cores, config.kv_memory_bytes)
+                    .map_err(|e| ServeError::Device(e.to_string()))?;
+                (device, 0)
+            }
+            ComputeBackend::Device(split) => {
+                (split.device().clone(), split.model_reservation_bytes())
+            }
+        };
         let cpus = affinity::CpuMap::of_this_process()
             .map_err(|e| ServeError::Device(format!("reading the CPU affinity: {e}")))?;
         let settings = PartitionSettings {
             device,
+            model_reservation_bytes,
             cpus,
             max_running: config.max_batch,
             capacity: config.queue_capacity,

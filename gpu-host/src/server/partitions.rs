@@ -6,10 +6,16 @@
 //!
 //! The CPU device has `--threads` compute units (cores) and `--kv-memory`
 //! bytes of KV cache; weights are outside that budget (loaded once, shared
-//! read-only by every partition). A layout is immutable: a new one starts
-//! new schedulers and takes new jobs at once, while the old schedulers
-//! finish the streams they hold and exit (**a re-partition drops no request
-//! in flight**). The same set again changes nothing.
+//! read-only by every partition). A HIP device has its CUs (8 XCDs on
+//! MI300-class parts) and its memory, of which `--kv-memory` is the
+//! partitions' and the rest the model reservation; each partition's
+//! scheduler gets streams on its CUs and a budget of its memory
+//! ([`PartitionedDevice::partition`]), the weights stay one copy per
+//! device. A layout is immutable: a new one starts new schedulers (on a
+//! device: new streams and budgets) and takes new jobs at once, while the
+//! old schedulers finish the streams they hold and exit, releasing theirs
+//! (**a re-partition drops no request in flight**). The same set again
+//! changes nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,6 +59,9 @@ struct Generation {
 #[derive(Debug)]
 pub(crate) struct PartitionSettings {
     pub device: Device,
+    /// Memory of `device` kept for weights, outside every partition (0 on
+    /// the CPU, whose device memory is the KV memory alone).
+    pub model_reservation_bytes: u64,
     pub cpus: CpuMap,
     /// Sequences one model's batch holds at once.
     pub max_running: usize,
@@ -119,7 +128,8 @@ impl Partitions {
         settings: PartitionSettings,
         registry: Arc<ModelRegistry>,
     ) -> Result<(Partitions, Workers), String> {
-        let layout = plan(&settings.device, 0, &[]).map_err(|errors| join(&errors))?;
+        let layout = plan(&settings.device, settings.model_reservation_bytes, &[])
+            .map_err(|errors| join(&errors))?;
         let threads = Arc::new(Mutex::new(Vec::new()));
         let host = Arc::new(Counters::default());
         let first = start_generation(
@@ -169,13 +179,22 @@ impl Partitions {
         let mut draining = self.control.lock().unwrap_or_else(|e| e.into_inner());
         let extras = extras(tenants);
         let requests: Vec<TenantRequest> = tenants.iter().map(|t| t.request.clone()).collect();
-        let layout = plan(&self.settings.device, 0, &requests).map_err(|errors| {
+        let settings = &self.settings;
+        let layout = plan(
+            &settings.device,
+            settings.model_reservation_bytes,
+            &requests,
+        )
+        .map_err(|errors| {
             Status::invalid_argument(format!(
-                "the partitions cannot be planned on this host ({}, {} {}, {} of KV memory): {}",
-                self.settings.device.name,
-                self.settings.device.compute_units,
-                self.settings.device.unit(),
-                bulkhead_partition::format_bytes(self.settings.device.memory_bytes),
+                "the partitions cannot be planned on this host ({}, {} {}, {} of KV \
+                     memory): {}",
+                settings.device.name,
+                settings.device.compute_units,
+                settings.device.unit(),
+                bulkhead_partition::format_bytes(
+                    settings.device.memory_bytes - settings.model_reservation_bytes
+                ),
                 join(&errors)
             ))
         })?;
@@ -350,10 +369,16 @@ fn start_generation(
             ),
         };
         let units: Vec<u32> = partition.cus.iter().collect();
+        let cpus = match settings.compute {
+            ComputeBackend::Cpu => settings.cpus.cpus_of(units.iter().copied()),
+            // Its units are the GPU's CUs; the thread that drives them may
+            // run on any CPU.
+            ComputeBackend::Device(_) => settings.cpus.all(),
+        };
         let spec = PartitionSpec {
             id,
             kind: partition.kind,
-            cpus: settings.cpus.cpus_of(units.iter().copied()),
+            cpus,
             units,
             memory_bytes: partition.memory_bytes,
             tenants: partition

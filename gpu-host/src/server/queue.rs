@@ -11,6 +11,7 @@ use std::sync::mpsc::{Sender, channel, sync_channel};
 use std::thread::JoinHandle;
 
 use arc_swap::ArcSwap;
+use bulkhead_partition::CuSet;
 use bulkhead_protocol::v1;
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -65,9 +66,12 @@ impl Drop for ExitFlag {
 
 impl Scheduler {
     /// Starts the scheduler thread of `spec`: it pins itself to the
-    /// partition's CPUs, then starts a CPU backend with one worker per
-    /// compute unit (its workers inherit the pinning), then runs. Returns
-    /// once the backend is up, or why it could not start.
+    /// partition's CPUs, then starts its backend — on the CPU one worker
+    /// per compute unit (its workers inherit the pinning); on a device
+    /// streams on the partition's CUs and a budget of its memory — then
+    /// runs. Returns once the backend is up, or why it could not start. The
+    /// backend lives as long as the thread: a replaced partition's streams
+    /// and budget go when it has drained.
     pub(crate) fn start(
         spec: Arc<PartitionSpec>,
         max_running: usize,
@@ -116,7 +120,15 @@ impl Scheduler {
                         ComputeBackend::Cpu => CpuBackend::new(spec.units.len().max(1))
                             .map(|cpu| Arc::new(cpu) as Arc<dyn Backend>)
                             .map_err(|e| format!("starting the CPU backend: {e}")),
-                        ComputeBackend::Shared(backend) => Ok(backend),
+                        ComputeBackend::Device(device) => {
+                            let cus = CuSet::from_ids(
+                                device.device().compute_units,
+                                spec.units.iter().copied(),
+                            );
+                            device
+                                .partition(&spec.id, &cus, spec.memory_bytes)
+                                .map(|p| p.backend as Arc<dyn Backend>)
+                        }
                     });
                 let backend = match started {
                     Ok(backend) => {

@@ -157,17 +157,22 @@ pub(crate) fn run(
             match step {
                 Ok(Ok(tokens)) => ran += tokens,
                 Ok(Err(e)) => eprintln!("model `{}`: a batched step failed: {e}", b.model.name),
-                Err(_) => failed.push(i),
+                Err(payload) => failed.push((i, panic_message(&*payload))),
             }
         }
         // A step that panicked left its batch in an unknown state: drop it
-        // (each stream is told "generation failed"); other models go on.
-        for i in failed.into_iter().rev() {
-            let gone = batches.remove(i);
+        // (each stream is told "generation failed" and why); other models
+        // go on.
+        // On a device that is also how a failed launch or an allocation
+        // past the partition's budget ends (the backend trait has no error
+        // path): the message says which.
+        for (i, why) in failed.into_iter().rev() {
+            let mut gone = batches.remove(i);
             retire(&gone, &mut retired);
+            gone.batcher.fail_all(&why);
             eprintln!(
-                "model `{}`: a batched step panicked (a bug)",
-                gone.model.name
+                "model `{}` in partition {}: a batched step panicked, its batch is dropped: {why}",
+                gone.model.name, config.partition.id
             );
         }
         // An outbox stays while its sequence lives (the sink holds it) or
@@ -201,6 +206,15 @@ pub(crate) fn run(
             std::thread::sleep(FLUSH_INTERVAL);
         }
     }
+}
+
+/// What a panic said (its `&str` or `String` payload).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_string())
 }
 
 /// Adds a dropped batch's counts to `retired`.
@@ -330,4 +344,21 @@ pub(crate) fn tenant_shares(
             (t.slot.tenant.clone(), share)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::panic::catch_unwind;
+
+    use super::panic_message;
+
+    #[test]
+    fn a_panics_message_is_read_from_either_payload() {
+        let formatted = catch_unwind(|| panic!("alloc {} bytes: over budget", 16)).unwrap_err();
+        assert_eq!(panic_message(&*formatted), "alloc 16 bytes: over budget");
+        let literal = catch_unwind(|| panic!("a literal")).unwrap_err();
+        assert_eq!(panic_message(&*literal), "a literal");
+        let other = catch_unwind(|| std::panic::panic_any(7u8)).unwrap_err();
+        assert_eq!(panic_message(&*other), "(no message)");
+    }
 }

@@ -232,7 +232,8 @@ impl SequenceSink for StreamSink {
             Err(SequenceError::Generate(GenerateError::Cancelled)) => self.answered = true,
             Err(
                 e @ (SequenceError::Generate(GenerateError::Forward(_))
-                | SequenceError::Accounting(_)),
+                | SequenceError::Accounting(_)
+                | SequenceError::StepFailed(_)),
             ) => {
                 self.fail(Status::internal(e.to_string()));
             }

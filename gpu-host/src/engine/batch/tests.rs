@@ -475,3 +475,29 @@ fn a_request_waiting_for_its_tenants_budget_is_refused_after_its_kv_wait() {
         assert!(batcher.pool.is_idle());
     }
 }
+
+#[test]
+fn fail_all_tells_every_sequence_why_and_leaves_the_batch_empty() {
+    let backend = CpuBackend::new(1).unwrap();
+    let (model, tok) = fixture("llama-q8_0.gguf");
+    let mut batcher = Batcher::new(&model, limits(1, 64)).unwrap();
+    let running = add(
+        &mut batcher,
+        &tok,
+        "a",
+        request(&tok, "Once upon a time", 50),
+    );
+    let waiting = add(&mut batcher, &tok, "b", request(&tok, "Hello", 20));
+    batcher.step(&model, &tok, &backend).unwrap();
+    assert!(running.borrow().started && !waiting.borrow().started);
+    batcher.fail_all("alloc 16 bytes: partition \"a\" cannot allocate 16B");
+    for log in [&running, &waiting] {
+        assert_eq!(
+            log.borrow().result,
+            Some(Err(
+                "generation failed: alloc 16 bytes: partition \"a\" cannot allocate 16B".into()
+            ))
+        );
+    }
+    assert!(batcher.is_idle());
+}

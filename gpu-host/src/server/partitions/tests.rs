@@ -3,13 +3,18 @@
 
 use std::time::{Duration, Instant};
 
+use bulkhead_partition::CuSet;
+
 use super::*;
+use crate::engine::PartitionedDevice;
+use crate::engine::partitioned_test_support::RecordingStreams;
 
 const GIB: u64 = 1 << 30;
 
 fn host(cores: u32) -> (Partitions, Workers) {
     let settings = PartitionSettings {
         device: Device::cpu(cores, 4 * GIB).unwrap(),
+        model_reservation_bytes: 0,
         cpus: CpuMap::from_cpus(vec![0]),
         max_running: 4,
         capacity: 8,
@@ -191,5 +196,100 @@ fn bad_wire_values_are_named() {
     assert!(
         slow.contains("kv_wait_ms 120001 is above the most, 120000"),
         "{slow}"
+    );
+}
+
+/// A host on an MI325X-shaped device whose streams are recorded, not
+/// created (no GPU needed): 64 GiB, 16 of them the model reservation.
+fn device_host(streams: Arc<RecordingStreams>) -> (Partitions, Workers, Arc<PartitionedDevice>) {
+    let device = Device {
+        memory_bytes: 64 * GIB,
+        ..Device::mi325x()
+    };
+    let split = Arc::new(PartitionedDevice::new(device.clone(), 16 * GIB, streams).unwrap());
+    let settings = PartitionSettings {
+        device,
+        model_reservation_bytes: 16 * GIB,
+        cpus: CpuMap::from_cpus(vec![0]),
+        max_running: 4,
+        capacity: 8,
+        compute: ComputeBackend::Device(Arc::clone(&split)),
+    };
+    let registry = Arc::new(ModelRegistry::load(&[]).unwrap());
+    let (p, workers) = Partitions::start(settings, registry).unwrap();
+    (p, workers, split)
+}
+
+/// CU sets asked for since the `from`th.
+fn asked(streams: &RecordingStreams, from: usize) -> Vec<CuSet> {
+    streams.asked.lock().unwrap()[from..].to_vec()
+}
+
+#[test]
+fn on_a_device_each_partition_gets_streams_on_its_cus_and_a_repartition_new_ones() {
+    let streams = Arc::new(RecordingStreams::default());
+    let (p, _workers, split) = device_host(Arc::clone(&streams));
+    let device = split.device().clone();
+    // The weights' view, then the first layout's one pool: every CU.
+    assert_eq!(asked(&streams, 0), [device.all(), device.all()]);
+    assert_eq!(
+        summary(&p),
+        [("shared".into(), (0..304).collect(), 48 * GIB, false)]
+    );
+    let tenants = [
+        tenant("acme", Isolation::Dedicated, Some(38), Some(8 * GIB)),
+        tenant("demo", Isolation::Shared, None, None),
+    ];
+    assert!(p.set(&tenants).unwrap());
+    let mut rest = device.all();
+    rest.remove_all(&device.xcd(0));
+    assert_eq!(asked(&streams, 2), [device.xcd(0), rest.clone()]);
+    drained(&p);
+    let now = summary(&p);
+    assert_eq!(now[0].0, "dedicated:acme");
+    assert_eq!(now[0].1, device.xcd(0).iter().collect::<Vec<_>>());
+    assert_eq!(now[0].2, 8 * GIB);
+    assert_eq!((now[1].0.as_str(), now[1].2), ("shared", 40 * GIB));
+    // The replaced pool's streams went with its scheduler: what holds the
+    // device now is the test, the weights and the two live partitions.
+    assert_eq!(Arc::strong_count(&streams.device), 1 + 1 + 2);
+    // A bigger dedicated partition: new streams on two XCDs.
+    let bigger = [tenant(
+        "acme",
+        Isolation::Dedicated,
+        Some(76),
+        Some(8 * GIB),
+    )];
+    assert!(p.set(&bigger).unwrap());
+    let mut two = device.xcd(0);
+    for cu in device.xcd(1).iter() {
+        two.insert(cu);
+    }
+    let mut rest = device.all();
+    rest.remove_all(&two);
+    assert_eq!(asked(&streams, 4), [two, rest]);
+    drained(&p);
+    assert_eq!(Arc::strong_count(&streams.device), 1 + 1 + 2);
+    // Weights are the device's, not a partition's: the same cache throughout.
+    assert_eq!(split.weights_budget().limit_bytes(), 16 * GIB);
+}
+
+#[test]
+fn a_device_layout_that_leaves_the_weights_no_room_is_refused() {
+    let streams = Arc::new(RecordingStreams::default());
+    let (p, _workers, _split) = device_host(streams);
+    let refused = p
+        .set(&[tenant(
+            "acme",
+            Isolation::Dedicated,
+            Some(38),
+            Some(60 * GIB),
+        )])
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(
+        refused.message().contains("of KV memory") && refused.message().contains("48GiB"),
+        "{}",
+        refused.message()
     );
 }

@@ -5,15 +5,22 @@
 //! A step:
 //! 1. **Leave**: sequences whose sink says stop (client gone, model out of
 //!    service) release their blocks before anything runs.
-//! 2. **Choose** work by deficit round robin across tenants on tokens
-//!    (`bulkhead-partition`'s `Drr`; priority, then arrival, within a
-//!    tenant). Each live sequence has one item: its next chunk (one token
-//!    when decoding, up to [`BATCH_PREFILL_CHUNK`] of the prompt when prefilling,
-//!    and for a waiting sequence its first chunk, which admits it). A step
-//!    takes items until [`Batcher::step_tokens`] is spent, at most
-//!    `max_running` sequences hold KV at once, and at most
-//!    [`BATCH_PREFILL_CHUNK`] prompt tokens run per step — so a long prompt is
-//!    spread over several steps instead of stalling the decodes around it.
+//! 2. **Choose** work, weighted-fair across tenants on tokens, priority
+//!    then age within a tenant:
+//!    - *decode rows*: at most `max_rows` of the sequences that are
+//!      decoding, chosen by `bulkhead-partition`'s `RowPicker` (deficit
+//!      round robin where a round is a step) when more decode than that —
+//!      so a tenant with many sequences gets its weight's part of the
+//!      rows, not one row per sequence; a tenant's `max_rows` cap (its
+//!      `cus` or `share` of the pool) holds while others have sequences
+//!      left out; a tenant alone uses every row;
+//!    - *prefill*: by deficit round robin (`Drr`) over the sequences
+//!      still prefilling, each item its next chunk (up to
+//!      [`BATCH_PREFILL_CHUNK`] of the prompt, and for a waiting sequence
+//!      its first chunk, which admits it while fewer than `max_running`
+//!      hold KV), at most [`BATCH_PREFILL_CHUNK`] prompt tokens per step —
+//!      so a long prompt is spread over several steps instead of stalling
+//!      the decodes around it.
 //! 3. **Blocks**: each chosen sequence gets the blocks its chunk needs from
 //!    the `KvPool`; an empty pool preempts by the pool's rule (a tenant over
 //!    its guarantee first; the victim recomputes later) or the requester waits.
@@ -34,7 +41,8 @@ use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use bulkhead_partition::{
-    DEFAULT_QUANTUM_TOKENS, Drr, KvPool, PartitionError, SeqId, TenantBlocks, Victim,
+    DEFAULT_QUANTUM_TOKENS, Drr, KvPool, PartitionError, RowCandidate, RowPicker, RowTerms, SeqId,
+    TenantBlocks, Victim,
 };
 
 use super::backend::Backend;
@@ -108,8 +116,12 @@ pub enum SequenceError {
 /// Limits of one batcher.
 #[derive(Clone, Copy, Debug)]
 pub struct BatchLimits {
-    /// Sequences holding KV at once (the most decode rows in a step).
+    /// Sequences holding KV at once. More than `max_rows` lets each step
+    /// choose its rows fairly across tenants instead of running whichever
+    /// sequences got in first.
     pub max_running: usize,
+    /// Decode rows one step runs, at most.
+    pub max_rows: usize,
     /// Blocks in the model's KV pool.
     pub kv_blocks: u32,
 }
@@ -126,6 +138,10 @@ pub struct TenantShare {
     /// other sequences leave of it, waits to be admitted before it is
     /// refused (`kv_budget_exceeded`).
     pub kv_wait: Duration,
+    /// The most decode rows of a step it gets while other tenants have
+    /// sequences left out (a shared tenant's `cus` or `share` of the
+    /// pool); `None`: no cap.
+    pub max_rows: Option<usize>,
 }
 
 /// The KV wait of a tenant that sets none: long enough to ride out a
@@ -143,6 +159,7 @@ impl Default for TenantShare {
             weight: 1,
             own_blocks: None,
             kv_wait: DEFAULT_KV_WAIT,
+            max_rows: None,
         }
     }
 }
@@ -192,7 +209,7 @@ struct Sequence {
     table: Vec<u32>,
     /// Positions of `decoding.history()` in the cache.
     cached: usize,
-    /// Whether it has an item in the round robin.
+    /// Whether it has an item in the prefill round robin.
     queued: bool,
     /// When admission first failed for lack of the tenant's budget.
     kv_waiting_since: Option<Instant>,
@@ -206,6 +223,12 @@ impl Sequence {
         let end = self.decoding.history().len();
         let boundary = (self.cached / BATCH_PREFILL_CHUNK + 1) * BATCH_PREFILL_CHUNK;
         self.cached..end.min(boundary)
+    }
+
+    /// Holds KV and its next chunk is one token after a cached one: a
+    /// decode row (the prefill round robin has every other sequence).
+    fn is_decoding(&self) -> bool {
+        self.kv.is_some() && self.cached > 0 && self.next_chunk().len() == 1
     }
 }
 
@@ -230,6 +253,7 @@ pub struct Batcher {
     pool: KvPool,
     kv: KvBlocks,
     drr: Drr<u64>,
+    rows: RowPicker,
     sequences: BTreeMap<u64, Sequence>,
     next_key: u64,
     preemptions: u64,
@@ -286,11 +310,13 @@ impl Batcher {
         Ok(Batcher {
             limits: BatchLimits {
                 max_running: limits.max_running.max(1),
+                max_rows: limits.max_rows.max(1),
                 ..limits
             },
             pool,
             kv: model.new_kv_blocks(limits.kv_blocks),
             drr: Drr::new(DEFAULT_QUANTUM_TOKENS),
+            rows: RowPicker::new(),
             sequences: BTreeMap::new(),
             next_key: 0,
             preemptions: 0,
@@ -301,10 +327,10 @@ impl Batcher {
         })
     }
 
-    /// Tokens one step may run: a decode row for every running sequence
-    /// plus one prefill chunk.
+    /// Tokens one step may run: `max_rows` decode rows plus one prefill
+    /// chunk.
     pub fn step_tokens(&self) -> u64 {
-        (self.limits.max_running + BATCH_PREFILL_CHUNK) as u64
+        (self.limits.max_rows + BATCH_PREFILL_CHUNK) as u64
     }
 
     /// Queues a sequence; it joins at a coming step. A request that is
@@ -484,11 +510,12 @@ impl Batcher {
 
     /// Picks this step's work (module docs): `(sequence, history range)`.
     fn choose(&mut self) -> Vec<(u64, std::ops::Range<usize>)> {
-        let budget = self.step_tokens();
-        let mut spent = 0u64;
-        let mut prefill = 0usize;
         let mut chosen: Vec<(u64, std::ops::Range<usize>)> = Vec::new();
         let mut deferred = Vec::new();
+        self.choose_decode_rows(&mut chosen, &mut deferred);
+        let budget = self.step_tokens();
+        let mut spent = chosen.len() as u64;
+        let mut prefill = 0usize;
         while spent < budget {
             let Some(item) = self.drr.pop() else { break };
             let key = item.item;
@@ -496,6 +523,9 @@ impl Batcher {
                 continue; // ended while queued
             };
             s.queued = false;
+            if s.is_decoding() {
+                continue; // a decode row now: the row picker has it
+            }
             let range = s.next_chunk();
             let is_prefill = range.len() > 1 || s.kv.is_none() || s.cached == 0;
             if is_prefill && prefill + range.len() > BATCH_PREFILL_CHUNK {
@@ -523,6 +553,49 @@ impl Batcher {
             self.enqueue(key);
         }
         chosen
+    }
+
+    /// This step's decode rows: every decoding sequence when they fit in
+    /// `max_rows`, else the row picker's weighted-fair choice (module docs).
+    fn choose_decode_rows(
+        &mut self,
+        chosen: &mut Vec<(u64, std::ops::Range<usize>)>,
+        deferred: &mut Vec<u64>,
+    ) {
+        let candidates: Vec<RowCandidate<u64>> = self
+            .sequences
+            .iter()
+            .filter(|(_, s)| s.is_decoding())
+            .map(|(key, s)| RowCandidate {
+                tenant: s.tenant.clone(),
+                priority: s.priority,
+                age: *key,
+                key: *key,
+            })
+            .collect();
+        let shares = &self.shares;
+        let picked = self.rows.pick(self.limits.max_rows, candidates, |tenant| {
+            let share = shares.get(tenant).copied().unwrap_or_default();
+            RowTerms {
+                weight: share.weight,
+                max_rows: share.max_rows,
+            }
+        });
+        for key in picked {
+            // An earlier row's growth may have preempted it.
+            let Some(s) = self.sequences.get(&key) else {
+                continue;
+            };
+            if !s.is_decoding() {
+                deferred.push(key);
+                continue;
+            }
+            let range = s.next_chunk();
+            match self.grow(key, range.end, chosen, deferred) {
+                Grown::Yes => chosen.push((key, range)),
+                Grown::No => deferred.push(key),
+            }
+        }
     }
 
     /// Admits a waiting sequence into the pool if a slot and its tenant's
@@ -641,8 +714,9 @@ impl Batcher {
                         self.preempt(vkey);
                         if let Some(at) = chosen.iter().position(|(k, _)| *k == vkey) {
                             chosen.remove(at);
-                            deferred.push(vkey);
                         }
+                        // It prefills again: back in the round robin.
+                        deferred.push(vkey);
                         if vkey == key {
                             return Grown::No;
                         }
@@ -681,12 +755,13 @@ impl Batcher {
             .map(|(k, _)| *k)
     }
 
-    /// Puts a live sequence's next item in the round robin (once).
+    /// Puts a live sequence's next prefill chunk in the round robin (once;
+    /// decode rows are chosen each step from the running sequences).
     fn enqueue(&mut self, key: u64) {
         let Some(s) = self.sequences.get_mut(&key) else {
             return;
         };
-        if s.queued {
+        if s.queued || s.is_decoding() {
             return;
         }
         let cost = s.next_chunk().len().max(1) as u64;

@@ -17,7 +17,7 @@ mod rows;
 mod size;
 
 pub use cuset::CuSet;
-pub use device::{Device, XcdGrouping, host_cores, host_memory_bytes};
+pub use device::{Device, XcdGrouping, default_kv_memory_bytes, host_cores, host_memory_bytes};
 pub use drr::{DEFAULT_QUANTUM_TOKENS, Drr, Scheduled};
 pub use error::PartitionError;
 pub use kv::{BlockId, KV_BLOCK_TOKENS, KvDtype, KvGeometry, KvPool, SeqId, TenantBlocks, Victim};

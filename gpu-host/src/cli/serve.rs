@@ -73,18 +73,8 @@ pub struct ServeArgs {
 /// prefill chunk keep one step's scratch a few MiB for a ~110M model.
 const DEFAULT_MAX_BATCH: usize = 32;
 
-/// Cap of the default `--kv-memory`.
-const DEFAULT_KV_MEMORY_CAP_BYTES: u64 = 4 << 30;
-
 fn parse_kv_memory(text: &str) -> Result<u64, String> {
     bulkhead_partition::parse_bytes(text).map_err(|e| e.to_string())
-}
-
-/// A quarter of host memory, at most 4 GiB (1 GiB when memory is unknown).
-fn default_kv_memory() -> u64 {
-    bulkhead_partition::host_memory_bytes()
-        .map_or(1 << 30, |m| m / 4)
-        .min(DEFAULT_KV_MEMORY_CAP_BYTES)
 }
 
 /// 64 MiB/s: see `--scrub-bytes-per-s`.
@@ -103,7 +93,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         threads: super::threads(a.threads),
         compute,
         max_batch: a.max_batch,
-        kv_memory_bytes: a.kv_memory.unwrap_or_else(default_kv_memory),
+        kv_memory_bytes: a.kv_memory
+            .unwrap_or_else(bulkhead_partition::default_kv_memory_bytes),
         queue_capacity: a.queue_capacity,
         auth_secret,
         scrub: ScrubConfig {

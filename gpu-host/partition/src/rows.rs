@@ -116,9 +116,7 @@ impl RowPicker {
         }
         let mut chosen = Vec::with_capacity(rows);
         while chosen.len() < rows {
-            let uncapped = lanes
-                .iter()
-                .any(|l| !l.queue.is_empty() && l.taken < l.cap);
+            let uncapped = lanes.iter().any(|l| !l.queue.is_empty() && l.taken < l.cap);
             let best = lanes
                 .iter_mut()
                 .filter(|l| !l.queue.is_empty() && (!uncapped || l.taken < l.cap))

@@ -93,7 +93,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         threads: super::threads(a.threads),
         compute,
         max_batch: a.max_batch,
-        kv_memory_bytes: a.kv_memory
+        kv_memory_bytes: a
+            .kv_memory
             .unwrap_or_else(bulkhead_partition::default_kv_memory_bytes),
         queue_capacity: a.queue_capacity,
         auth_secret,

@@ -67,6 +67,10 @@ const _: () = assert!(PREFILL_CHUNK.is_multiple_of(BATCH_PREFILL_CHUNK));
 use super::paged::{BLOCK_TOKENS, BatchEntry, KvBlocks};
 use crate::Tokenizer;
 
+mod budget;
+use budget::Holding;
+pub use budget::PartitionKv;
+
 /// Where one sequence's output goes; the batcher calls it from its thread.
 pub trait SequenceSink {
     /// The sequence joined the batch (it holds KV blocks from now on).
@@ -213,6 +217,8 @@ struct Sequence {
     queued: bool,
     /// When admission first failed for lack of the tenant's budget.
     kv_waiting_since: Option<Instant>,
+    /// Arrival order across the partition's batches ([`PartitionKv`]).
+    age: u64,
 }
 
 impl Sequence {
@@ -263,6 +269,11 @@ pub struct Batcher {
     /// Blocks the listed tenants own (`own_blocks`), whether active or not.
     owned_blocks: u64,
     counts: BTreeMap<String, TenantCounts>,
+    /// The partition's memory, shared with its other models' batches.
+    budget: PartitionKv,
+    /// This batch's id in `budget`.
+    batch_id: u32,
+    block_bytes: u64,
 }
 
 impl std::fmt::Debug for Batcher {
@@ -288,6 +299,18 @@ impl Batcher {
         limits: BatchLimits,
         shares: BTreeMap<String, TenantShare>,
     ) -> Result<Batcher, PartitionError> {
+        Self::in_partition(model, limits, shares, PartitionKv::unlimited())
+    }
+
+    /// As [`Batcher::with_shares`], its blocks also charged to `budget`,
+    /// the memory of a partition it shares with other models' batches.
+    pub fn in_partition(
+        model: &Model,
+        limits: BatchLimits,
+        shares: BTreeMap<String, TenantShare>,
+        budget: PartitionKv,
+    ) -> Result<Batcher, PartitionError> {
+        let block_bytes = model.kv_geometry()?.bytes_per_block();
         let pool = KvPool::new(limits.kv_blocks, [])?;
         let owned_blocks: u64 = shares.values().filter_map(|s| s.own_blocks).sum();
         if owned_blocks > u64::from(limits.kv_blocks) {
@@ -324,6 +347,9 @@ impl Batcher {
             shares,
             owned_blocks,
             counts,
+            batch_id: budget.join(),
+            budget,
+            block_bytes,
         })
     }
 
@@ -369,6 +395,7 @@ impl Batcher {
                 cached: 0,
                 queued: false,
                 kv_waiting_since: None,
+                age: self.budget.next_age(),
             },
         );
         self.enqueue(key);
@@ -428,6 +455,7 @@ impl Batcher {
         backend: &dyn Backend,
     ) -> Result<usize, ForwardError> {
         self.drop_stopped();
+        self.reclaim();
         let chosen = self.choose();
         if chosen.is_empty() {
             return Ok(0);
@@ -505,6 +533,22 @@ impl Batcher {
             .collect();
         for key in stopped {
             self.end(key, Some(Err(GenerateError::Cancelled.into())));
+        }
+    }
+
+    /// Preempts the sequences other models' batches asked for (their
+    /// older sequences need the partition's memory; [`PartitionKv`]).
+    fn reclaim(&mut self) {
+        for age in self.budget.take_reclaims(self.batch_id) {
+            let key = self
+                .sequences
+                .iter()
+                .find(|(_, s)| s.age == age)
+                .map(|(k, _)| *k);
+            if let Some(key) = key {
+                self.preempt(key);
+                self.enqueue(key);
+            }
         }
     }
 
@@ -703,7 +747,34 @@ impl Batcher {
             if s.table.len() >= needed {
                 return Grown::Yes;
             }
-            match self.pool.allocate(seq) {
+            let age = s.age;
+            if !self
+                .budget
+                .try_charge(self.batch_id, key, age, self.block_bytes)
+            {
+                // The partition's memory is held, partly by other models.
+                match self.partition_room(key, seq, age) {
+                    Some(vkey) => {
+                        if let Some(at) = chosen.iter().position(|(k, _)| *k == vkey) {
+                            chosen.remove(at);
+                        }
+                        deferred.push(vkey);
+                        if vkey == key {
+                            return Grown::No;
+                        }
+                        continue;
+                    }
+                    None => return Grown::No,
+                }
+            }
+            let allocated = self.pool.allocate(seq);
+            if allocated.is_err() {
+                self.budget.release(age, self.block_bytes);
+            }
+            let Some(s) = self.sequences.get_mut(&key) else {
+                return Grown::No;
+            };
+            match allocated {
                 Ok(block) => s.table.push(block.0),
                 Err(PartitionError::KvPoolExhausted { .. }) => match self.pool.choose_victim(seq) {
                     Ok(Victim::Retry) => {}
@@ -731,6 +802,40 @@ impl Batcher {
         }
     }
 
+    /// Makes room in the partition's memory for `key` (module docs of
+    /// [`PartitionKv`]): the sequence preempted (possibly `key` itself), or
+    /// `None` when it must wait.
+    fn partition_room(&mut self, key: u64, seq: SeqId, age: u64) -> Option<u64> {
+        if let Ok(Victim::Preempt(victim)) = self.pool.choose_victim_ignoring_free(seq) {
+            let vkey = self.key_of(victim)?;
+            self.preempt(vkey);
+            return Some(vkey);
+        }
+        match self.budget.youngest_after(age) {
+            Some(Holding {
+                batch, key: vkey, ..
+            }) if batch == self.batch_id => {
+                self.preempt(vkey);
+                Some(vkey)
+            }
+            Some(Holding { batch, age, .. }) => {
+                self.budget.ask_reclaim(batch, age);
+                None
+            }
+            None => {
+                // The youngest holder: older sequences go first.
+                let holds = self
+                    .sequences
+                    .get(&key)
+                    .is_some_and(|s| !s.table.is_empty());
+                holds.then(|| {
+                    self.preempt(key);
+                    key
+                })
+            }
+        }
+    }
+
     /// Frees `key`'s blocks; it keeps its reservation and recomputes its
     /// cache (prompt and generated tokens) when it runs again.
     fn preempt(&mut self, key: u64) {
@@ -738,6 +843,8 @@ impl Batcher {
             && let Some(seq) = s.kv
         {
             let _ = self.pool.preempt(seq);
+            self.budget
+                .release(s.age, s.table.len() as u64 * self.block_bytes);
             self.preemptions += 1;
             s.table.clear();
             s.cached = 0;
@@ -778,6 +885,8 @@ impl Batcher {
         };
         if let Some(seq) = s.kv {
             let _ = self.pool.release(seq);
+            self.budget
+                .release(s.age, s.table.len() as u64 * self.block_bytes);
         }
         match outcome {
             Some(Err(SequenceError::Generate(GenerateError::Cancelled))) => {}
@@ -863,6 +972,17 @@ impl Batcher {
 enum Grown {
     Yes,
     No,
+}
+
+impl Drop for Batcher {
+    /// A batch dropped with sequences (a step panicked) gives their memory
+    /// back to the partition.
+    fn drop(&mut self) {
+        for s in self.sequences.values() {
+            self.budget
+                .release(s.age, s.table.len() as u64 * self.block_bytes);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -28,7 +28,8 @@ use super::queue::Job;
 use super::registry::{LoadedModel, ModelRegistry};
 use super::sink::{Counted, Outbox, StreamSink};
 use crate::engine::{
-    Backend, BatchLimits, Batcher, NewSequence, SequenceSink, TenantCounts, TenantShare,
+    Backend, BatchLimits, Batcher, NewSequence, PartitionKv, SequenceSink, TenantCounts,
+    TenantShare,
 };
 
 /// How long the thread waits for new work while streams still have
@@ -126,6 +127,8 @@ pub(crate) fn run(
 ) {
     let counters = &shared.counters;
     let mut batches: Vec<ModelBatch> = Vec::new();
+    // One KV budget for all the partition's models.
+    let kv = PartitionKv::new(config.partition.memory_bytes);
     let mut outboxes: Vec<Rc<RefCell<Outbox>>> = Vec::new();
     // Counts of batches dropped (model unloaded), so totals never go back.
     let mut retired = PartitionLoad::default();
@@ -141,14 +144,14 @@ pub(crate) fn run(
                 receiver.recv_timeout(FLUSH_INTERVAL)
             };
             match next {
-                Ok(job) => accept(job, &mut batches, &mut outboxes, config, counters),
+                Ok(job) => accept(job, &mut batches, &mut outboxes, config, &kv, counters),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => open = false,
             }
         }
         while open {
             match receiver.try_recv() {
-                Ok(job) => accept(job, &mut batches, &mut outboxes, config, counters),
+                Ok(job) => accept(job, &mut batches, &mut outboxes, config, &kv, counters),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => open = false,
             }
@@ -253,6 +256,7 @@ fn accept(
     batches: &mut Vec<ModelBatch>,
     outboxes: &mut Vec<Rc<RefCell<Outbox>>>,
     config: &SchedulerConfig,
+    kv: &PartitionKv,
     counters: &Counted,
 ) {
     let Job {
@@ -275,7 +279,7 @@ fn accept(
     }
     let at = match batches.iter().position(|b| Arc::ptr_eq(&b.model, &model)) {
         Some(at) => at,
-        None => match new_batch(&model, config) {
+        None => match new_batch(&model, config, kv) {
             Ok((batcher, block_bytes)) => {
                 batches.push(ModelBatch {
                     model: model.clone(),
@@ -300,8 +304,14 @@ fn accept(
 }
 
 /// A batch for `model` with the partition's memory as KV blocks, shared as
-/// its plan says; and the bytes of one block.
-fn new_batch(model: &LoadedModel, config: &SchedulerConfig) -> Result<(Batcher, u64), Status> {
+/// its plan says and charged to `kv`, the partition's memory all its
+/// models share (any one may use all of it, together no more); and the
+/// bytes of one block.
+fn new_batch(
+    model: &LoadedModel,
+    config: &SchedulerConfig,
+    kv: &PartitionKv,
+) -> Result<(Batcher, u64), Status> {
     let geometry = model
         .model
         .kv_geometry()
@@ -316,7 +326,7 @@ fn new_batch(model: &LoadedModel, config: &SchedulerConfig) -> Result<(Batcher, 
     let shares = tenant_shares(partition, config.max_running, |bytes| {
         geometry.blocks_in(bytes)
     });
-    let batcher = Batcher::with_shares(&model.model, limits, shares)
+    let batcher = Batcher::in_partition(&model.model, limits, shares, kv.clone())
         .map_err(|e| Status::internal(format!("KV pool of `{}`: {e}", model.name)))?;
     Ok((batcher, geometry.bytes_per_block()))
 }
@@ -398,7 +408,10 @@ mod tests {
         assert_eq!(shares["quarter"].own_blocks, None);
         assert_eq!(shares["quarter"].weight, 2);
         // At least one row, however small the batch.
-        assert_eq!(tenant_shares(&shared, 2, |b| b)["quarter"].max_rows, Some(1));
+        assert_eq!(
+            tenant_shares(&shared, 2, |b| b)["quarter"].max_rows,
+            Some(1)
+        );
         // A dedicated tenant's cores are all its partition has: no cap.
         let dedicated = spec(PartitionKind::Dedicated, vec![planned("own", 4, true)]);
         let shares = tenant_shares(&dedicated, 32, |bytes| bytes >> 16);

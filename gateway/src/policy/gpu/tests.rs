@@ -322,7 +322,9 @@ fn child_plan(policy: &Policy) -> Result<Layout, Vec<PartitionError>> {
         panic!("a local gpu-host is configured");
     };
     let cores = host.threads.map_or_else(host_cores, |t| t as u32);
-    let kv = host.kv_memory_bytes().expect("a cpu device gives the child --kv-memory");
+    let kv = host
+        .kv_memory_bytes()
+        .expect("a cpu device gives the child --kv-memory");
     let requests: Vec<TenantRequest> = policy
         .tenants
         .values()
@@ -364,7 +366,11 @@ fn the_local_child_plans_a_checked_policy_on_the_same_memory_and_cores() {
     // ... and one byte more, which both refuse (before the fix the child,
     // on its own default --kv-memory, refused sets the check accepted).
     folder.write("tenants/b.toml", tenant("b", &gpu(1, b_bytes + 1)));
-    assert!(errors(&folder)[0].contains("memory:"), "{:?}", errors(&folder));
+    assert!(
+        errors(&folder)[0].contains("memory:"),
+        "{:?}",
+        errors(&folder)
+    );
     folder.write("tenants/b.toml", tenant("b", &gpu(1, b_bytes)));
     let mut policy = load(folder.path()).unwrap_or_else(|e| panic!("{e}"));
     if let Some(b) = policy.tenants.get_mut("b") {

@@ -560,3 +560,72 @@ fn a_tenant_capped_at_a_quarter_of_the_pool_gets_a_quarter_of_the_rows() {
     let (a, b) = decode_split([(1, Some(1)), (1, None)], (6, 1), 4, 40);
     assert_eq!((a, b), (120, 40));
 }
+
+#[test]
+fn the_models_of_a_partition_together_hold_no_more_than_its_memory() {
+    let backend = CpuBackend::new(1).unwrap();
+    let (llama, llama_tok) = fixture("llama-q8_0.gguf");
+    let (qwen, qwen_tok) = fixture("qwen2-q4_0.gguf");
+    let block = |m: &Model| m.kv_geometry().unwrap().bytes_per_block();
+    let (llama_block, qwen_block) = (block(&llama), block(&qwen));
+    // Room for 16 blocks of the larger model; each pool alone could take
+    // all of it (so 32 blocks between them without the shared budget).
+    let memory = 16 * llama_block.max(qwen_block);
+    let kv = PartitionKv::new(memory);
+    let pool = |b: u64| limits(4, u32::try_from(memory / b).unwrap());
+    let mut x =
+        Batcher::in_partition(&llama, pool(llama_block), BTreeMap::new(), kv.clone()).unwrap();
+    let mut y =
+        Batcher::in_partition(&qwen, pool(qwen_block), BTreeMap::new(), kv.clone()).unwrap();
+    // Each sequence grows to ~7 blocks: three per model need ~21 of 16.
+    let mut logs = Vec::new();
+    for i in 0..3 {
+        let tenant = if i % 2 == 0 { "t" } else { "u" };
+        logs.push(add(
+            &mut x,
+            &llama_tok,
+            tenant,
+            request(&llama_tok, "Hi", 100),
+        ));
+        logs.push(add(
+            &mut y,
+            &qwen_tok,
+            tenant,
+            request(&qwen_tok, "Hi", 100),
+        ));
+    }
+    let mut peak = 0;
+    for _ in 0..3_000 {
+        if x.is_idle() && y.is_idle() {
+            break;
+        }
+        x.step(&llama, &llama_tok, &backend).unwrap();
+        y.step(&qwen, &qwen_tok, &backend).unwrap();
+        let held = u64::from(x.stats().kv_blocks_used) * llama_block
+            + u64::from(y.stats().kv_blocks_used) * qwen_block;
+        assert!(held <= memory, "{held} bytes held of {memory}");
+        assert_eq!(held, kv.used_bytes());
+        peak = peak.max(held);
+    }
+    assert!(
+        x.is_idle() && y.is_idle(),
+        "both models finish: no deadlock"
+    );
+    // Preempted and recomputed, each still writes what it writes alone.
+    let want_x = alone(
+        &llama,
+        &llama_tok,
+        &backend,
+        &request(&llama_tok, "Hi", 100),
+    );
+    let want_y = alone(&qwen, &qwen_tok, &backend, &request(&qwen_tok, "Hi", 100));
+    for (i, log) in logs.iter().enumerate() {
+        let want = if i % 2 == 0 { &want_x } else { &want_y };
+        let log = log.borrow();
+        assert_eq!(log.result, Some(Ok(FinishReason::Length)));
+        assert_eq!(log.tokens, want.1, "sequence {i}");
+    }
+    assert!(peak > memory / 2, "the models competed for memory ({peak})");
+    assert!(x.stats().preemptions + y.stats().preemptions > 0);
+    assert_eq!(kv.used_bytes(), 0);
+}

@@ -36,8 +36,9 @@ pub struct ServeArgs {
     /// partitions split, each partition's workers pinned to its own.
     #[arg(long)]
     threads: Option<usize>,
-    /// Sequences one model's continuous batch holds at once: each decode
-    /// step runs them as one forward pass (`--workers` is the old name).
+    /// Decode rows of one model's step, run as one forward pass; its
+    /// continuous batch keeps twice that many sequences in KV and gives the
+    /// rows to them fairly across tenants (`--workers` is the old name).
     #[arg(long, alias = "workers", default_value_t = DEFAULT_MAX_BATCH)]
     max_batch: usize,
     /// KV-cache memory of the host, e.g. `2GiB` (units B, KiB, MiB, GiB, kB,

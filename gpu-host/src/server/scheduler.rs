@@ -2,7 +2,9 @@
 //! tenants use on the partition's own worker pool (pinned to its cores, see
 //! [`super::queue::Scheduler::start`]). It keeps a continuous batch per
 //! model ([`Batcher`], its KV pool sized from the partition's memory and
-//! shared among the partition's tenants as their plan says) and loops: take
+//! shared among the partition's tenants as their plan says; every model's
+//! blocks charged to one [`PartitionKv`], so the models together hold no
+//! more than the partition's memory) and loops: take
 //! new jobs, run one step of each model with work, hand each stream what
 //! its channel has room for, publish the partition's load.
 //!

@@ -55,7 +55,12 @@ fn eventually(what: &str, gateway: &Gateway, mut done: impl FnMut() -> bool) {
 #[test]
 fn a_dedicated_tenant_gets_its_own_partition_shown_to_admins_and_in_metrics() {
     let policies = PolicyDir::new("partitions");
-    let toml = gateway_toml("").replace("threads = 1", "threads = 2");
+    // 512MiB for weights and KV, 64MiB of it set aside for the weights:
+    // the child must plan with the other 448MiB, as `policy check` did.
+    let toml = gateway_toml("").replace(
+        "threads = 1",
+        "threads = 2\nmemory = \"512MiB\"\nmodel_reservation = \"64MiB\"",
+    );
     policies.write(
         "gateway.toml",
         &format!("{toml}{}", policies.state_tables()),
@@ -83,6 +88,7 @@ fn a_dedicated_tenant_gets_its_own_partition_shown_to_admins_and_in_metrics() {
         (&device["device"], &device["unit"], &device["compute_units"]),
         (&json!("cpu"), &json!("cores"), &json!(2))
     );
+    assert_eq!(device["memory_bytes"], json!(448 * MIB));
     assert_eq!(report["object"], "list");
     assert_eq!(
         layout(&report)[0],

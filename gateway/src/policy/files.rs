@@ -113,8 +113,9 @@ pub struct LocalGpuHostFile {
     /// (default: `threads` cores, or all) or `"mi325x"`.
     pub device: Option<Spanned<String>>,
     /// `device = "cpu"` only: host RAM for weights and KV caches, e.g.
-    /// `"32GiB"` (default: the machine's memory; unchecked where that
-    /// cannot be read).
+    /// `"32GiB"`; the child gets what the model reservation leaves as its
+    /// `--kv-memory` (default: the reservation plus the gpu-host's default
+    /// KV memory, a quarter of the machine's memory, at most 4 GiB).
     pub memory: Option<Spanned<String>>,
     /// Device memory set aside for model weights and charged to no tenant,
     /// e.g. `"20GiB"` (default: the model files' sizes).

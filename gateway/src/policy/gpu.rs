@@ -5,15 +5,18 @@
 //! Enforced by the gpu-host: the gateway sends it the tenant set
 //! (`upstream::sync_partitions`, `SetPartitions`), and the host plans the
 //! same way against its own device (`--threads` cores, `--kv-memory` bytes
-//! of KV cache) and runs one pinned scheduler per partition.
+//! of KV cache) and runs one pinned scheduler per partition. A local child
+//! gets `--threads` and `--kv-memory` from this device (memory − model
+//! reservation), so a set `policy check` accepts for a `cpu` device is one
+//! the child accepts.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
 use bulkhead_partition::{
-    Compute, Device, GpuRequest, Isolation, Layout, PartitionError, TenantRequest, format_bytes,
-    host_cores, host_memory_bytes, parse_bytes, plan,
+    Compute, Device, GpuRequest, Isolation, Layout, PartitionError, TenantRequest,
+    default_kv_memory_bytes, format_bytes, host_cores, parse_bytes, plan,
 };
 use toml::Spanned;
 
@@ -61,12 +64,29 @@ pub(super) fn check_device(
         .memory
         .as_ref()
         .and_then(|m| size(source, "memory", m, errors));
+    let reservation = match &local.model_reservation {
+        None => files_bytes,
+        Some(written) => {
+            let bytes = size(source, "model_reservation", written, errors).unwrap_or(files_bytes);
+            if bytes < files_bytes {
+                errors.push(source.error_at(
+                    written.span(),
+                    format!(
+                        "`model_reservation` is {}, less than the model files take ({})",
+                        format_bytes(bytes),
+                        format_bytes(files_bytes)
+                    ),
+                ));
+            }
+            bytes
+        }
+    };
     let device = match local
         .device
         .as_ref()
         .map(|d| (d.get_ref().as_str(), d.span()))
     {
-        None | Some(("cpu", _)) => cpu_device(threads, memory),
+        None | Some(("cpu", _)) => cpu_device(threads, memory, reservation),
         Some(("mi325x", _)) => {
             if let Some(m) = &local.memory {
                 errors.push(source.error_at(
@@ -83,23 +103,6 @@ pub(super) fn check_device(
                 format!("unknown device `{other}`: expected {DEVICES}"),
             ));
             Device::mi325x() // stand-in; the error discards it
-        }
-    };
-    let reservation = match &local.model_reservation {
-        None => files_bytes,
-        Some(written) => {
-            let bytes = size(source, "model_reservation", written, errors).unwrap_or(files_bytes);
-            if bytes < files_bytes {
-                errors.push(source.error_at(
-                    written.span(),
-                    format!(
-                        "`model_reservation` is {}, less than the model files take ({})",
-                        format_bytes(bytes),
-                        format_bytes(files_bytes)
-                    ),
-                ));
-            }
-            bytes
         }
     };
     if reservation > device.memory_bytes {
@@ -121,11 +124,17 @@ pub(super) fn check_device(
     (device, reservation)
 }
 
-fn cpu_device(threads: Option<usize>, memory: Option<u64>) -> Device {
+/// The CPU device the local child runs: `threads` cores (default: all, as
+/// the child counts them) and `memory` bytes; without `memory`, the
+/// weights' `reservation` plus the KV memory the child takes by default
+/// (`--kv-memory`'s default). The child is always started with
+/// `--kv-memory` = memory − reservation ([`LocalGpuHost::kv_memory_bytes`]),
+/// so it plans the tenants against the same numbers.
+///
+/// [`LocalGpuHost::kv_memory_bytes`]: super::LocalGpuHost::kv_memory_bytes
+fn cpu_device(threads: Option<usize>, memory: Option<u64>, reservation: u64) -> Device {
     let cores = threads.map_or_else(host_cores, |t| u32::try_from(t).unwrap_or(u32::MAX));
-    // Where the machine's memory cannot be read (no /proc/meminfo) and none
-    // is set, memory is not checked rather than every policy refused.
-    let memory = memory.or_else(host_memory_bytes).unwrap_or(u64::MAX);
+    let memory = memory.unwrap_or_else(|| reservation.saturating_add(default_kv_memory_bytes()));
     // `threads` is at least 1 (checked) and host_cores() is too; the
     // stand-in is never used.
     Device::cpu(cores.max(1), memory).unwrap_or_else(|_| Device::mi325x())

@@ -146,6 +146,19 @@ pub struct LocalGpuHost {
     pub model_reservation_bytes: u64,
 }
 
+impl LocalGpuHost {
+    /// The child's `--kv-memory`: the `cpu` device's memory less the model
+    /// reservation, the same KV memory `policy check` planned the tenants
+    /// with. `None` for a GPU device, whose memory the child reads itself.
+    pub fn kv_memory_bytes(&self) -> Option<u64> {
+        (self.device.xcds.is_none() && self.device.name == "cpu").then(|| {
+            self.device
+                .memory_bytes
+                .saturating_sub(self.model_reservation_bytes)
+        })
+    }
+}
+
 /// One tenant, with its limits resolved (tenant over class over defaults).
 #[derive(Clone, Debug)]
 pub struct TenantPolicy {

@@ -96,6 +96,11 @@ impl ChildConfig {
         if let Some(threads) = self.host.threads {
             command.arg("--threads").arg(threads.to_string());
         }
+        // The KV memory `policy check` planned the tenants with, so the
+        // child accepts the same tenant sets (its own default may differ).
+        if let Some(bytes) = self.host.kv_memory_bytes() {
+            command.arg("--kv-memory").arg(format!("{bytes}B"));
+        }
         // No `--model`: models given on the command line are loaded
         // unchecked. The gateway loads each registration by `LoadModel`,
         // with its signed digests, once the child listens.
@@ -240,4 +245,64 @@ async fn run_child(
 async fn stopped(stop: &mut watch::Receiver<bool>) {
     // The guard `wait_for` returns is not `Send`; drop it here.
     let _ = stop.wait_for(|s| *s).await.map(|_| ());
+}
+
+#[cfg(test)]
+mod tests {
+    use bulkhead_partition::Device;
+
+    use super::*;
+
+    fn args(host: LocalGpuHost) -> Vec<String> {
+        let config = ChildConfig {
+            binary: PathBuf::from("/bin/bulkhead-gpu-host"),
+            socket: PathBuf::from("/tmp/s.sock"),
+            host,
+        };
+        config
+            .command()
+            .as_std()
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    fn host(device: Device, threads: Option<usize>) -> LocalGpuHost {
+        LocalGpuHost {
+            binary: None,
+            threads,
+            workers: 4,
+            queue_capacity: 8,
+            restart_backoff_max: Duration::from_secs(1),
+            scrub_bytes_per_s: None,
+            device,
+            model_reservation_bytes: 256 << 20,
+        }
+    }
+
+    fn value_of<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+        let at = args.iter().position(|a| a == flag)?;
+        args.get(at + 1).map(String::as_str)
+    }
+
+    #[test]
+    fn the_child_gets_the_cores_and_kv_memory_policy_check_planned_with() {
+        let cpu = Device::cpu(2, 1 << 30).unwrap();
+        let args = args(host(cpu, Some(2)));
+        assert_eq!(value_of(&args, "--threads"), Some("2"));
+        // 1GiB of memory less the 256MiB model reservation.
+        assert_eq!(value_of(&args, "--kv-memory"), Some("805306368B"));
+        assert_eq!(
+            bulkhead_partition::parse_bytes("805306368B").unwrap(),
+            768 << 20
+        );
+        assert_eq!(value_of(&args, "--workers"), Some("4"));
+    }
+
+    #[test]
+    fn a_gpu_device_leaves_the_child_its_own_memory() {
+        let args = args(host(Device::mi325x(), None));
+        assert_eq!(value_of(&args, "--kv-memory"), None);
+        assert_eq!(value_of(&args, "--threads"), None);
+    }
 }

@@ -131,6 +131,19 @@ pub fn host_cores() -> u32 {
     std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
 }
 
+/// Cap of [`default_kv_memory_bytes`].
+const DEFAULT_KV_MEMORY_CAP_BYTES: u64 = 4 << 30;
+
+/// The gpu-host's KV-cache memory when `--kv-memory` is not given: a
+/// quarter of host memory, at most 4 GiB (1 GiB when memory is unknown).
+/// The gateway's `policy check` of a `cpu` device without `memory` plans
+/// against the same number, so both sides agree.
+pub fn default_kv_memory_bytes() -> u64 {
+    host_memory_bytes()
+        .map_or(1 << 30, |m| m / 4)
+        .min(DEFAULT_KV_MEMORY_CAP_BYTES)
+}
+
 /// Physical memory (`MemTotal` of `/proc/meminfo`), or `None` where that
 /// cannot be read (not Linux, a sandbox).
 pub fn host_memory_bytes() -> Option<u64> {

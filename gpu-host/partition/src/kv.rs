@@ -124,6 +124,13 @@ pub struct TenantBlocks {
     pub budget: u64,
 }
 
+/// Whether free blocks of the pool can satisfy a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FreeBlocks {
+    Count,
+    Ignore,
+}
+
 /// What to do when a sequence cannot get a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Victim {
@@ -431,11 +438,22 @@ impl KvPool {
 
     /// Which sequence to preempt so `requester` can grow (module docs).
     pub fn choose_victim(&self, requester: SeqId) -> Result<Victim, PartitionError> {
+        self.victim_for(requester, FreeBlocks::Count)
+    }
+
+    /// As [`KvPool::choose_victim`] when memory outside this pool ran out
+    /// (a partition's budget shared with the pools of its other models):
+    /// free blocks here do not help, so never [`Victim::Retry`].
+    pub fn choose_victim_ignoring_free(&self, requester: SeqId) -> Result<Victim, PartitionError> {
+        self.victim_for(requester, FreeBlocks::Ignore)
+    }
+
+    fn victim_for(&self, requester: SeqId, free: FreeBlocks) -> Result<Victim, PartitionError> {
         let own = self
             .sequences
             .get(&requester)
             .ok_or(PartitionError::UnknownSequence { seq: requester.0 })?;
-        if !self.free.is_empty() {
+        if free == FreeBlocks::Count && !self.free.is_empty() {
             return Ok(Victim::Retry);
         }
         let excess =

@@ -36,8 +36,9 @@ pub struct ServeArgs {
     /// partitions split, each partition's workers pinned to its own.
     #[arg(long)]
     threads: Option<usize>,
-    /// Sequences one model's continuous batch holds at once: each decode
-    /// step runs them as one forward pass (`--workers` is the old name).
+    /// Decode rows of one model's step, run as one forward pass; its
+    /// continuous batch keeps twice that many sequences in KV and gives the
+    /// rows to them fairly across tenants (`--workers` is the old name).
     #[arg(long, alias = "workers", default_value_t = DEFAULT_MAX_BATCH)]
     max_batch: usize,
     /// KV-cache memory of the host, e.g. `2GiB` (units B, KiB, MiB, GiB, kB,
@@ -75,25 +76,17 @@ pub struct ServeArgs {
 /// prefill chunk keep one step's scratch a few MiB for a ~110M model.
 const DEFAULT_MAX_BATCH: usize = 32;
 
-/// Cap of the default `--kv-memory`.
-const DEFAULT_KV_MEMORY_CAP_BYTES: u64 = 4 << 30;
-
 fn parse_kv_memory(text: &str) -> Result<u64, String> {
     bulkhead_partition::parse_bytes(text).map_err(|e| e.to_string())
-}
-
-/// A quarter of host memory, at most 4 GiB (1 GiB when memory is unknown).
-fn default_kv_memory() -> u64 {
-    bulkhead_partition::host_memory_bytes()
-        .map_or(1 << 30, |m| m / 4)
-        .min(DEFAULT_KV_MEMORY_CAP_BYTES)
 }
 
 /// 64 MiB/s: see `--scrub-bytes-per-s`.
 const DEFAULT_SCRUB_BYTES_PER_S: u64 = 64 << 20;
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
-    let kv_memory_bytes = a.kv_memory.unwrap_or_else(default_kv_memory);
+    let kv_memory_bytes = a
+        .kv_memory
+        .unwrap_or_else(bulkhead_partition::default_kv_memory_bytes);
     let compute = choose_backend(a.backend, a.hip_device, kv_memory_bytes)?;
     let auth_secret = a
         .auth_token_file

@@ -5,15 +5,22 @@
 //! A step:
 //! 1. **Leave**: sequences whose sink says stop (client gone, model out of
 //!    service) release their blocks before anything runs.
-//! 2. **Choose** work by deficit round robin across tenants on tokens
-//!    (`bulkhead-partition`'s `Drr`; priority, then arrival, within a
-//!    tenant). Each live sequence has one item: its next chunk (one token
-//!    when decoding, up to [`BATCH_PREFILL_CHUNK`] of the prompt when prefilling,
-//!    and for a waiting sequence its first chunk, which admits it). A step
-//!    takes items until [`Batcher::step_tokens`] is spent, at most
-//!    `max_running` sequences hold KV at once, and at most
-//!    [`BATCH_PREFILL_CHUNK`] prompt tokens run per step — so a long prompt is
-//!    spread over several steps instead of stalling the decodes around it.
+//! 2. **Choose** work, weighted-fair across tenants on tokens, priority
+//!    then age within a tenant:
+//!    - *decode rows*: at most `max_rows` of the sequences that are
+//!      decoding, chosen by `bulkhead-partition`'s `RowPicker` (deficit
+//!      round robin where a round is a step) when more decode than that —
+//!      so a tenant with many sequences gets its weight's part of the
+//!      rows, not one row per sequence; a tenant's `max_rows` cap (its
+//!      `cus` or `share` of the pool) holds while others have sequences
+//!      left out; a tenant alone uses every row;
+//!    - *prefill*: by deficit round robin (`Drr`) over the sequences
+//!      still prefilling, each item its next chunk (up to
+//!      [`BATCH_PREFILL_CHUNK`] of the prompt, and for a waiting sequence
+//!      its first chunk, which admits it while fewer than `max_running`
+//!      hold KV), at most [`BATCH_PREFILL_CHUNK`] prompt tokens per step —
+//!      so a long prompt is spread over several steps instead of stalling
+//!      the decodes around it.
 //! 3. **Blocks**: each chosen sequence gets the blocks its chunk needs from
 //!    the `KvPool`; an empty pool preempts by the pool's rule (a tenant over
 //!    its guarantee first; the victim recomputes later) or the requester waits.
@@ -34,7 +41,8 @@ use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use bulkhead_partition::{
-    DEFAULT_QUANTUM_TOKENS, Drr, KvPool, PartitionError, SeqId, TenantBlocks, Victim,
+    DEFAULT_QUANTUM_TOKENS, Drr, KvPool, PartitionError, RowCandidate, RowPicker, RowTerms, SeqId,
+    TenantBlocks, Victim,
 };
 
 use super::backend::Backend;
@@ -58,6 +66,10 @@ pub const BATCH_PREFILL_CHUNK: usize = 64;
 const _: () = assert!(PREFILL_CHUNK.is_multiple_of(BATCH_PREFILL_CHUNK));
 use super::paged::{BLOCK_TOKENS, BatchEntry, KvBlocks};
 use crate::Tokenizer;
+
+mod budget;
+use budget::Holding;
+pub use budget::PartitionKv;
 
 /// Where one sequence's output goes; the batcher calls it from its thread.
 pub trait SequenceSink {
@@ -113,8 +125,12 @@ pub enum SequenceError {
 /// Limits of one batcher.
 #[derive(Clone, Copy, Debug)]
 pub struct BatchLimits {
-    /// Sequences holding KV at once (the most decode rows in a step).
+    /// Sequences holding KV at once. More than `max_rows` lets each step
+    /// choose its rows fairly across tenants instead of running whichever
+    /// sequences got in first.
     pub max_running: usize,
+    /// Decode rows one step runs, at most.
+    pub max_rows: usize,
     /// Blocks in the model's KV pool.
     pub kv_blocks: u32,
 }
@@ -131,6 +147,10 @@ pub struct TenantShare {
     /// other sequences leave of it, waits to be admitted before it is
     /// refused (`kv_budget_exceeded`).
     pub kv_wait: Duration,
+    /// The most decode rows of a step it gets while other tenants have
+    /// sequences left out (a shared tenant's `cus` or `share` of the
+    /// pool); `None`: no cap.
+    pub max_rows: Option<usize>,
 }
 
 /// The KV wait of a tenant that sets none: long enough to ride out a
@@ -148,6 +168,7 @@ impl Default for TenantShare {
             weight: 1,
             own_blocks: None,
             kv_wait: DEFAULT_KV_WAIT,
+            max_rows: None,
         }
     }
 }
@@ -197,10 +218,12 @@ struct Sequence {
     table: Vec<u32>,
     /// Positions of `decoding.history()` in the cache.
     cached: usize,
-    /// Whether it has an item in the round robin.
+    /// Whether it has an item in the prefill round robin.
     queued: bool,
     /// When admission first failed for lack of the tenant's budget.
     kv_waiting_since: Option<Instant>,
+    /// Arrival order across the partition's batches ([`PartitionKv`]).
+    age: u64,
 }
 
 impl Sequence {
@@ -211,6 +234,12 @@ impl Sequence {
         let end = self.decoding.history().len();
         let boundary = (self.cached / BATCH_PREFILL_CHUNK + 1) * BATCH_PREFILL_CHUNK;
         self.cached..end.min(boundary)
+    }
+
+    /// Holds KV and its next chunk is one token after a cached one: a
+    /// decode row (the prefill round robin has every other sequence).
+    fn is_decoding(&self) -> bool {
+        self.kv.is_some() && self.cached > 0 && self.next_chunk().len() == 1
     }
 }
 
@@ -235,6 +264,7 @@ pub struct Batcher {
     pool: KvPool,
     kv: KvBlocks,
     drr: Drr<u64>,
+    rows: RowPicker,
     sequences: BTreeMap<u64, Sequence>,
     next_key: u64,
     preemptions: u64,
@@ -244,6 +274,11 @@ pub struct Batcher {
     /// Blocks the listed tenants own (`own_blocks`), whether active or not.
     owned_blocks: u64,
     counts: BTreeMap<String, TenantCounts>,
+    /// The partition's memory, shared with its other models' batches.
+    budget: PartitionKv,
+    /// This batch's id in `budget`.
+    batch_id: u32,
+    block_bytes: u64,
 }
 
 impl std::fmt::Debug for Batcher {
@@ -269,6 +304,18 @@ impl Batcher {
         limits: BatchLimits,
         shares: BTreeMap<String, TenantShare>,
     ) -> Result<Batcher, PartitionError> {
+        Self::in_partition(model, limits, shares, PartitionKv::unlimited())
+    }
+
+    /// As [`Batcher::with_shares`], its blocks also charged to `budget`,
+    /// the memory of a partition it shares with other models' batches.
+    pub fn in_partition(
+        model: &Model,
+        limits: BatchLimits,
+        shares: BTreeMap<String, TenantShare>,
+        budget: PartitionKv,
+    ) -> Result<Batcher, PartitionError> {
+        let block_bytes = model.kv_geometry()?.bytes_per_block();
         let pool = KvPool::new(limits.kv_blocks, [])?;
         let owned_blocks: u64 = shares.values().filter_map(|s| s.own_blocks).sum();
         if owned_blocks > u64::from(limits.kv_blocks) {
@@ -291,11 +338,13 @@ impl Batcher {
         Ok(Batcher {
             limits: BatchLimits {
                 max_running: limits.max_running.max(1),
+                max_rows: limits.max_rows.max(1),
                 ..limits
             },
             pool,
             kv: model.new_kv_blocks(limits.kv_blocks),
             drr: Drr::new(DEFAULT_QUANTUM_TOKENS),
+            rows: RowPicker::new(),
             sequences: BTreeMap::new(),
             next_key: 0,
             preemptions: 0,
@@ -303,13 +352,16 @@ impl Batcher {
             shares,
             owned_blocks,
             counts,
+            batch_id: budget.join(),
+            budget,
+            block_bytes,
         })
     }
 
-    /// Tokens one step may run: a decode row for every running sequence
-    /// plus one prefill chunk.
+    /// Tokens one step may run: `max_rows` decode rows plus one prefill
+    /// chunk.
     pub fn step_tokens(&self) -> u64 {
-        (self.limits.max_running + BATCH_PREFILL_CHUNK) as u64
+        (self.limits.max_rows + BATCH_PREFILL_CHUNK) as u64
     }
 
     /// Queues a sequence; it joins at a coming step. A request that is
@@ -348,6 +400,7 @@ impl Batcher {
                 cached: 0,
                 queued: false,
                 kv_waiting_since: None,
+                age: self.budget.next_age(),
             },
         );
         self.enqueue(key);
@@ -407,6 +460,7 @@ impl Batcher {
         backend: &dyn Backend,
     ) -> Result<usize, ForwardError> {
         self.drop_stopped();
+        self.reclaim();
         let chosen = self.choose();
         if chosen.is_empty() {
             return Ok(0);
@@ -497,13 +551,30 @@ impl Batcher {
         }
     }
 
+    /// Preempts the sequences other models' batches asked for (their
+    /// older sequences need the partition's memory; [`PartitionKv`]).
+    fn reclaim(&mut self) {
+        for age in self.budget.take_reclaims(self.batch_id) {
+            let key = self
+                .sequences
+                .iter()
+                .find(|(_, s)| s.age == age)
+                .map(|(k, _)| *k);
+            if let Some(key) = key {
+                self.preempt(key);
+                self.enqueue(key);
+            }
+        }
+    }
+
     /// Picks this step's work (module docs): `(sequence, history range)`.
     fn choose(&mut self) -> Vec<(u64, std::ops::Range<usize>)> {
-        let budget = self.step_tokens();
-        let mut spent = 0u64;
-        let mut prefill = 0usize;
         let mut chosen: Vec<(u64, std::ops::Range<usize>)> = Vec::new();
         let mut deferred = Vec::new();
+        self.choose_decode_rows(&mut chosen, &mut deferred);
+        let budget = self.step_tokens();
+        let mut spent = chosen.len() as u64;
+        let mut prefill = 0usize;
         while spent < budget {
             let Some(item) = self.drr.pop() else { break };
             let key = item.item;
@@ -511,6 +582,9 @@ impl Batcher {
                 continue; // ended while queued
             };
             s.queued = false;
+            if s.is_decoding() {
+                continue; // a decode row now: the row picker has it
+            }
             let range = s.next_chunk();
             let is_prefill = range.len() > 1 || s.kv.is_none() || s.cached == 0;
             if is_prefill && prefill + range.len() > BATCH_PREFILL_CHUNK {
@@ -538,6 +612,49 @@ impl Batcher {
             self.enqueue(key);
         }
         chosen
+    }
+
+    /// This step's decode rows: every decoding sequence when they fit in
+    /// `max_rows`, else the row picker's weighted-fair choice (module docs).
+    fn choose_decode_rows(
+        &mut self,
+        chosen: &mut Vec<(u64, std::ops::Range<usize>)>,
+        deferred: &mut Vec<u64>,
+    ) {
+        let candidates: Vec<RowCandidate<u64>> = self
+            .sequences
+            .iter()
+            .filter(|(_, s)| s.is_decoding())
+            .map(|(key, s)| RowCandidate {
+                tenant: s.tenant.clone(),
+                priority: s.priority,
+                age: *key,
+                key: *key,
+            })
+            .collect();
+        let shares = &self.shares;
+        let picked = self.rows.pick(self.limits.max_rows, candidates, |tenant| {
+            let share = shares.get(tenant).copied().unwrap_or_default();
+            RowTerms {
+                weight: share.weight,
+                max_rows: share.max_rows,
+            }
+        });
+        for key in picked {
+            // An earlier row's growth may have preempted it.
+            let Some(s) = self.sequences.get(&key) else {
+                continue;
+            };
+            if !s.is_decoding() {
+                deferred.push(key);
+                continue;
+            }
+            let range = s.next_chunk();
+            match self.grow(key, range.end, chosen, deferred) {
+                Grown::Yes => chosen.push((key, range)),
+                Grown::No => deferred.push(key),
+            }
+        }
     }
 
     /// Admits a waiting sequence into the pool if a slot and its tenant's
@@ -645,7 +762,34 @@ impl Batcher {
             if s.table.len() >= needed {
                 return Grown::Yes;
             }
-            match self.pool.allocate(seq) {
+            let age = s.age;
+            if !self
+                .budget
+                .try_charge(self.batch_id, key, age, self.block_bytes)
+            {
+                // The partition's memory is held, partly by other models.
+                match self.partition_room(key, seq, age) {
+                    Some(vkey) => {
+                        if let Some(at) = chosen.iter().position(|(k, _)| *k == vkey) {
+                            chosen.remove(at);
+                        }
+                        deferred.push(vkey);
+                        if vkey == key {
+                            return Grown::No;
+                        }
+                        continue;
+                    }
+                    None => return Grown::No,
+                }
+            }
+            let allocated = self.pool.allocate(seq);
+            if allocated.is_err() {
+                self.budget.release(age, self.block_bytes);
+            }
+            let Some(s) = self.sequences.get_mut(&key) else {
+                return Grown::No;
+            };
+            match allocated {
                 Ok(block) => s.table.push(block.0),
                 Err(PartitionError::KvPoolExhausted { .. }) => match self.pool.choose_victim(seq) {
                     Ok(Victim::Retry) => {}
@@ -656,8 +800,9 @@ impl Batcher {
                         self.preempt(vkey);
                         if let Some(at) = chosen.iter().position(|(k, _)| *k == vkey) {
                             chosen.remove(at);
-                            deferred.push(vkey);
                         }
+                        // It prefills again: back in the round robin.
+                        deferred.push(vkey);
                         if vkey == key {
                             return Grown::No;
                         }
@@ -672,6 +817,40 @@ impl Batcher {
         }
     }
 
+    /// Makes room in the partition's memory for `key` (module docs of
+    /// [`PartitionKv`]): the sequence preempted (possibly `key` itself), or
+    /// `None` when it must wait.
+    fn partition_room(&mut self, key: u64, seq: SeqId, age: u64) -> Option<u64> {
+        if let Ok(Victim::Preempt(victim)) = self.pool.choose_victim_ignoring_free(seq) {
+            let vkey = self.key_of(victim)?;
+            self.preempt(vkey);
+            return Some(vkey);
+        }
+        match self.budget.youngest_after(age) {
+            Some(Holding {
+                batch, key: vkey, ..
+            }) if batch == self.batch_id => {
+                self.preempt(vkey);
+                Some(vkey)
+            }
+            Some(Holding { batch, age, .. }) => {
+                self.budget.ask_reclaim(batch, age);
+                None
+            }
+            None => {
+                // The youngest holder: older sequences go first.
+                let holds = self
+                    .sequences
+                    .get(&key)
+                    .is_some_and(|s| !s.table.is_empty());
+                holds.then(|| {
+                    self.preempt(key);
+                    key
+                })
+            }
+        }
+    }
+
     /// Frees `key`'s blocks; it keeps its reservation and recomputes its
     /// cache (prompt and generated tokens) when it runs again.
     fn preempt(&mut self, key: u64) {
@@ -679,6 +858,8 @@ impl Batcher {
             && let Some(seq) = s.kv
         {
             let _ = self.pool.preempt(seq);
+            self.budget
+                .release(s.age, s.table.len() as u64 * self.block_bytes);
             self.preemptions += 1;
             s.table.clear();
             s.cached = 0;
@@ -696,12 +877,13 @@ impl Batcher {
             .map(|(k, _)| *k)
     }
 
-    /// Puts a live sequence's next item in the round robin (once).
+    /// Puts a live sequence's next prefill chunk in the round robin (once;
+    /// decode rows are chosen each step from the running sequences).
     fn enqueue(&mut self, key: u64) {
         let Some(s) = self.sequences.get_mut(&key) else {
             return;
         };
-        if s.queued {
+        if s.queued || s.is_decoding() {
             return;
         }
         let cost = s.next_chunk().len().max(1) as u64;
@@ -718,6 +900,8 @@ impl Batcher {
         };
         if let Some(seq) = s.kv {
             let _ = self.pool.release(seq);
+            self.budget
+                .release(s.age, s.table.len() as u64 * self.block_bytes);
         }
         match outcome {
             Some(Err(SequenceError::Generate(GenerateError::Cancelled))) => {}
@@ -803,6 +987,17 @@ impl Batcher {
 enum Grown {
     Yes,
     No,
+}
+
+impl Drop for Batcher {
+    /// A batch dropped with sequences (a step panicked) gives their memory
+    /// back to the partition.
+    fn drop(&mut self) {
+        for s in self.sequences.values() {
+            self.budget
+                .release(s.age, s.table.len() as u64 * self.block_bytes);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ mod weights;
 pub use backend::{Backend, ComputeBackend, CpuBackend, RopeParams};
 pub use batch::{
     BATCH_PREFILL_CHUNK, BatchLimits, BatchStats, Batcher, DEFAULT_KV_WAIT, MAX_KV_WAIT,
-    NewSequence, SequenceError, SequenceSink, TenantCounts, TenantShare,
+    NewSequence, PartitionKv, SequenceError, SequenceSink, TenantCounts, TenantShare,
 };
 pub use budgeted::BudgetedDevice;
 pub use config::{Arch, ConfigError, ModelConfig};

@@ -56,7 +56,8 @@ pub struct ServeConfig {
     pub threads: usize,
     /// What the partitions compute with (`--backend`).
     pub compute: ComputeBackend,
-    /// Sequences one model's batch holds at once (decode rows per step).
+    /// Decode rows of one model's step (its batch keeps twice that many
+    /// sequences in KV).
     pub max_batch: usize,
     /// Bytes of KV cache of the whole host (the memory partitions split;
     /// each partition's pool of 16-token blocks per model). On a HIP

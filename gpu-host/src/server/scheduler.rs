@@ -2,7 +2,9 @@
 //! tenants use on the partition's own worker pool (pinned to its cores, see
 //! [`super::queue::Scheduler::start`]). It keeps a continuous batch per
 //! model ([`Batcher`], its KV pool sized from the partition's memory and
-//! shared among the partition's tenants as their plan says) and loops: take
+//! shared among the partition's tenants as their plan says; every model's
+//! blocks charged to one [`PartitionKv`], so the models together hold no
+//! more than the partition's memory) and loops: take
 //! new jobs, run one step of each model with work, hand each stream what
 //! its channel has room for, publish the partition's load.
 //!
@@ -28,12 +30,20 @@ use super::queue::Job;
 use super::registry::{LoadedModel, ModelRegistry};
 use super::sink::{Counted, Outbox, StreamSink};
 use crate::engine::{
-    Backend, BatchLimits, Batcher, NewSequence, SequenceSink, TenantCounts, TenantShare,
+    Backend, BatchLimits, Batcher, NewSequence, PartitionKv, SequenceSink, TenantCounts,
+    TenantShare,
 };
 
 /// How long the thread waits for new work while streams still have
 /// backlogged events but no sequence runs (a slow client reading).
 const FLUSH_INTERVAL: Duration = Duration::from_millis(2);
+
+/// Sequences a batch keeps in KV per decode row of a step. Above one, so a
+/// step chooses its rows fairly across tenants (`RowPicker`) from more
+/// sequences than it runs; with one, the tenant that filled the batch
+/// first would keep every row until its sequences end. Two keeps the extra
+/// KV and the stalled sequences' wait modest.
+const RESIDENT_PER_ROW: usize = 2;
 
 /// How long a step that could run nothing (every sequence waiting for KV
 /// blocks another holds) waits before trying again, instead of spinning.
@@ -69,7 +79,8 @@ pub(crate) struct PlannedTenant {
 /// What a scheduler runs with.
 #[derive(Clone, Debug)]
 pub(crate) struct SchedulerConfig {
-    /// Sequences one model's batch holds at once.
+    /// Decode rows of one model's step (`--max-batch`); its batch keeps
+    /// [`RESIDENT_PER_ROW`] times that many sequences in KV.
     pub max_running: usize,
     pub partition: Arc<PartitionSpec>,
 }
@@ -118,6 +129,8 @@ pub(crate) fn run(
 ) {
     let counters = &shared.counters;
     let mut batches: Vec<ModelBatch> = Vec::new();
+    // One KV budget for all the partition's models.
+    let kv = PartitionKv::new(config.partition.memory_bytes);
     let mut outboxes: Vec<Rc<RefCell<Outbox>>> = Vec::new();
     // Counts of batches dropped (model unloaded), so totals never go back.
     let mut retired = PartitionLoad::default();
@@ -133,14 +146,14 @@ pub(crate) fn run(
                 receiver.recv_timeout(FLUSH_INTERVAL)
             };
             match next {
-                Ok(job) => accept(job, &mut batches, &mut outboxes, config, counters),
+                Ok(job) => accept(job, &mut batches, &mut outboxes, config, &kv, counters),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => open = false,
             }
         }
         while open {
             match receiver.try_recv() {
-                Ok(job) => accept(job, &mut batches, &mut outboxes, config, counters),
+                Ok(job) => accept(job, &mut batches, &mut outboxes, config, &kv, counters),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => open = false,
             }
@@ -259,6 +272,7 @@ fn accept(
     batches: &mut Vec<ModelBatch>,
     outboxes: &mut Vec<Rc<RefCell<Outbox>>>,
     config: &SchedulerConfig,
+    kv: &PartitionKv,
     counters: &Counted,
 ) {
     let Job {
@@ -281,7 +295,7 @@ fn accept(
     }
     let at = match batches.iter().position(|b| Arc::ptr_eq(&b.model, &model)) {
         Some(at) => at,
-        None => match new_batch(&model, config) {
+        None => match new_batch(&model, config, kv) {
             Ok((batcher, block_bytes)) => {
                 batches.push(ModelBatch {
                     model: model.clone(),
@@ -306,8 +320,14 @@ fn accept(
 }
 
 /// A batch for `model` with the partition's memory as KV blocks, shared as
-/// its plan says; and the bytes of one block.
-fn new_batch(model: &LoadedModel, config: &SchedulerConfig) -> Result<(Batcher, u64), Status> {
+/// its plan says and charged to `kv`, the partition's memory all its
+/// models share (any one may use all of it, together no more); and the
+/// bytes of one block.
+fn new_batch(
+    model: &LoadedModel,
+    config: &SchedulerConfig,
+    kv: &PartitionKv,
+) -> Result<(Batcher, u64), Status> {
     let geometry = model
         .model
         .kv_geometry()
@@ -315,31 +335,42 @@ fn new_batch(model: &LoadedModel, config: &SchedulerConfig) -> Result<(Batcher, 
     let partition = &config.partition;
     let blocks = u32::try_from(geometry.blocks_in(partition.memory_bytes)).unwrap_or(u32::MAX);
     let limits = BatchLimits {
-        max_running: config.max_running,
+        max_running: config.max_running.saturating_mul(RESIDENT_PER_ROW),
+        max_rows: config.max_running,
         kv_blocks: blocks,
     };
-    let shares = tenant_shares(partition, |bytes| geometry.blocks_in(bytes));
-    let batcher = Batcher::with_shares(&model.model, limits, shares)
+    let shares = tenant_shares(partition, config.max_running, |bytes| {
+        geometry.blocks_in(bytes)
+    });
+    let batcher = Batcher::in_partition(&model.model, limits, shares, kv.clone())
         .map_err(|e| Status::internal(format!("KV pool of `{}`: {e}", model.name)))?;
     Ok((batcher, geometry.bytes_per_block()))
 }
 
 /// The plan's tenants as the batcher shares its pool: a dedicated tenant
 /// owns the whole pool; in the shared pool a tenant with `hbm` owns that
-/// much (`guaranteed == budget`), the others split the rest by weight.
+/// much (`guaranteed == budget`), the others split the rest by weight, and
+/// a tenant whose `cus` (or `share`) is less than the pool's units gets at
+/// most that fraction of a step's `max_rows` decode rows while others wait
+/// (rounded down, at least one).
 pub(crate) fn tenant_shares(
     partition: &PartitionSpec,
+    max_rows: usize,
     blocks_in: impl Fn(u64) -> u64,
 ) -> BTreeMap<String, TenantShare> {
+    let pool_units = partition.units.len();
     partition
         .tenants
         .iter()
         .map(|t| {
             let owns = partition.kind == PartitionKind::Dedicated || t.owns_memory;
+            let units = usize::try_from(t.slot.max_cus).unwrap_or(usize::MAX);
+            let capped = partition.kind == PartitionKind::Shared && units < pool_units;
             let share = TenantShare {
                 weight: t.slot.weight.max(1),
                 own_blocks: owns.then(|| blocks_in(t.slot.budget_bytes)),
                 kv_wait: t.kv_wait,
+                max_rows: capped.then(|| (max_rows.saturating_mul(units) / pool_units).max(1)),
             };
             (t.slot.tenant.clone(), share)
         })
@@ -350,7 +381,60 @@ pub(crate) fn tenant_shares(
 mod tests {
     use std::panic::catch_unwind;
 
-    use super::panic_message;
+    use super::*;
+
+    fn planned(tenant: &str, max_cus: u32, owns_memory: bool) -> PlannedTenant {
+        PlannedTenant {
+            slot: TenantSlot {
+                tenant: tenant.to_string(),
+                weight: 2,
+                guaranteed_bytes: 1 << 20,
+                budget_bytes: 1 << 20,
+                max_cus,
+            },
+            owns_memory,
+            kv_wait: Duration::from_secs(1),
+        }
+    }
+
+    fn spec(kind: PartitionKind, tenants: Vec<PlannedTenant>) -> PartitionSpec {
+        PartitionSpec {
+            id: "p".to_string(),
+            kind,
+            units: vec![0, 1, 2, 3],
+            cpus: vec![0, 1, 2, 3],
+            memory_bytes: 4 << 20,
+            tenants,
+        }
+    }
+
+    #[test]
+    fn a_shared_tenants_cus_cap_becomes_its_part_of_the_steps_rows() {
+        let shared = spec(
+            PartitionKind::Shared,
+            vec![
+                planned("quarter", 1, false),
+                planned("three", 3, true),
+                planned("whole", 4, false),
+            ],
+        );
+        let shares = tenant_shares(&shared, 32, |bytes| bytes >> 16);
+        assert_eq!(shares["quarter"].max_rows, Some(8));
+        assert_eq!(shares["three"].max_rows, Some(24));
+        assert_eq!(shares["whole"].max_rows, None);
+        assert_eq!(shares["three"].own_blocks, Some(16));
+        assert_eq!(shares["quarter"].own_blocks, None);
+        assert_eq!(shares["quarter"].weight, 2);
+        // At least one row, however small the batch.
+        assert_eq!(
+            tenant_shares(&shared, 2, |b| b)["quarter"].max_rows,
+            Some(1)
+        );
+        // A dedicated tenant's cores are all its partition has: no cap.
+        let dedicated = spec(PartitionKind::Dedicated, vec![planned("own", 4, true)]);
+        let shares = tenant_shares(&dedicated, 32, |bytes| bytes >> 16);
+        assert_eq!(shares["own"].max_rows, None);
+    }
 
     #[test]
     fn a_panics_message_is_read_from_either_payload() {

@@ -271,6 +271,7 @@ fn batched(
     let per_seq_blocks = (32 + max_tokens).div_ceil(16) as u32;
     let limits = BatchLimits {
         max_running: n,
+        max_rows: n,
         kv_blocks: per_seq_blocks * n as u32,
     };
     let mut batcher = Batcher::new(model, limits).unwrap();

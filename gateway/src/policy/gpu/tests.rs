@@ -313,3 +313,91 @@ fn kv_wait_is_at_most_two_minutes_and_reaches_the_tenant() {
     let wire = crate::upstream::tenant_set(&policy);
     assert_eq!(wire[0].kv_wait_ms, Some(500));
 }
+
+/// The tenant set of `policy` planned as the local child plans it: its own
+/// CPU device of `--threads` cores and `--kv-memory` bytes (as the
+/// supervisor passes them), no reservation (weights are outside its KV).
+fn child_plan(policy: &Policy) -> Result<Layout, Vec<PartitionError>> {
+    let crate::policy::UpstreamSettings::Local(host) = &policy.gateway.upstream else {
+        panic!("a local gpu-host is configured");
+    };
+    let cores = host.threads.map_or_else(host_cores, |t| t as u32);
+    let kv = host
+        .kv_memory_bytes()
+        .expect("a cpu device gives the child --kv-memory");
+    let requests: Vec<TenantRequest> = policy
+        .tenants
+        .values()
+        .map(|t| TenantRequest {
+            tenant: t.id.clone(),
+            gpu: t.gpu.clone(),
+        })
+        .collect();
+    plan(&Device::cpu(cores, kv).unwrap(), 0, &requests)
+}
+
+#[test]
+fn the_local_child_plans_a_checked_policy_on_the_same_memory_and_cores() {
+    // The model file is 4096 bytes, so the KV memory is 8GiB - 4096: `a`,
+    // `b` and `c` together take all of it, which both sides accept ...
+    let kv = 8 * GIB - 4096;
+    let b_bytes = kv - GIB - (1 << 20);
+    let gpu = |cus: u32, bytes: u64| {
+        format!("\n[gpu]\nisolation = \"dedicated\"\ncus = {cus}\nhbm = \"{bytes}B\"\n")
+    };
+    let folder = folder(
+        "threads = 3\nmemory = \"8GiB\"",
+        &[
+            ("a", &gpu(1, GIB)),
+            ("b", &gpu(1, b_bytes)),
+            ("c", "\n[gpu]\nhbm = \"1MiB\"\n"),
+        ],
+    );
+    let policy = load(folder.path()).unwrap_or_else(|e| panic!("{e}"));
+    let layout = policy.partitions.clone().unwrap();
+    let child = child_plan(&policy).unwrap_or_else(|e| panic!("the child refuses: {e:?}"));
+    assert_eq!(child.partitions.len(), 2 + 1);
+    for (gateway, child) in layout.partitions.iter().zip(&child.partitions) {
+        assert_eq!(
+            (&gateway.cus, gateway.memory_bytes, &gateway.tenants),
+            (&child.cus, child.memory_bytes, &child.tenants)
+        );
+    }
+    // ... and one byte more, which both refuse (before the fix the child,
+    // on its own default --kv-memory, refused sets the check accepted).
+    folder.write("tenants/b.toml", tenant("b", &gpu(1, b_bytes + 1)));
+    assert!(
+        errors(&folder)[0].contains("memory:"),
+        "{:?}",
+        errors(&folder)
+    );
+    folder.write("tenants/b.toml", tenant("b", &gpu(1, b_bytes)));
+    let mut policy = load(folder.path()).unwrap_or_else(|e| panic!("{e}"));
+    if let Some(b) = policy.tenants.get_mut("b") {
+        b.gpu.hbm_bytes = Some(b_bytes + 1);
+    }
+    assert!(child_plan(&policy).is_err());
+}
+
+#[test]
+fn without_memory_the_check_uses_the_childs_default_kv_memory() {
+    let folder = folder("threads = 2", &[("a", "")]);
+    let policy = load(folder.path()).unwrap_or_else(|e| panic!("{e}"));
+    let crate::policy::UpstreamSettings::Local(host) = &policy.gateway.upstream else {
+        panic!("a local gpu-host is configured");
+    };
+    assert_eq!(host.model_reservation_bytes, 4096);
+    assert_eq!(host.device.memory_bytes, 4096 + default_kv_memory_bytes());
+    assert_eq!(host.kv_memory_bytes(), Some(default_kv_memory_bytes()));
+    // A GPU device's memory is the child's own to read: no --kv-memory.
+    let folder = folder_gpu();
+    let policy = load(folder.path()).unwrap_or_else(|e| panic!("{e}"));
+    let crate::policy::UpstreamSettings::Local(host) = &policy.gateway.upstream else {
+        panic!("a local gpu-host is configured");
+    };
+    assert_eq!(host.kv_memory_bytes(), None);
+}
+
+fn folder_gpu() -> TestFolder {
+    folder("device = \"mi325x\"", &[("a", "")])
+}

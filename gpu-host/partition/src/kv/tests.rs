@@ -335,3 +335,23 @@ fn tenants_join_and_leave_a_shared_pool_within_its_guarantees() {
     assert!(pool.admit("b", 1, 1).is_err());
     assert!(pool.is_idle());
 }
+
+#[test]
+fn with_memory_gone_elsewhere_free_blocks_do_not_stop_a_preemption() {
+    let mut pool = KvPool::new(8, [("a", blocks(2, 8)), ("b", blocks(2, 8))]).unwrap();
+    let a = pool.admit("a", 16, 0).unwrap();
+    let b1 = pool.admit("b", 32, 0).unwrap();
+    let b2 = pool.admit("b", 32, 0).unwrap();
+    pool.allocate(a).unwrap();
+    pool.allocate(b1).unwrap();
+    pool.allocate(b1).unwrap();
+    pool.allocate(b2).unwrap();
+    assert_eq!(pool.choose_victim(a).unwrap(), Victim::Retry);
+    // `b` is over its guarantee of 2: its youngest gives way, as if the
+    // pool were empty.
+    assert_eq!(
+        pool.choose_victim_ignoring_free(a).unwrap(),
+        Victim::Preempt(b2)
+    );
+    assert_consistent(&pool);
+}

@@ -124,6 +124,7 @@ fn alone(
 fn limits(max_running: usize, kv_blocks: u32) -> BatchLimits {
     BatchLimits {
         max_running,
+        max_rows: max_running,
         kv_blocks,
     }
 }
@@ -367,6 +368,7 @@ fn planned_shares_give_own_blocks_and_weighted_parts_and_count_refusals() {
                 weight: 1,
                 own_blocks: Some(16),
                 kv_wait: DEFAULT_KV_WAIT,
+                max_rows: None,
             },
         ),
         (
@@ -375,6 +377,7 @@ fn planned_shares_give_own_blocks_and_weighted_parts_and_count_refusals() {
                 weight: 3,
                 own_blocks: None,
                 kv_wait: DEFAULT_KV_WAIT,
+                max_rows: None,
             },
         ),
         (
@@ -383,6 +386,7 @@ fn planned_shares_give_own_blocks_and_weighted_parts_and_count_refusals() {
                 weight: 1,
                 own_blocks: None,
                 kv_wait: DEFAULT_KV_WAIT,
+                max_rows: None,
             },
         ),
     ]);
@@ -430,6 +434,7 @@ fn planned_shares_give_own_blocks_and_weighted_parts_and_count_refusals() {
             weight: 1,
             own_blocks: Some(65),
             kv_wait: DEFAULT_KV_WAIT,
+            max_rows: None,
         },
     )]);
     assert!(Batcher::with_shares(&model, limits(8, 64), over).is_err());
@@ -451,6 +456,7 @@ fn a_request_waiting_for_its_tenants_budget_is_refused_after_its_kv_wait() {
                 weight: 1,
                 own_blocks: Some(8),
                 kv_wait,
+                max_rows: None,
             },
         )]);
         let mut batcher = Batcher::with_shares(&model, limits(4, 8), shares).unwrap();
@@ -500,4 +506,152 @@ fn fail_all_tells_every_sequence_why_and_leaves_the_batch_empty() {
         );
     }
     assert!(batcher.is_idle());
+}
+
+/// Decode tokens `a` and `b` got over `steps` steps of a batch with
+/// `max_rows` rows, once all their sequences (`seqs`) hold KV and decode.
+fn decode_split(
+    shares: [(u32, Option<usize>); 2],
+    seqs: (usize, usize),
+    max_rows: usize,
+    steps: usize,
+) -> (usize, usize) {
+    let backend = CpuBackend::new(1).unwrap();
+    let (model, tok) = fixture("llama-q8_0.gguf");
+    let share = |(weight, max_rows): (u32, Option<usize>)| TenantShare {
+        weight,
+        own_blocks: None,
+        kv_wait: DEFAULT_KV_WAIT,
+        max_rows,
+    };
+    let shares = BTreeMap::from([
+        ("a".to_string(), share(shares[0])),
+        ("b".to_string(), share(shares[1])),
+    ]);
+    let limits = BatchLimits {
+        max_running: seqs.0 + seqs.1,
+        max_rows,
+        kv_blocks: 1024,
+    };
+    let mut batcher = Batcher::with_shares(&model, limits, shares).unwrap();
+    // Long enough that none ends while measured (asserted below).
+    let logs: Vec<(&str, Rc<RefCell<Log>>)> = std::iter::repeat_n("a", seqs.0)
+        .chain(std::iter::repeat_n("b", seqs.1))
+        .map(|t| (t, add(&mut batcher, &tok, t, request(&tok, "Hi", 400))))
+        .collect();
+    let tokens = |tenant: &str| -> usize {
+        logs.iter()
+            .filter(|(t, _)| *t == tenant)
+            .map(|(_, log)| log.borrow().tokens.len())
+            .sum()
+    };
+    // Prefill: every sequence gets its first token.
+    for _ in 0..50 {
+        if logs.iter().all(|(_, log)| !log.borrow().tokens.is_empty()) {
+            break;
+        }
+        batcher.step(&model, &tok, &backend).unwrap();
+    }
+    assert_eq!(batcher.stats().running, seqs.0 + seqs.1);
+    let before = (tokens("a"), tokens("b"));
+    for _ in 0..steps {
+        let ran = batcher.step(&model, &tok, &backend).unwrap();
+        assert_eq!(ran, max_rows, "every row is used");
+    }
+    for (_, log) in &logs {
+        assert!(log.borrow().result.is_none(), "a sequence ended early");
+    }
+    (tokens("a") - before.0, tokens("b") - before.1)
+}
+
+#[test]
+fn decode_rows_are_split_by_weight_not_by_sequence_count() {
+    // Equal weights, `a` runs three times as many sequences: half each.
+    let (a, b) = decode_split([(1, None), (1, None)], (9, 3), 4, 60);
+    assert_eq!(a + b, 240);
+    let half = 120.0;
+    assert!((a as f64 - half).abs() <= 0.1 * half, "a {a}, b {b}");
+    // 3:1 weights: 3:1 tokens, whichever has more sequences.
+    let (a, b) = decode_split([(3, None), (1, None)], (4, 8), 4, 60);
+    assert!((2.7..=3.3).contains(&(a as f64 / b as f64)), "a {a}, b {b}");
+    // (With a row for every running sequence, `a` would get three quarters.)
+}
+
+#[test]
+fn a_tenant_capped_at_a_quarter_of_the_pool_gets_a_quarter_of_the_rows() {
+    // `a`'s cus are a quarter of the pool: 1 row of 4 while `b` waits.
+    let (a, b) = decode_split([(1, Some(1)), (1, None)], (6, 6), 4, 40);
+    assert_eq!((a, b), (40, 120));
+    // `b` has fewer sequences than rows: `a` takes the rows left idle.
+    let (a, b) = decode_split([(1, Some(1)), (1, None)], (6, 1), 4, 40);
+    assert_eq!((a, b), (120, 40));
+}
+
+#[test]
+fn the_models_of_a_partition_together_hold_no_more_than_its_memory() {
+    let backend = CpuBackend::new(1).unwrap();
+    let (llama, llama_tok) = fixture("llama-q8_0.gguf");
+    let (qwen, qwen_tok) = fixture("qwen2-q4_0.gguf");
+    let block = |m: &Model| m.kv_geometry().unwrap().bytes_per_block();
+    let (llama_block, qwen_block) = (block(&llama), block(&qwen));
+    // Room for 16 blocks of the larger model; each pool alone could take
+    // all of it (so 32 blocks between them without the shared budget).
+    let memory = 16 * llama_block.max(qwen_block);
+    let kv = PartitionKv::new(memory);
+    let pool = |b: u64| limits(4, u32::try_from(memory / b).unwrap());
+    let mut x =
+        Batcher::in_partition(&llama, pool(llama_block), BTreeMap::new(), kv.clone()).unwrap();
+    let mut y =
+        Batcher::in_partition(&qwen, pool(qwen_block), BTreeMap::new(), kv.clone()).unwrap();
+    // Each sequence grows to ~7 blocks: three per model need ~21 of 16.
+    let mut logs = Vec::new();
+    for i in 0..3 {
+        let tenant = if i % 2 == 0 { "t" } else { "u" };
+        logs.push(add(
+            &mut x,
+            &llama_tok,
+            tenant,
+            request(&llama_tok, "Hi", 100),
+        ));
+        logs.push(add(
+            &mut y,
+            &qwen_tok,
+            tenant,
+            request(&qwen_tok, "Hi", 100),
+        ));
+    }
+    let mut peak = 0;
+    for _ in 0..3_000 {
+        if x.is_idle() && y.is_idle() {
+            break;
+        }
+        x.step(&llama, &llama_tok, &backend).unwrap();
+        y.step(&qwen, &qwen_tok, &backend).unwrap();
+        let held = u64::from(x.stats().kv_blocks_used) * llama_block
+            + u64::from(y.stats().kv_blocks_used) * qwen_block;
+        assert!(held <= memory, "{held} bytes held of {memory}");
+        assert_eq!(held, kv.used_bytes());
+        peak = peak.max(held);
+    }
+    assert!(
+        x.is_idle() && y.is_idle(),
+        "both models finish: no deadlock"
+    );
+    // Preempted and recomputed, each still writes what it writes alone.
+    let want_x = alone(
+        &llama,
+        &llama_tok,
+        &backend,
+        &request(&llama_tok, "Hi", 100),
+    );
+    let want_y = alone(&qwen, &qwen_tok, &backend, &request(&qwen_tok, "Hi", 100));
+    for (i, log) in logs.iter().enumerate() {
+        let want = if i % 2 == 0 { &want_x } else { &want_y };
+        let log = log.borrow();
+        assert_eq!(log.result, Some(Ok(FinishReason::Length)));
+        assert_eq!(log.tokens, want.1, "sequence {i}");
+    }
+    assert!(peak > memory / 2, "the models competed for memory ({peak})");
+    assert!(x.stats().preemptions + y.stats().preemptions > 0);
+    assert_eq!(kv.used_bytes(), 0);
 }

@@ -12,17 +12,33 @@
 //! tenant in turn (round robin), so a tenant with many requests queued does
 //! not delay another tenant's next hook by more than one run per tenant
 //! ahead of it. A [`GatePass`] is released when dropped: it moves onto the
-//! blocking thread with the hook, so a slot stays taken until the guest code
+//! hook's thread with the hook, so a slot stays taken until the guest code
 //! has really stopped, even when the request that started it is gone.
+//!
+//! Hooks run on the gate's own threads ([`HookGate::spawn`]), at most one
+//! per slot, started as needed, at a lower CPU priority (nice
+//! [`HOOK_THREAD_NICE`]): when the machine is busy, the request path's
+//! threads win the core from a looping guest at once instead of waiting out
+//! its time slice.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
 
 use tokio::sync::oneshot;
 
 /// The most slots an operator may configure: far above any core count, and
 /// low enough that a typo cannot turn the cap off in practice.
 pub const MAX_GATE_SLOTS: usize = 1024;
+
+/// The nice value of the threads hooks run on. 10 gives a thread about a
+/// tenth of the CPU weight of a normal one (nice 0) when they compete, and
+/// leaves room below for an operator who runs the whole gateway niced.
+pub const HOOK_THREAD_NICE: i32 = 10;
+
+/// Stack of a hook thread: the guest's stack (`MAX_WASM_STACK_BYTES`, 512
+/// KiB) plus wasmtime's and our frames, with room to spare.
+const HOOK_THREAD_STACK_BYTES: usize = 4 << 20;
 
 /// The default number of slots: one fewer than the cores this process may
 /// run on, at least one.
@@ -37,6 +53,18 @@ pub fn default_gate_slots() -> usize {
 pub struct HookGate {
     slots: usize,
     state: Mutex<GateState>,
+    threads: Mutex<Threads>,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The hook threads: started one at a time as passes need them, never more
+/// than `slots`; each takes jobs from one queue.
+#[derive(Debug)]
+struct Threads {
+    started: usize,
+    jobs: mpsc::Sender<Job>,
+    queue: Arc<Mutex<mpsc::Receiver<Job>>>,
 }
 
 #[derive(Debug, Default)]
@@ -64,13 +92,53 @@ impl HookGate {
     /// A gate of `slots` (clamped to `1..=MAX_GATE_SLOTS`).
     pub fn new(slots: usize) -> Arc<HookGate> {
         let slots = slots.clamp(1, MAX_GATE_SLOTS);
+        let (jobs, queue) = mpsc::channel();
         Arc::new(HookGate {
             slots,
             state: Mutex::new(GateState {
                 free: slots,
                 turns: VecDeque::new(),
             }),
+            threads: Mutex::new(Threads {
+                started: 0,
+                jobs,
+                queue: Arc::new(Mutex::new(queue)),
+            }),
         })
+    }
+
+    /// Runs `job` on a hook thread, holding `pass` until it returns (or
+    /// panics): passes bound the jobs in flight, so a thread is free or
+    /// about to be. A job that panics takes nothing down with it: whatever
+    /// it was to send back is dropped unsent.
+    pub fn spawn(&self, pass: GatePass, job: impl FnOnce() + Send + 'static) {
+        let mut threads = self.threads.lock().unwrap_or_else(PoisonError::into_inner);
+        if threads.started < self.in_use() {
+            let queue = Arc::clone(&threads.queue);
+            let started = std::thread::Builder::new()
+                .name(format!("plugin-hooks-{}", threads.started))
+                .stack_size(HOOK_THREAD_STACK_BYTES)
+                .spawn(move || hook_thread(&queue));
+            match started {
+                Ok(_) => threads.started += 1,
+                // The threads already started serve the job, later.
+                Err(e) => tracing::error!("could not start a plugin hook thread: {e}"),
+            }
+        }
+        // The receiving side lives as long as the gate's threads, which
+        // never exit while the gate (holding the sender) exists.
+        let _ = threads.jobs.send(Box::new(move || {
+            let _held = pass;
+            job();
+        }));
+    }
+
+    /// Hook threads started so far.
+    pub fn threads(&self) -> usize {
+        self.threads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .started
     }
 
     pub fn slots(&self) -> usize {
@@ -145,6 +213,27 @@ impl HookGate {
             }
         }
         state.free += 1;
+    }
+}
+
+/// A hook thread: lowers its own priority, then runs jobs until the gate
+/// is gone.
+fn hook_thread(queue: &Mutex<mpsc::Receiver<Job>>) {
+    let me = rustix::thread::gettid();
+    if let Err(e) = rustix::process::setpriority_process(Some(me), HOOK_THREAD_NICE) {
+        tracing::warn!("plugin hook thread runs at normal CPU priority: setpriority failed: {e}");
+    }
+    loop {
+        let job = {
+            let queue = queue.lock().unwrap_or_else(PoisonError::into_inner);
+            match queue.recv() {
+                Ok(job) => job,
+                Err(mpsc::RecvError) => return,
+            }
+        };
+        if catch_unwind(AssertUnwindSafe(job)).is_err() {
+            tracing::error!("a plugin hook job panicked; its request fails, the thread goes on");
+        }
     }
 }
 
@@ -252,6 +341,67 @@ mod tests {
         drop(late);
         assert_eq!(gate.lock().free, 1, "the unreceived pass was released");
         assert!(now(gate.enter(&a)).is_some());
+    }
+
+    /// The nice value of the calling thread, from procfs.
+    fn my_nice() -> i32 {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("procfs");
+        // Fields after the command (which may hold spaces): state is field
+        // 3, nice field 19.
+        let after = &stat[stat.rfind(')').expect("comm") + 2..];
+        after
+            .split(' ')
+            .nth(16)
+            .expect("nice")
+            .parse()
+            .expect("number")
+    }
+
+    #[tokio::test]
+    async fn hooks_run_on_at_most_slots_niced_threads_and_a_panic_loses_no_thread() {
+        let gate = HookGate::new(2);
+        let a = tenant("a");
+        let (first, second) = (gate.enter(&a).await, gate.enter(&a).await);
+        // Both jobs wait for each other: they run on two threads at once.
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let mut seen = Vec::new();
+        for pass in [first, second] {
+            let (sender, receiver) = oneshot::channel();
+            let barrier = Arc::clone(&barrier);
+            gate.spawn(pass, move || {
+                barrier.wait();
+                let _ = sender.send((std::thread::current().name().map(String::from), my_nice()));
+            });
+            seen.push(receiver);
+        }
+        for receiver in seen {
+            let (name, nice) = receiver.await.expect("ran");
+            assert!(name.expect("named").starts_with("plugin-hooks-"));
+            assert_eq!(nice, HOOK_THREAD_NICE.max(my_nice()));
+        }
+        assert_eq!(gate.threads(), 2);
+
+        // A job that panics drops its sender; the thread serves the next.
+        let pass = gate.enter(&a).await;
+        let (sender, receiver) = oneshot::channel::<()>();
+        gate.spawn(pass, move || {
+            let _keep = sender;
+            panic!("a hook job's bug");
+        });
+        assert!(receiver.await.is_err(), "nothing sent");
+        for _ in 0..4 {
+            let pass = gate.enter(&a).await;
+            let (sender, receiver) = oneshot::channel();
+            gate.spawn(pass, move || {
+                let _ = sender.send(());
+            });
+            receiver.await.expect("served after the panic");
+        }
+        assert_eq!(gate.threads(), 2, "no more threads than slots");
+        // Each pass is dropped just after its job sent its answer.
+        while gate.in_use() > 0 {
+            tokio::task::yield_now().await;
+        }
     }
 
     #[test]

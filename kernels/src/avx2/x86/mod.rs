@@ -3,6 +3,7 @@
 mod dot;
 mod dot_tokens;
 mod ops;
+mod quantize;
 mod simd;
 mod vnni;
 
@@ -294,6 +295,14 @@ impl Avx2 {
         );
         // SAFETY: `self` proves avx2, fma and f16c.
         unsafe { ops::rms_norm(x, weight, eps, out) }
+    }
+
+    /// Quantizes `x` (a multiple of 32 long) into Q8_0 blocks, bit-identical
+    /// to [`crate::quantize_row_q8_0`].
+    pub fn quantize_row_q8_0(self, x: &[f32], out: &mut [BlockQ8_0]) {
+        assert_eq!(x.len(), out.len() * 32, "Q8_0 row length");
+        // SAFETY: `self` proves avx2, fma and f16c.
+        unsafe { quantize::q8_0(x, out) }
     }
 
     /// In-place softmax of one row.

@@ -635,28 +635,30 @@ impl CpuKernels {
                 k: k_cache,
                 v: v_cache,
                 kv_width,
-                kv_offset: (h / group) * head_dim,
+                head_dim,
+                first_head: h,
+                group,
                 n_pos: start_pos + t + 1,
                 scale,
                 pages: None,
             };
             match backend {
-                Backend::Scalar => attend_head(ScalarOps, view, scores, o),
-                Backend::Avx2(k) => attend_head(k, view, scores, o),
+                Backend::Scalar => attend_heads(ScalarOps, view, scores, o),
+                Backend::Avx2(k) => attend_heads(k, view, scores, o),
             }
         };
         // q·k and the weighted sum of v: 2 · head_dim per (query head, position).
         let macs = n_tokens * n_heads * (2 * start_pos + n_tokens) * head_dim;
         if self.threads() == 1 || macs < MIN_PARALLEL_MACS {
             let mut scores = Vec::new();
-            for (idx, o) in out.chunks_exact_mut(head_dim).enumerate() {
-                head(idx, o, &mut scores);
+            for (idx, o) in out.chunks_exact_mut(heads * head_dim).enumerate() {
+                task(idx, o, &mut scores);
             }
         } else {
             self.pool.install(|| {
-                out.par_chunks_exact_mut(head_dim)
+                out.par_chunks_exact_mut(heads * head_dim)
                     .enumerate()
-                    .for_each_init(Vec::new, |scores, (idx, o)| head(idx, o, scores));
+                    .for_each_init(Vec::new, |scores, (idx, o)| task(idx, o, scores));
             });
         }
     }
@@ -757,37 +759,51 @@ impl CpuKernels {
         }
         let group = n_heads / n_kv_heads;
         let backend = self.backend;
-        let head = |idx: usize, o: &mut [f32], scores: &mut Vec<f32>| {
-            let (r, h) = (idx / n_heads, idx % n_heads);
+        let heads = heads_per_task(rows, n_heads, self.threads());
+        let task = |idx: usize, o: &mut [f32], scores: &mut Vec<f32>| {
+            let first = idx * heads;
+            let (r, h) = (first / n_heads, first % n_heads);
             let (s, pos) = row_of[r];
-            let view = HeadView {
-                q: &q[idx * head_dim..(idx + 1) * head_dim],
+            let view = HeadsView {
+                q: &q[first * head_dim..(first + heads) * head_dim],
                 k: k_pool,
                 v: v_pool,
                 kv_width,
-                kv_offset: (h / group) * head_dim,
+                head_dim,
+                first_head: h,
+                group,
                 n_pos: pos + 1,
                 scale,
                 pages: Some((seqs[s].blocks, block_tokens)),
             };
             match backend {
-                Backend::Scalar => attend_head(ScalarOps, view, scores, o),
-                Backend::Avx2(k) => attend_head(k, view, scores, o),
+                Backend::Scalar => attend_heads(ScalarOps, view, scores, o),
+                Backend::Avx2(k) => attend_heads(k, view, scores, o),
             }
         };
         if self.threads() == 1 || macs < MIN_PARALLEL_MACS {
             let mut scores = Vec::new();
-            for (idx, o) in out.chunks_exact_mut(head_dim).enumerate() {
-                head(idx, o, &mut scores);
+            for (idx, o) in out.chunks_exact_mut(heads * head_dim).enumerate() {
+                task(idx, o, &mut scores);
             }
         } else {
             self.pool.install(|| {
-                out.par_chunks_exact_mut(head_dim)
+                out.par_chunks_exact_mut(heads * head_dim)
                     .enumerate()
-                    .for_each_init(Vec::new, |scores, (idx, o)| head(idx, o, scores));
+                    .for_each_init(Vec::new, |scores, (idx, o)| task(idx, o, scores));
             });
         }
     }
+}
+
+/// Query heads one attention task takes: all of a row's heads when there
+/// are rows enough to keep every thread busy, so a task reads each cached
+/// position's keys and values for all heads at once (one contiguous run of
+/// `n_kv_heads · head_dim` floats, which the prefetcher follows) instead of
+/// one head's slice of it per pass; a single head otherwise (a lone decode
+/// row still spreads over the threads). Results are the same either way.
+fn heads_per_task(rows: usize, n_heads: usize, threads: usize) -> usize {
+    if rows >= threads { n_heads } else { 1 }
 }
 
 /// The vector ops attention is built from, per ISA.
@@ -824,13 +840,17 @@ impl VecOps for Avx2 {
     }
 }
 
-/// One query head's view of the cache.
-struct HeadView<'a> {
+/// Consecutive query heads of one row and their view of the cache.
+struct HeadsView<'a> {
+    /// The heads' queries, `head_dim` floats each.
     q: &'a [f32],
     k: &'a [f32],
     v: &'a [f32],
     kv_width: usize,
-    kv_offset: usize,
+    head_dim: usize,
+    /// Index of the first head in the row; head `h` reads KV head `h / group`.
+    first_head: usize,
+    group: usize,
     n_pos: usize,
     scale: f32,
     /// `None`: position `p` is row `p` of `k`/`v`. `Some((table, block_tokens))`:
@@ -838,7 +858,7 @@ struct HeadView<'a> {
     pages: Option<(&'a [u32], usize)>,
 }
 
-impl HeadView<'_> {
+impl HeadsView<'_> {
     fn row(&self, p: usize) -> usize {
         match self.pages {
             None => p,
@@ -849,20 +869,31 @@ impl HeadView<'_> {
     }
 }
 
-/// `out = Σ_p softmax_p(scale · q·k_p) v_p` over positions `0..n_pos`. The
-/// same dots and axpys in the same order whether the cache is contiguous or
-/// paged, so both give bit-identical results.
-fn attend_head<O: VecOps>(ops: O, h: HeadView, scores: &mut Vec<f32>, out: &mut [f32]) {
-    let d = out.len();
-    let at = |p: usize| {
-        let start = h.row(p) * h.kv_width + h.kv_offset;
-        start..start + d
-    };
+/// For each head: `out = Σ_p softmax_p(scale · q·k_p) v_p` over positions
+/// `0..n_pos`. Positions outer, heads inner, so each position's cache row is
+/// read once for all the heads; per head the dots, the softmax and the axpys
+/// are the same and in the same order however heads are grouped and whether
+/// the cache is contiguous or paged, so all give bit-identical results.
+fn attend_heads<O: VecOps>(ops: O, h: HeadsView, scores: &mut Vec<f32>, out: &mut [f32]) {
+    let (d, n) = (h.head_dim, h.n_pos);
+    let kv_offset = |i: usize| ((h.first_head + i) / h.group) * d;
     scores.clear();
-    scores.extend((0..h.n_pos).map(|p| ops.dot(h.q, &h.k[at(p)]) * h.scale));
-    ops.softmax(scores);
+    scores.resize(out.len() / d * n, 0.0);
+    for p in 0..n {
+        let base = h.row(p) * h.kv_width;
+        for (i, q) in h.q.chunks_exact(d).enumerate() {
+            let k = &h.k[base + kv_offset(i)..][..d];
+            scores[i * n + p] = ops.dot(q, k) * h.scale;
+        }
+    }
+    for s in scores.chunks_exact_mut(n) {
+        ops.softmax(s);
+    }
     out.fill(0.0);
-    for (p, &s) in scores.iter().enumerate() {
-        ops.axpy(s, &h.v[at(p)], out);
+    for p in 0..n {
+        let base = h.row(p) * h.kv_width;
+        for (i, o) in out.chunks_exact_mut(d).enumerate() {
+            ops.axpy(scores[i * n + p], &h.v[base + kv_offset(i)..][..d], o);
+        }
     }
 }

@@ -539,6 +539,12 @@ impl CpuKernels {
                         *w = row;
                     }
                     let nr = rows.len() / row_bytes;
+                    if nr == 1 {
+                        // One row's results are contiguous in `dst`: no copy.
+                        let first = p * rows_per_call * n_tokens + g * group;
+                        dot(&ws[..1], xs, &mut dst[first..first + n]);
+                        continue;
+                    }
                     dot(&ws[..nr], xs, &mut res[..nr * n]);
                     for (r, vals) in res[..nr * n].chunks_exact(n).enumerate() {
                         let first = (p * rows_per_call + r) * n_tokens + g * group;

@@ -180,8 +180,7 @@ const MIN_PARALLEL_MACS: usize = 1 << 19;
 /// Activations below which quantization runs on the calling thread: a
 /// batched decode step of 16 sequences quantizes 16 × 768 or 16 × 3072
 /// floats per matmul, a few µs of work against the ~15 µs of a hand-off
-/// to the pool (see [`MIN_PARALLEL_MACS`]), twice per matmul with the one
-/// the matmul itself makes.
+/// to the pool (see [`MIN_PARALLEL_MACS`]) on top of the matmul's own.
 const MIN_PARALLEL_QUANTIZE: usize = 1 << 16;
 
 /// `out[t * rows + r] = by_row[r * n_tokens + t]`, a tile of rows at a time.

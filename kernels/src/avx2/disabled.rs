@@ -76,6 +76,7 @@ unreachable_methods! {
     axpy(self, a: f32, x: &[f32], y: &mut [f32]);
     rms_norm(self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]);
     softmax(self, x: &mut [f32]);
+    quantize_row_q8_0(self, x: &[f32], out: &mut [BlockQ8_0]);
     silu_mul(self, gate: &mut [f32], up: &[f32]);
     add(self, a: &mut [f32], b: &[f32]);
 }

@@ -37,6 +37,17 @@ fn i8_block_tokens<const N: usize>(
     }
 }
 
+/// Block `i` of every token. A plain loop: `array::map` here stayed a call
+/// per weight block (`try_map`, ~1% of a batched decode step in perf).
+#[inline(always)]
+pub(super) fn block_of<T, const N: usize>(x: [&[T]; N], i: usize) -> [&T; N] {
+    let mut ys = [&x[0][i]; N];
+    for (y, x) in ys.iter_mut().zip(x).skip(1) {
+        *y = &x[i];
+    }
+    ys
+}
+
 /// As `dot::two_accumulators` for `N` tokens: blocks alternate between two
 /// accumulators per token, `unpack(block)` giving the signed quants.
 macro_rules! two_accumulators_tokens {
@@ -47,13 +58,13 @@ macro_rules! two_accumulators_tokens {
         let mut acc1 = [_mm256_setzero_ps(); N];
         for (i, b) in pairs.iter().enumerate() {
             let (q0, d0) = $unpack(&b[0]);
-            i8_block_tokens(&mut acc0, q0, d0, $x.map(|x| &x[2 * i]));
+            i8_block_tokens(&mut acc0, q0, d0, block_of($x, 2 * i));
             let (q1, d1) = $unpack(&b[1]);
-            i8_block_tokens(&mut acc1, q1, d1, $x.map(|x| &x[2 * i + 1]));
+            i8_block_tokens(&mut acc1, q1, d1, block_of($x, 2 * i + 1));
         }
         if let Some(b) = rest.first() {
             let (q, d) = $unpack(b);
-            i8_block_tokens(&mut acc0, q, d, $x.map(|x| &x[2 * pairs.len()]));
+            i8_block_tokens(&mut acc0, q, d, block_of($x, 2 * pairs.len()));
         }
         let mut out = [0.0f32; N];
         for t in 0..N {
@@ -93,7 +104,7 @@ pub(super) fn q4k_rows<const N: usize>(w: &[u8], x: [&[BlockQ8K]; N]) -> [f32; N
     let mut acc = [_mm256_setzero_ps(); N];
     let mut mins = [0.0f32; N];
     for (i, b) in blocks.iter().enumerate() {
-        let ys = x.map(|x| &x[i]);
+        let ys = block_of(x, i);
         let (sc, m) = scales_mins_k4(&b[4..16]);
         // mins[g / 2] for the 16 bsums groups g, so one `madd` per token
         // gives the (exact) integer min term `min_sum(bsums, m)`.
@@ -137,7 +148,7 @@ pub(super) fn q6k_rows<const N: usize>(w: &[u8], x: [&[BlockQ8K]; N]) -> [f32; N
     let low = _mm256_set1_epi8(0x0F);
     let mut acc = [_mm256_setzero_ps(); N];
     for (i, b) in blocks.iter().enumerate() {
-        let ys = x.map(|x| &x[i]);
+        let ys = block_of(x, i);
         let (ql, _) = b[..128].as_chunks::<32>();
         let (qh, _) = b[128..192].as_chunks::<32>();
         let sc = &b[192..208];

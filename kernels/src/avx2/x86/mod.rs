@@ -3,6 +3,7 @@
 mod dot;
 mod dot_tokens;
 mod ops;
+mod quantize;
 mod simd;
 mod vnni;
 
@@ -98,10 +99,10 @@ macro_rules! token_dots {
                     unsafe {
                         match *x {
                             [] => {}
-                            [a] => out.copy_from_slice(&$kernel(w, [a])),
-                            [a, b] => out.copy_from_slice(&$kernel(w, [a, b])),
-                            [a, b, c] => out.copy_from_slice(&$kernel(w, [a, b, c])),
-                            [a, b, c, d] => out.copy_from_slice(&$kernel(w, [a, b, c, d])),
+                            [a] => put(out, $kernel(w, [a])),
+                            [a, b] => put(out, $kernel(w, [a, b])),
+                            [a, b, c] => put(out, $kernel(w, [a, b, c])),
+                            [a, b, c, d] => put(out, $kernel(w, [a, b, c, d])),
                             _ => panic!(
                                 concat!(stringify!($name), ": {} tokens, at most {} per call"),
                                 x.len(),
@@ -171,6 +172,14 @@ impl Avx2 {
     }
 }
 
+/// `out = v`, `out` known to be `N` long: a fixed-size store. (A slice
+/// `copy_from_slice` of a few floats is a `memmove` call per weight row and
+/// token group, ~2% of a batched decode step in perf.)
+#[inline]
+fn put<const N: usize>(out: &mut [f32], v: [f32; N]) {
+    *<&mut [f32; N]>::try_from(out).expect("output length checked by the caller") = v;
+}
+
 /// Pads a 2 × N result to 2 × MAX_TOKENS so every N has one return type.
 fn two_rows<const N: usize>(r: [[f32; N]; 2]) -> [[f32; Avx2::MAX_TOKENS]; 2] {
     let mut out = [[0.0; Avx2::MAX_TOKENS]; 2];
@@ -235,19 +244,19 @@ macro_rules! vnni_token_dots {
                     unsafe {
                         match *x {
                             [] => {}
-                            [a] => out.copy_from_slice(&$kernel(w, [a])),
-                            [a, b] => out.copy_from_slice(&$kernel(w, [a, b])),
-                            [a, b, c] => out.copy_from_slice(&$kernel(w, [a, b, c])),
-                            [a, b, c, d] => out.copy_from_slice(&$kernel(w, [a, b, c, d])),
-                            [a, b, c, d, e] => out.copy_from_slice(&$kernel(w, [a, b, c, d, e])),
+                            [a] => put(out, $kernel(w, [a])),
+                            [a, b] => put(out, $kernel(w, [a, b])),
+                            [a, b, c] => put(out, $kernel(w, [a, b, c])),
+                            [a, b, c, d] => put(out, $kernel(w, [a, b, c, d])),
+                            [a, b, c, d, e] => put(out, $kernel(w, [a, b, c, d, e])),
                             [a, b, c, d, e, f] => {
-                                out.copy_from_slice(&$kernel(w, [a, b, c, d, e, f]))
+                                put(out, $kernel(w, [a, b, c, d, e, f]))
                             }
                             [a, b, c, d, e, f, g] => {
-                                out.copy_from_slice(&$kernel(w, [a, b, c, d, e, f, g]))
+                                put(out, $kernel(w, [a, b, c, d, e, f, g]))
                             }
                             [a, b, c, d, e, f, g, h] => {
-                                out.copy_from_slice(&$kernel(w, [a, b, c, d, e, f, g, h]))
+                                put(out, $kernel(w, [a, b, c, d, e, f, g, h]))
                             }
                             _ => panic!(
                                 concat!(stringify!($name), ": {} tokens, at most {} per call"),
@@ -294,6 +303,14 @@ impl Avx2 {
         );
         // SAFETY: `self` proves avx2, fma and f16c.
         unsafe { ops::rms_norm(x, weight, eps, out) }
+    }
+
+    /// Quantizes `x` (a multiple of 32 long) into Q8_0 blocks, bit-identical
+    /// to [`crate::quantize_row_q8_0`].
+    pub fn quantize_row_q8_0(self, x: &[f32], out: &mut [BlockQ8_0]) {
+        assert_eq!(x.len(), out.len() * 32, "Q8_0 row length");
+        // SAFETY: `self` proves avx2, fma and f16c.
+        unsafe { quantize::q8_0(x, out) }
     }
 
     /// In-place softmax of one row.

@@ -22,6 +22,7 @@
 use std::arch::x86_64::*;
 
 use super::dot::{arr, nibbles};
+use super::dot_tokens::block_of;
 use super::simd::*;
 use crate::blocks::*;
 use crate::quantize::BlockQ8_0U;
@@ -83,11 +84,11 @@ macro_rules! two_accumulators_vnni {
         let mut acc0 = [_mm256_setzero_ps(); N];
         let mut acc1 = [_mm256_setzero_ps(); N];
         for (i, b) in pairs.iter().enumerate() {
-            block_tokens(&mut acc0, &$unpack(&b[0]), $x.map(|x| &x[2 * i]));
-            block_tokens(&mut acc1, &$unpack(&b[1]), $x.map(|x| &x[2 * i + 1]));
+            block_tokens(&mut acc0, &$unpack(&b[0]), block_of($x, 2 * i));
+            block_tokens(&mut acc1, &$unpack(&b[1]), block_of($x, 2 * i + 1));
         }
         if let Some(b) = rest.first() {
-            block_tokens(&mut acc0, &$unpack(b), $x.map(|x| &x[2 * pairs.len()]));
+            block_tokens(&mut acc0, &$unpack(b), block_of($x, 2 * pairs.len()));
         }
         let mut out = [0.0f32; N];
         for t in 0..N {

@@ -13,8 +13,8 @@
 use sha2::{Digest as _, Sha256};
 
 /// Bytes per chunk: 4 MiB. Big enough that hashing a chunk costs far more
-/// than scheduling it, small enough that a background re-check of one chunk
-/// holds a core for only a couple of milliseconds.
+/// than scheduling it, small enough that a file's chunks spread over every
+/// core. (The background re-check hashes a chunk in shorter pieces.)
 pub const CHUNK_BYTES: usize = 4 << 20;
 
 /// A SHA-256 output.
@@ -27,10 +27,37 @@ pub fn empty_root() -> Hash {
 
 /// `SHA-256(0x00 ‖ data)`: the leaf hash of one chunk.
 pub fn leaf_hash(data: &[u8]) -> Hash {
-    let mut h = Sha256::new();
-    h.update([0x00]);
+    let mut h = LeafHasher::new();
     h.update(data);
-    h.finalize().into()
+    h.finish()
+}
+
+/// A chunk's leaf hash fed piece by piece (the background scrub hashes a
+/// chunk in short pieces so it never holds a core for long): the pieces'
+/// leaf hash equals [`leaf_hash`] of the pieces joined.
+#[derive(Clone, Debug)]
+pub struct LeafHasher(Sha256);
+
+impl LeafHasher {
+    pub fn new() -> LeafHasher {
+        let mut h = Sha256::new();
+        h.update([0x00]);
+        LeafHasher(h)
+    }
+
+    pub fn update(&mut self, piece: &[u8]) {
+        self.0.update(piece);
+    }
+
+    pub fn finish(self) -> Hash {
+        self.0.finalize().into()
+    }
+}
+
+impl Default for LeafHasher {
+    fn default() -> LeafHasher {
+        LeafHasher::new()
+    }
 }
 
 /// `SHA-256(0x01 ‖ left ‖ right)`: an interior node.
@@ -143,6 +170,20 @@ mod tests {
             merkle_root(&l[..3]),
             node_hash(&node_hash(&l[0], &l[1]), &l[2])
         );
+    }
+
+    #[test]
+    fn a_leaf_hashed_in_pieces_equals_the_whole_and_the_definition() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut joined = vec![0x00];
+        joined.extend_from_slice(&data);
+        assert_eq!(leaf_hash(&data), sha(&joined));
+        for piece in [1, 64, 999, 4096, 10_000] {
+            let mut h = LeafHasher::new();
+            data.chunks(piece).for_each(|p| h.update(p));
+            assert_eq!(h.finish(), leaf_hash(&data), "pieces of {piece}");
+        }
+        assert_ne!(leaf_hash(&data[1..]), leaf_hash(&data));
     }
 
     #[test]

@@ -279,6 +279,28 @@ pub struct Batcher {
     /// This batch's id in `budget`.
     batch_id: u32,
     block_bytes: u64,
+    /// Prompt tokens each capped tenant may still prefill ahead of the
+    /// others ([`Batcher::earn_prefill_credit`]).
+    prefill_credit: BTreeMap<String, usize>,
+    /// Capped tenants' chunks waiting for credit, outside the round robin.
+    parked: Vec<u64>,
+}
+
+/// The most prompt tokens a capped tenant's credit holds: two chunks, so
+/// credit that comes due while another tenant's chunk has the step's room
+/// is not lost (one chunk would drop it, keeping the tenant below its
+/// cap), and a tenant idle for long still bursts no more than two chunks.
+const PREFILL_CREDIT_MAX: usize = 2 * BATCH_PREFILL_CHUNK;
+
+/// What one step has chosen so far.
+struct StepWork {
+    chosen: Vec<(u64, std::ops::Range<usize>)>,
+    deferred: Vec<u64>,
+    /// Tokens the step may run, and has given out.
+    budget: u64,
+    spent: u64,
+    /// Prompt tokens given out (at most [`BATCH_PREFILL_CHUNK`]).
+    prefill: usize,
 }
 
 impl std::fmt::Debug for Batcher {
@@ -355,6 +377,8 @@ impl Batcher {
             batch_id: budget.join(),
             budget,
             block_bytes,
+            prefill_credit: BTreeMap::new(),
+            parked: Vec::new(),
         })
     }
 
@@ -569,13 +593,17 @@ impl Batcher {
 
     /// Picks this step's work (module docs): `(sequence, history range)`.
     fn choose(&mut self) -> Vec<(u64, std::ops::Range<usize>)> {
-        let mut chosen: Vec<(u64, std::ops::Range<usize>)> = Vec::new();
-        let mut deferred = Vec::new();
-        self.choose_decode_rows(&mut chosen, &mut deferred);
-        let budget = self.step_tokens();
-        let mut spent = chosen.len() as u64;
-        let mut prefill = 0usize;
-        while spent < budget {
+        let mut step = StepWork {
+            chosen: Vec::new(),
+            deferred: Vec::new(),
+            budget: self.step_tokens(),
+            spent: 0,
+            prefill: 0,
+        };
+        self.choose_decode_rows(&mut step.chosen, &mut step.deferred);
+        step.spent = step.chosen.len() as u64;
+        self.earn_prefill_credit();
+        while step.spent < step.budget {
             let Some(item) = self.drr.pop() else { break };
             let key = item.item;
             let Some(s) = self.sequences.get_mut(&key) else {
@@ -585,33 +613,112 @@ impl Batcher {
             if s.is_decoding() {
                 continue; // a decode row now: the row picker has it
             }
-            let range = s.next_chunk();
-            let is_prefill = range.len() > 1 || s.kv.is_none() || s.cached == 0;
-            if is_prefill && prefill + range.len() > BATCH_PREFILL_CHUNK {
-                deferred.push(key);
-                continue;
-            }
-            if s.kv.is_none() && !self.admit(key) {
-                deferred.push(key);
-                continue;
-            }
-            match self.grow(key, range.end, &mut chosen, &mut deferred) {
-                Grown::Yes => {}
-                Grown::No => {
-                    deferred.push(key);
-                    continue;
-                }
-            }
-            spent += range.len() as u64;
-            if is_prefill {
-                prefill += range.len();
-            }
-            chosen.push((key, range));
+            self.try_run(key, &mut step);
         }
-        for key in deferred {
+        // Room nobody else wanted: capped tenants' parked chunks may use it.
+        let parked = std::mem::take(&mut self.parked);
+        for key in parked {
+            let Some(s) = self.sequences.get_mut(&key) else {
+                continue;
+            };
+            s.queued = false;
+            if s.is_decoding() {
+                continue;
+            }
+            if step.spent < step.budget {
+                self.try_run(key, &mut step);
+            } else {
+                step.deferred.push(key);
+            }
+        }
+        for key in step.deferred {
             self.enqueue(key);
         }
-        chosen
+        step.chosen
+    }
+
+    /// Runs sequence `key`'s next chunk this step if there is room for it
+    /// (prefill tokens), a slot and budget for a waiting one, and blocks;
+    /// else defers it to the next step. True when it runs.
+    fn try_run(&mut self, key: u64, step: &mut StepWork) -> bool {
+        let Some(s) = self.sequences.get(&key) else {
+            return false;
+        };
+        let range = s.next_chunk();
+        let is_prefill = range.len() > 1 || s.kv.is_none() || s.cached == 0;
+        let waiting = s.kv.is_none();
+        let s_tenant = s.tenant.clone();
+        if is_prefill && step.prefill + range.len() > BATCH_PREFILL_CHUNK {
+            step.deferred.push(key);
+            return false;
+        }
+        if waiting && !self.admit(key) {
+            step.deferred.push(key);
+            return false;
+        }
+        match self.grow(key, range.end, &mut step.chosen, &mut step.deferred) {
+            Grown::Yes => {}
+            Grown::No => {
+                step.deferred.push(key);
+                return false;
+            }
+        }
+        step.spent += range.len() as u64;
+        if is_prefill {
+            step.prefill += range.len();
+        }
+        if let Some(credit) = self.prefill_credit.get_mut(&s_tenant) {
+            *credit = credit.saturating_sub(range.len());
+        }
+        step.chosen.push((key, range));
+        true
+    }
+
+    /// Each step a capped tenant (its `max_rows` of this batch's rows)
+    /// earns that fraction of [`BATCH_PREFILL_CHUNK`] in prompt tokens, up
+    /// to [`PREFILL_CREDIT_MAX`]: while others have prefill work, its chunks run only
+    /// out of that credit, so its cap holds for prompts as for decode rows.
+    fn earn_prefill_credit(&mut self) {
+        let rows = self.limits.max_rows;
+        for (tenant, share) in &self.shares {
+            let Some(cap) = share.max_rows else { continue };
+            let per_step = (BATCH_PREFILL_CHUNK * cap.min(rows)).div_ceil(rows).max(1);
+            let credit = self.prefill_credit.entry(tenant.clone()).or_insert(0);
+            *credit = (*credit + per_step).min(PREFILL_CREDIT_MAX);
+        }
+        // Parked chunks the credit now pays for go back to the round robin.
+        let mut left: BTreeMap<&str, usize> = self
+            .prefill_credit
+            .iter()
+            .map(|(t, c)| (t.as_str(), *c))
+            .collect();
+        let mut still = Vec::new();
+        let mut parked = std::mem::take(&mut self.parked);
+        // Priority, then arrival, as within a tenant's round robin queue.
+        parked.sort_by_key(|key| {
+            let priority = self.sequences.get(key).map_or(0, |s| s.priority);
+            (std::cmp::Reverse(priority), *key)
+        });
+        for key in parked {
+            let Some(s) = self.sequences.get(&key) else {
+                continue;
+            };
+            let len = s.next_chunk().len().max(1);
+            match left.get_mut(s.tenant.as_str()) {
+                Some(c) if *c >= len => {
+                    *c -= len;
+                    if self
+                        .drr
+                        .push(&s.tenant, s.priority, len as u64, key)
+                        .is_err()
+                    {
+                        still.push(key);
+                    }
+                }
+                _ => still.push(key),
+            }
+        }
+        self.parked = still;
     }
 
     /// This step's decode rows: every decoding sequence when they fit in
@@ -886,8 +993,22 @@ impl Batcher {
         if s.queued || s.is_decoding() {
             return;
         }
-        let cost = s.next_chunk().len().max(1) as u64;
-        if self.drr.push(&s.tenant, s.priority, cost, key).is_ok() {
+        let cost = s.next_chunk().len().max(1);
+        // A capped tenant's chunk its credit cannot pay for waits aside
+        // (not charged to its round robin turns): it runs when credit
+        // comes, or in room no other tenant wants.
+        if let Some(credit) = self.prefill_credit.get(&s.tenant)
+            && *credit < cost
+        {
+            s.queued = true;
+            self.parked.push(key);
+            return;
+        }
+        if self
+            .drr
+            .push(&s.tenant, s.priority, cost as u64, key)
+            .is_ok()
+        {
             s.queued = true;
         }
     }

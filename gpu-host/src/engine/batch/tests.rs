@@ -655,3 +655,73 @@ fn the_models_of_a_partition_together_hold_no_more_than_its_memory() {
     assert!(x.stats().preemptions + y.stats().preemptions > 0);
     assert_eq!(kv.used_bytes(), 0);
 }
+
+/// Prompt tokens each tenant prefilled over `steps` steps of a batch with
+/// four rows, each tenant with six long prompts waiting.
+fn prefill_split(caps: [Option<usize>; 2], steps: usize) -> (usize, usize) {
+    let backend = CpuBackend::new(1).unwrap();
+    let (model, tok) = fixture("llama-q8_0.gguf");
+    let share = |max_rows| TenantShare {
+        weight: 1,
+        own_blocks: None,
+        kv_wait: DEFAULT_KV_WAIT,
+        max_rows,
+    };
+    let mut shares = BTreeMap::from([("a".to_string(), share(caps[0]))]);
+    if caps[1] != Some(0) {
+        shares.insert("b".to_string(), share(caps[1]));
+    }
+    let limits = BatchLimits {
+        max_running: 12,
+        max_rows: 4,
+        kv_blocks: 1024,
+    };
+    let mut batcher = Batcher::with_shares(&model, limits, shares).unwrap();
+    let long = GenerateRequest {
+        prompt_tokens: (0..448).map(|i| 3 + i % 200).collect(),
+        ..request(&tok, "Hi", 1)
+    };
+    for tenant in ["a", "b"] {
+        if tenant == "b" && caps[1] == Some(0) {
+            continue; // `a` alone
+        }
+        for _ in 0..6 {
+            add(&mut batcher, &tok, tenant, long.clone());
+        }
+    }
+    for _ in 0..steps {
+        batcher.step(&model, &tok, &backend).unwrap();
+    }
+    // A finished sequence (one token asked for) prefilled its whole prompt.
+    let prefilled = |tenant: &str, added: usize| -> usize {
+        let live: Vec<usize> = batcher
+            .sequences
+            .values()
+            .filter(|s| s.tenant == tenant)
+            .map(|s| s.cached)
+            .collect();
+        live.iter().sum::<usize>() + (added - live.len()) * long.prompt_tokens.len()
+    };
+    let b_added = if caps[1] == Some(0) { 0 } else { 6 };
+    (prefilled("a", 6), prefilled("b", b_added))
+}
+
+#[test]
+fn a_capped_tenants_prompts_get_its_part_of_the_prefill_tokens() {
+    // `a`'s cus are a quarter of the pool (1 row of 4): 16 prompt tokens a
+    // step on average while `b` has prompts waiting, `b` the other 48.
+    let steps = 24;
+    let (a, b) = prefill_split([Some(1), None], steps);
+    assert_eq!(a + b, steps * BATCH_PREFILL_CHUNK, "every step is full");
+    let quarter = (steps * BATCH_PREFILL_CHUNK / 4) as f64;
+    assert!(
+        (a as f64 - quarter).abs() <= BATCH_PREFILL_CHUNK as f64,
+        "a {a}, b {b}"
+    );
+    // Uncapped, equal weights: half each.
+    let (a, b) = prefill_split([None, None], steps);
+    assert!(a.abs_diff(b) <= BATCH_PREFILL_CHUNK, "a {a}, b {b}");
+    // Alone, the cap does not hold `a` back: a full chunk every step.
+    let (a, _) = prefill_split([Some(1), Some(0)], steps);
+    assert_eq!(a, steps * BATCH_PREFILL_CHUNK);
+}

@@ -90,6 +90,17 @@ impl ChildConfig {
             .arg("--queue-capacity")
             .arg(self.host.queue_capacity.to_string())
             .arg("--exit-with-parent");
+        // The backend of the device `policy check` planned for, never
+        // `auto`: a child that found a GPU where the policy says "cpu", or
+        // none where it says "mi325x", would refuse the layouts the check
+        // accepted. Without the GPU (or a build with HIP), "mi325x" fails
+        // to start with the child's own reason, restarted with backoff.
+        let backend = if self.host.device.xcds.is_some() {
+            "hip"
+        } else {
+            "cpu"
+        };
+        command.arg("--backend").arg(backend);
         if let Some(rate) = self.host.scrub_bytes_per_s {
             command.arg("--scrub-bytes-per-s").arg(rate.to_string());
         }
@@ -297,6 +308,7 @@ mod tests {
             768 << 20
         );
         assert_eq!(value_of(&args, "--workers"), Some("4"));
+        assert_eq!(value_of(&args, "--backend"), Some("cpu"));
     }
 
     #[test]
@@ -304,5 +316,7 @@ mod tests {
         let args = args(host(Device::mi325x(), None));
         assert_eq!(value_of(&args, "--kv-memory"), None);
         assert_eq!(value_of(&args, "--threads"), None);
+        // The GPU the policy planned for, not whatever `auto` finds.
+        assert_eq!(value_of(&args, "--backend"), Some("hip"));
     }
 }

@@ -343,6 +343,8 @@ fn partition_info(view: &SchedulerView, draining: bool) -> v1::PartitionInfo {
         preemptions: load.preemptions,
         tenants,
         draining,
+        host_cpus: Vec::new(),
+        lane: String::new(),
     }
 }
 

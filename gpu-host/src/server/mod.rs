@@ -2,7 +2,8 @@
 //! the tenants' partitions (one scheduler thread per partition, pinned to
 //! its cores, running each model's continuous batch on the synchronous
 //! engine) behind a bounded queue, and the `bulkhead.gpu_host.v1.GpuHost`
-//! service streaming their output.
+//! service streaming their output, on the main listener and, for each
+//! dedicated partition on the CPU backend, on its I/O lane (`lanes.rs`).
 //!
 //! ```text
 //! gRPC request ─auth─▶ GpuHostService::generate ─validate─▶ Job ─route by tenant─▶ partition's queue ─▶ its scheduler thread

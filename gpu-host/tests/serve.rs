@@ -540,6 +540,53 @@ async fn tcp_requires_the_bearer_secret() {
     assert!(events >= 2);
 }
 
+#[tokio::test]
+async fn a_tcp_lane_requires_the_bearer_secret_too() {
+    let mut host = start_tcp("tcplane");
+    let mut client = host.client().await;
+    fn authorized<T>(message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        request
+            .metadata_mut()
+            .insert(AUTHORIZATION, bearer_value(SECRET).parse().unwrap());
+        request
+    }
+    let tenants = vec![v1::TenantGpu {
+        tenant: "a".into(),
+        cus: Some(1),
+        hbm_bytes: Some(1 << 20),
+        isolation: v1::Isolation::Dedicated.into(),
+        ..Default::default()
+    }];
+    let layout = client
+        .set_partitions(authorized(v1::SetPartitionsRequest { tenants }))
+        .await
+        .unwrap()
+        .into_inner()
+        .layout
+        .unwrap();
+    let lane = layout
+        .partitions
+        .iter()
+        .find(|p| p.id == "dedicated:a")
+        .map(|p| p.lane.clone())
+        .unwrap();
+    let Ok(Target::Tcp(addr)) = lane.parse() else {
+        panic!("lane {lane:?}")
+    };
+    let Target::Tcp(main) = host.target else {
+        unreachable!()
+    };
+    assert_eq!(addr.ip(), main.ip());
+    assert_ne!(addr.port(), main.port());
+
+    let mut lane = GpuHostClient::new(connect(&Target::Tcp(addr)).await.unwrap());
+    let err = lane.health(v1::HealthRequest {}).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    let health = lane.health(authorized(v1::HealthRequest {})).await.unwrap();
+    assert!(health.into_inner().serving);
+}
+
 /// The file, its digests, and a `LoadModel` request for it under `name`.
 fn load_request(file: &str, name: &str) -> v1::LoadModelRequest {
     let path = model(file);

@@ -405,3 +405,98 @@ async fn an_oversubscribed_set_is_refused_and_the_old_layout_keeps_serving() {
     let stream = client.generate(request("stranger", 5)).await.unwrap();
     assert_eq!(finish(stream.into_inner()).await, 5);
 }
+
+/// A client of a lane's target, as `Partitions` reports it.
+async fn lane_client(target: &str) -> GpuHostClient<Channel> {
+    let target: Target = target.parse().expect("a lane target parses");
+    GpuHostClient::new(connect(&target).await.expect("the lane accepts"))
+}
+
+/// The CPUs of `pid`'s thread named `name`.
+fn thread_cpus(pid: u32, name: &str) -> Vec<usize> {
+    let threads = threads_of(pid);
+    let found = threads.iter().find(|(n, _)| n == name);
+    found.map(|(_, cpus)| cpus.clone()).unwrap_or_else(|| {
+        panic!("no thread `{name}`: {threads:?}");
+    })
+}
+
+#[tokio::test]
+async fn a_dedicated_tenant_is_served_on_its_own_lane_pinned_to_its_cpus() {
+    let ours = allowed_cpus(&std::fs::read_to_string("/proc/self/status").unwrap());
+    let mut host = start("lane");
+    let mut client = host.client().await;
+    set(&mut client, vec![dedicated("a", 1, MIB)])
+        .await
+        .unwrap();
+    let layout = until(&mut client, "replaced the first layout", no_draining).await;
+    let mine = layout
+        .partitions
+        .iter()
+        .find(|p| p.id == "dedicated:a")
+        .unwrap();
+    let Target::Unix(main) = &host.target else {
+        unreachable!()
+    };
+    assert_eq!(mine.lane, format!("unix:{}.lane0", main.display()));
+    let host_cpus: Vec<usize> = mine.host_cpus.iter().map(|&c| c as usize).collect();
+    assert_eq!(host_cpus, [ours[0]]);
+    let shared = layout.partitions.iter().find(|p| p.id == "shared").unwrap();
+    assert_eq!(shared.host_cpus, [ours[1 % ours.len()] as u32]);
+    assert_eq!(shared.lane, "", "only a dedicated partition has a lane");
+
+    let mut lane = lane_client(&mine.lane).await;
+    let stream = lane.generate(request("a", 4)).await.unwrap();
+    assert_eq!(finish(stream.into_inner()).await, 4);
+    let pid = host.child.id();
+    assert_eq!(thread_cpus(pid, "lane:a"), host_cpus);
+
+    // Shared again: the lane is no longer reported and moves to every CPU,
+    // but the connection it holds still serves.
+    let answer = set(&mut client, vec![]).await.unwrap();
+    assert!(answer.changed);
+    let layout = answer.layout.unwrap();
+    assert!(
+        layout.partitions.iter().all(|p| p.lane.is_empty()),
+        "{layout:#?}"
+    );
+    assert_eq!(thread_cpus(pid, "lane:a"), ours);
+    let stream = lane.generate(request("a", 4)).await.unwrap();
+    assert_eq!(finish(stream.into_inner()).await, 4);
+}
+
+#[tokio::test]
+async fn shutdown_finishes_a_stream_open_on_a_lane() {
+    let mut host = start("lanedrain");
+    let mut client = host.client().await;
+    let answer = set(&mut client, vec![dedicated("a", 1, MIB)])
+        .await
+        .unwrap();
+    let layout = answer.layout.unwrap();
+    let target = layout
+        .partitions
+        .iter()
+        .find(|p| p.id == "dedicated:a" && !p.draining)
+        .map(|p| p.lane.clone())
+        .unwrap();
+    let mut lane = lane_client(&target).await;
+    let mut stream = lane
+        .generate(request("a", LONG_STREAM))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert!(matches!(first.event, Some(Event::Started(_))));
+    let status = Command::new("kill")
+        .args(["-TERM", &host.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(finish(stream).await, LONG_STREAM);
+    let exit = host.child.wait().unwrap();
+    assert!(exit.success(), "{exit}");
+    let Some(Target::Unix(socket)) = target.parse().ok() else {
+        panic!("{target}")
+    };
+    assert!(!socket.exists(), "the lane's socket is removed at exit");
+}

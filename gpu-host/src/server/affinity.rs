@@ -7,7 +7,7 @@
 //! inherit their creator's CPU mask, so the pool's threads run on the same
 //! cores without the kernels crate knowing about partitions.
 
-use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
+use rustix::thread::{CpuSet, Pid, sched_getaffinity, sched_setaffinity};
 
 /// The CPUs compute units map onto, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,6 +56,16 @@ impl CpuMap {
 /// Restricts the calling thread (and the threads it creates from now on)
 /// to `cpus`.
 pub(crate) fn pin_current_thread(cpus: &[usize]) -> std::io::Result<()> {
+    pin(None, cpus)
+}
+
+/// Restricts the thread with kernel id `tid` (of this process) to `cpus`;
+/// threads it created before keep their mask.
+pub(crate) fn pin_thread(tid: Pid, cpus: &[usize]) -> std::io::Result<()> {
+    pin(Some(tid), cpus)
+}
+
+fn pin(tid: Option<Pid>, cpus: &[usize]) -> std::io::Result<()> {
     let mut set = CpuSet::new();
     for &cpu in cpus {
         if cpu >= CpuSet::MAX_CPU {
@@ -68,13 +78,22 @@ pub(crate) fn pin_current_thread(cpus: &[usize]) -> std::io::Result<()> {
     if cpus.is_empty() {
         return Err(std::io::Error::other("no CPU to pin to"));
     }
-    sched_setaffinity(None, &set).map_err(std::io::Error::from)
+    sched_setaffinity(tid, &set).map_err(std::io::Error::from)
 }
 
 /// The calling thread's CPUs (tests).
 #[cfg(test)]
 pub(crate) fn current_cpus() -> Vec<usize> {
     CpuMap::of_this_process().map_or_else(|_| Vec::new(), |m| m.cpus)
+}
+
+/// The CPUs of thread `tid` (tests).
+#[cfg(test)]
+pub(crate) fn cpus_of_thread(tid: Pid) -> Vec<usize> {
+    sched_getaffinity(Some(tid)).map_or_else(
+        |_| Vec::new(),
+        |set| (0..CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect(),
+    )
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! the tenants' partitions (one scheduler thread per partition, pinned to
 //! its cores, running each model's continuous batch on the synchronous
 //! engine) behind a bounded queue, and the `bulkhead.gpu_host.v1.GpuHost`
-//! service streaming their output.
+//! service streaming their output, on the main listener and, for each
+//! dedicated partition on the CPU backend, on its I/O lane (`lanes.rs`).
 //!
 //! ```text
 //! gRPC request ─auth─▶ GpuHostService::generate ─validate─▶ Job ─route by tenant─▶ partition's queue ─▶ its scheduler thread
@@ -12,6 +13,7 @@
 
 mod affinity;
 mod auth;
+mod lanes;
 mod listen;
 mod partitions;
 mod queue;
@@ -27,7 +29,6 @@ use std::sync::Arc;
 
 use bulkhead_partition::Device;
 use bulkhead_protocol::Target;
-use bulkhead_protocol::v1::gpu_host_server::GpuHostServer;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::server::TcpIncoming;
 
@@ -37,6 +38,7 @@ pub use auth::{AuthSecret, MIN_SECRET_BYTES, SecretError};
 pub use registry::{BadModelSpec, ModelSpec};
 pub use service::TestHooks;
 
+use lanes::Lanes;
 use listen::Listener;
 pub use partitions::{MAX_TENANT_BYTES, MAX_TENANTS};
 use partitions::{PartitionSettings, Partitions, Workers};
@@ -102,6 +104,13 @@ pub enum ServeError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "the socket path {} is too long: {bytes} bytes with the `.PID.tmp` suffix it is \
+         first bound under, and Linux allows {} (108 with the trailing NUL)",
+        path.display(),
+        listen::MAX_SOCKET_PATH_BYTES
+    )]
+    SocketPathTooLong { path: PathBuf, bytes: usize },
     #[error("something is already listening on {}", .0.display())]
     SocketInUse(PathBuf),
     #[error("{} exists and is not a socket; refusing to replace it", .0.display())]
@@ -111,6 +120,8 @@ pub enum ServeError {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error("starting an I/O lane: {0}")]
+    Lane(String),
     #[error("serving: {0}")]
     Transport(#[from] tonic::transport::Error),
 }
@@ -190,8 +201,10 @@ impl Server {
     }
 
     /// Binds the listener, calls `on_listening` with the bound address (the
-    /// real port for `tcp:…:0`), and serves until `shutdown` resolves; then
-    /// stops accepting, lets streams in flight finish and stops the scheduler.
+    /// real port for `tcp:…:0`), and serves until `shutdown` resolves, with
+    /// an I/O lane for each dedicated partition (`lanes.rs`); then stops
+    /// accepting everywhere, lets streams in flight finish and stops the
+    /// scheduler.
     pub async fn run(
         self,
         on_listening: impl FnOnce(&Target),
@@ -199,9 +212,22 @@ impl Server {
     ) -> Result<(), ServeError> {
         let listener = listen::bind(&self.listen).await?;
         on_listening(&listener.target());
-        let service = GpuHostService::new(self.registry, self.partitions, self.test_hooks);
-        let router = tonic::transport::Server::builder()
-            .add_service(GpuHostServer::with_interceptor(service, self.auth));
+        let lanes = Arc::new(Lanes::new(listener.target(), self.partitions.all_cpus()));
+        let service = GpuHostService::new(
+            self.registry,
+            Arc::new(self.partitions),
+            Arc::clone(&lanes),
+            self.auth,
+            self.test_hooks,
+        );
+        let router = tonic::transport::Server::builder().add_routes(service.routes());
+        // The lanes hold the only other copies of the service.
+        drop(service);
+        let stopping = Arc::clone(&lanes);
+        let shutdown = async move {
+            shutdown.await;
+            stopping.stop();
+        };
         let served = match listener {
             Listener::Unix { listener, path } => {
                 let result = router
@@ -221,8 +247,10 @@ impl Server {
                     .await
             }
         };
-        // The router (and with it every queue's sender) is gone: each
+        // The lanes' streams in flight finish; then the last copy of the
+        // service (and with it every queue's sender) is gone: each
         // scheduler finishes its sequences, delivers their events and exits.
+        let _ = tokio::task::spawn_blocking(move || lanes.join()).await;
         drop(self.scrubber);
         let workers = self.workers;
         let _ = tokio::task::spawn_blocking(move || workers.join()).await;

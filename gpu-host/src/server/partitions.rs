@@ -244,10 +244,12 @@ impl Partitions {
         (self.current.load_full(), draining.clone())
     }
 
-    /// The `Partitions` answer.
-    pub(crate) fn report(&self) -> v1::PartitionsResponse {
+    /// The `Partitions` answer; `lanes` maps a tenant to the target of its
+    /// I/O lane, advertised on its dedicated partition.
+    pub(crate) fn report(&self, lanes: &BTreeMap<String, String>) -> v1::PartitionsResponse {
         let (generation, draining) = self.views();
         let device = &self.settings.device;
+        let on_cpus = matches!(self.settings.compute, ComputeBackend::Cpu);
         let current = generation.schedulers.iter().map(|s| (&*s.view, false));
         let old = draining.iter().map(|v| (&**v, true));
         v1::PartitionsResponse {
@@ -258,9 +260,51 @@ impl Partitions {
             generation: generation.number,
             partitions: current
                 .chain(old)
-                .map(|(view, draining)| partition_info(view, draining))
+                .map(|(view, draining)| {
+                    let mut info = partition_info(view, draining);
+                    if on_cpus {
+                        info.host_cpus = view
+                            .spec
+                            .cpus
+                            .iter()
+                            .map(|&c| u32::try_from(c).unwrap_or(u32::MAX))
+                            .collect();
+                    }
+                    if let (false, PartitionKind::Dedicated, Some(tenant)) =
+                        (draining, view.spec.kind, view.spec.tenants.first())
+                    {
+                        info.lane = lanes.get(&tenant.slot.tenant).cloned().unwrap_or_default();
+                    }
+                    info
+                })
                 .collect(),
         }
+    }
+
+    /// Each dedicated tenant of the layout in force and the CPUs of its
+    /// partition: where its I/O lane runs. None on a GPU, whose partitions'
+    /// units are not CPUs.
+    pub(crate) fn lane_cpus(&self) -> BTreeMap<String, Vec<usize>> {
+        if !matches!(self.settings.compute, ComputeBackend::Cpu) {
+            return BTreeMap::new();
+        }
+        let generation = self.current.load();
+        generation
+            .schedulers
+            .iter()
+            .map(|s| &s.view.spec)
+            .filter(|spec| spec.kind == PartitionKind::Dedicated)
+            .filter_map(|spec| {
+                let tenant = spec.tenants.first()?;
+                Some((tenant.slot.tenant.clone(), spec.cpus.clone()))
+            })
+            .collect()
+    }
+
+    /// Every CPU the host may run on: where a lane goes once its tenant is
+    /// no longer dedicated.
+    pub(crate) fn all_cpus(&self) -> Vec<usize> {
+        self.settings.cpus.all()
     }
 
     /// Host-wide numbers for `Health`.
@@ -343,6 +387,9 @@ fn partition_info(view: &SchedulerView, draining: bool) -> v1::PartitionInfo {
         preemptions: load.preemptions,
         tenants,
         draining,
+        // Filled by `report`, which knows the backend and the lanes.
+        host_cpus: Vec::new(),
+        lane: String::new(),
     }
 }
 

@@ -3,11 +3,15 @@
 
 use std::sync::Arc;
 
-use bulkhead_protocol::v1::{self, gpu_host_server::GpuHost};
+use bulkhead_protocol::v1;
+use bulkhead_protocol::v1::gpu_host_server::{GpuHost, GpuHostServer};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
+use super::auth::BearerAuth;
+use super::lanes::Lanes;
 use super::partitions::{Partitions, tenant_requests};
 use super::queue::Job;
 use bulkhead_protocol::digest::Hash;
@@ -28,24 +32,40 @@ pub enum TestHooks {
     Enabled,
 }
 
-#[derive(Debug)]
+/// The service; its copies (the main listener's and each lane's) share
+/// one registry, one set of partitions and one set of lanes.
+#[derive(Clone, Debug)]
 pub(crate) struct GpuHostService {
     registry: Arc<ModelRegistry>,
-    partitions: Partitions,
+    partitions: Arc<Partitions>,
+    lanes: Arc<Lanes>,
+    auth: BearerAuth,
     test_hooks: TestHooks,
 }
 
 impl GpuHostService {
     pub(crate) fn new(
         registry: Arc<ModelRegistry>,
-        partitions: Partitions,
+        partitions: Arc<Partitions>,
+        lanes: Arc<Lanes>,
+        auth: BearerAuth,
         test_hooks: TestHooks,
     ) -> Self {
         GpuHostService {
             registry,
             partitions,
+            lanes,
+            auth,
             test_hooks,
         }
+    }
+
+    /// What a listener serves: this service behind the bearer check.
+    pub(crate) fn routes(&self) -> Routes {
+        Routes::new(GpuHostServer::with_interceptor(
+            self.clone(),
+            self.auth.clone(),
+        ))
     }
 
     fn model(&self, name: &str) -> Result<Arc<LoadedModel>, Status> {
@@ -150,13 +170,22 @@ impl GpuHost for GpuHostService {
     ) -> Result<Response<v1::SetPartitionsResponse>, Status> {
         let tenants = tenant_requests(&request.into_inner().tenants)?;
         let changed = self.partitions.set(&tenants)?;
-        let layout = self.partitions.report();
+        if changed {
+            // Blocks while a new lane's thread starts, as `set` does while
+            // the schedulers' threads start.
+            self.lanes
+                .apply(&self.partitions.lane_cpus(), || self.routes());
+        }
+        let layout = self.partitions.report(&self.lanes.advertised());
         if changed {
             let described: Vec<String> = layout
                 .partitions
                 .iter()
                 .filter(|p| !p.draining)
-                .map(|p| format!("{} on cores {:?}", p.id, p.cores))
+                .map(|p| match p.lane.as_str() {
+                    "" => format!("{} on cores {:?}", p.id, p.cores),
+                    lane => format!("{} on cores {:?}, lane {lane}", p.id, p.cores),
+                })
                 .collect();
             eprintln!(
                 "partitions: layout {} ({})",
@@ -174,7 +203,9 @@ impl GpuHost for GpuHostService {
         &self,
         _request: Request<v1::PartitionsRequest>,
     ) -> Result<Response<v1::PartitionsResponse>, Status> {
-        Ok(Response::new(self.partitions.report()))
+        Ok(Response::new(
+            self.partitions.report(&self.lanes.advertised()),
+        ))
     }
 
     async fn corrupt_resident_weights(

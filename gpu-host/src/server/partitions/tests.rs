@@ -40,7 +40,7 @@ fn tenant(name: &str, isolation: Isolation, cus: Option<u32>, hbm: Option<u64>) 
 }
 
 fn summary(p: &Partitions) -> Vec<(String, Vec<u32>, u64, bool)> {
-    p.report()
+    p.report(&BTreeMap::new())
         .partitions
         .into_iter()
         .map(|p| (p.id, p.cores, p.memory_bytes, p.draining))
@@ -70,7 +70,7 @@ fn drained(p: &Partitions) {
 fn a_host_starts_as_one_shared_pool_on_every_core() {
     let (p, _workers) = host(2);
     assert_eq!(summary(&p), [("shared".into(), vec![0, 1], 4 * GIB, false)]);
-    assert_eq!(p.report().generation, 1);
+    assert_eq!(p.report(&BTreeMap::new()).generation, 1);
     assert_eq!(route(&p, "anyone").as_deref(), Some("shared"));
 }
 
@@ -93,10 +93,10 @@ fn dedicated_tenants_get_their_own_partition_and_the_rest_share() {
     assert_eq!(route(&p, "acme").as_deref(), Some("dedicated:acme"));
     assert_eq!(route(&p, "globex").as_deref(), Some("shared"));
     assert_eq!(route(&p, "unlisted").as_deref(), Some("shared"));
-    assert_eq!(p.report().generation, 2);
+    assert_eq!(p.report(&BTreeMap::new()).generation, 2);
     // The same set again is not a new layout; another KV wait is.
     assert!(!p.set(&tenants).unwrap());
-    assert_eq!(p.report().generation, 2);
+    assert_eq!(p.report(&BTreeMap::new()).generation, 2);
     let mut patient = tenants.clone();
     patient[1].kv_wait = Duration::from_secs(1);
     assert!(p.set(&patient).unwrap());
@@ -107,6 +107,44 @@ fn dedicated_tenants_get_their_own_partition_and_the_rest_share() {
     assert!(!shared.tenants[0].owns_memory);
     drop(generation);
     assert_eq!(p.health().schedulers, 2);
+}
+
+#[test]
+fn a_live_dedicated_partition_reports_its_host_cpus_and_its_lane() {
+    let (p, _workers) = host(2);
+    let lanes = BTreeMap::from([("acme".to_string(), "unix:/run/h.sock.lane0".to_string())]);
+    assert!(p.lane_cpus().is_empty());
+    let dedicated = [tenant("acme", Isolation::Dedicated, Some(1), Some(GIB))];
+    assert!(p.set(&dedicated).unwrap());
+    assert_eq!(
+        p.lane_cpus(),
+        BTreeMap::from([("acme".to_string(), vec![0])])
+    );
+    drained(&p);
+    let shown: Vec<(String, Vec<u32>, String)> = p
+        .report(&lanes)
+        .partitions
+        .into_iter()
+        .map(|p| (p.id, p.host_cpus, p.lane))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            (
+                "dedicated:acme".into(),
+                vec![0],
+                "unix:/run/h.sock.lane0".into()
+            ),
+            ("shared".into(), vec![0], String::new()),
+        ]
+    );
+    // Shared again: no lane wanted, and a draining partition shows none.
+    let shared = [tenant("acme", Isolation::Shared, None, None)];
+    assert!(p.set(&shared).unwrap());
+    assert!(p.lane_cpus().is_empty());
+    for info in p.report(&lanes).partitions {
+        assert_eq!(info.lane, "", "{info:?}");
+    }
 }
 
 #[test]
@@ -270,6 +308,14 @@ fn on_a_device_each_partition_gets_streams_on_its_cus_and_a_repartition_new_ones
     assert_eq!(asked(&streams, 4), [two, rest]);
     drained(&p);
     assert_eq!(Arc::strong_count(&streams.device), 1 + 1 + 2);
+    // A GPU partition's units are CUs: no host CPUs, no lane.
+    assert!(p.lane_cpus().is_empty());
+    for info in p.report(&BTreeMap::new()).partitions {
+        assert!(
+            info.host_cpus.is_empty() && info.lane.is_empty(),
+            "{info:?}"
+        );
+    }
     // Weights are the device's, not a partition's: the same cache throughout.
     assert_eq!(split.weights_budget().limit_bytes(), 16 * GIB);
 }

@@ -517,6 +517,14 @@ pub(crate) fn tenant_requests(tenants: &[v1::TenantGpu]) -> Result<Vec<WireTenan
                     t.tenant.len()
                 )));
             }
+            // A control character (a NUL above all) cannot name the
+            // tenant's threads, and no policy tenant id has one.
+            if t.tenant.chars().any(char::is_control) {
+                return Err(bad(format!(
+                    "tenant {:?} has a control character",
+                    t.tenant
+                )));
+            }
             let compute = match (t.cus, t.share) {
                 (Some(_), Some(_)) => {
                     return Err(bad(format!(

@@ -202,6 +202,16 @@ fn bad_wire_values_are_named() {
         unnamed.contains("tenant must be 1 to 256 bytes, not 0"),
         "{unnamed}"
     );
+    let nul = wire(v1::TenantGpu {
+        tenant: "ac\0me".into(),
+        isolation: v1::Isolation::Dedicated.into(),
+        cus: Some(1),
+        ..Default::default()
+    });
+    assert!(
+        nul.contains("tenant \"ac\\0me\" has a control character"),
+        "{nul}"
+    );
     let isolation = wire(v1::TenantGpu {
         tenant: "acme".into(),
         isolation: 7,

@@ -161,7 +161,7 @@ impl Lanes {
     /// partition with host CPUs gets its tenant a lane pinned to them,
     /// connected to the partition's own listener when it has one.
     pub fn update(&self, report: &v1::PartitionsResponse) {
-        let wanted = self.wanted(report);
+        let wanted = wanted(report, &self.inner.host);
         let mut lanes = self
             .inner
             .lanes
@@ -203,29 +203,6 @@ impl Lanes {
         if !same {
             self.inner.routes.store(Arc::new(routes));
         }
-    }
-
-    /// Tenant → (CPUs, gpu-host listener) of every lane `report` calls for.
-    fn wanted(&self, report: &v1::PartitionsResponse) -> BTreeMap<String, (Vec<usize>, Target)> {
-        report
-            .partitions
-            .iter()
-            .filter(|p| p.kind == "dedicated" && !p.draining && !p.host_cpus.is_empty())
-            .filter_map(|p| {
-                let tenant = p.id.strip_prefix("dedicated:")?;
-                let mut cpus: Vec<usize> = p.host_cpus.iter().map(|&c| c as usize).collect();
-                cpus.sort_unstable();
-                cpus.dedup();
-                let target = match p.lane.as_str() {
-                    "" => self.inner.host.clone(),
-                    lane => lane.parse().unwrap_or_else(|e| {
-                        tracing::warn!(tenant, "the partition's lane listener: {e}");
-                        self.inner.host.clone()
-                    }),
-                };
-                Some((tenant.to_string(), (cpus, target)))
-            })
-            .collect()
     }
 
     /// After shutdown drained every connection: stops the lane threads.
@@ -323,6 +300,34 @@ impl Lane {
     }
 }
 
+/// Tenant → (CPUs, gpu-host listener) of every lane `report` calls for:
+/// each dedicated, non-draining partition with host CPUs, at its own
+/// listener when it has one, else at `host`.
+fn wanted(
+    report: &v1::PartitionsResponse,
+    host: &Target,
+) -> BTreeMap<String, (Vec<usize>, Target)> {
+    report
+        .partitions
+        .iter()
+        .filter(|p| p.kind == "dedicated" && !p.draining && !p.host_cpus.is_empty())
+        .filter_map(|p| {
+            let tenant = p.id.strip_prefix("dedicated:")?;
+            let mut cpus: Vec<usize> = p.host_cpus.iter().map(|&c| c as usize).collect();
+            cpus.sort_unstable();
+            cpus.dedup();
+            let target = match p.lane.as_str() {
+                "" => host.clone(),
+                lane => lane.parse().unwrap_or_else(|e| {
+                    tracing::warn!(tenant, "the partition's lane listener: {e}");
+                    host.clone()
+                }),
+            };
+            Some((tenant.to_string(), (cpus, target)))
+        })
+        .collect()
+}
+
 /// Restricts thread `tid` (the calling thread for `None`) to `cpus`.
 fn pin(tid: Option<Pid>, cpus: &[usize]) -> std::io::Result<()> {
     let mut set = CpuSet::new();
@@ -374,4 +379,78 @@ fn lane_router(app: &App, max_body_bytes: usize, target: &Target) -> axum::Route
         },
         max_body_bytes,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    fn partition(id: &str, host_cpus: Vec<u32>, lane: &str, draining: bool) -> v1::PartitionInfo {
+        v1::PartitionInfo {
+            id: id.into(),
+            kind: id.split(':').next().unwrap().into(),
+            host_cpus,
+            lane: lane.into(),
+            draining,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn dedicated_partitions_with_host_cpus_get_lanes_at_their_own_listener_if_any() {
+        let host = Target::Unix(PathBuf::from("/run/host.sock"));
+        let report = v1::PartitionsResponse {
+            partitions: vec![
+                partition("dedicated:acme", vec![3, 2, 3], "", false),
+                partition("dedicated:beta", vec![1], "unix:/run/beta.sock", false),
+                partition("dedicated:gone", vec![4], "", true),
+                partition("dedicated:gpu", vec![], "", false),
+                partition("dedicated:odd", vec![5], "nonsense", false),
+                partition("shared", vec![0], "", false),
+            ],
+            ..Default::default()
+        };
+        let lanes = wanted(&report, &host);
+        assert_eq!(
+            lanes.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["acme", "beta", "odd"]
+        );
+        assert_eq!(lanes["acme"], (vec![2, 3], host.clone()));
+        assert_eq!(
+            lanes["beta"],
+            (vec![1], Target::Unix(PathBuf::from("/run/beta.sock")))
+        );
+        assert_eq!(lanes["odd"].1, host, "an unreadable listener falls back");
+    }
+
+    #[test]
+    fn a_lane_thread_is_pinned_and_can_be_re_pinned_from_outside() {
+        let all: Vec<usize> = {
+            let set = sched_getaffinity(None).unwrap();
+            (0..CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect()
+        };
+        let last = *all.last().unwrap();
+        let cpus_of = |tid| {
+            let set = sched_getaffinity(Some(tid)).unwrap();
+            (0..CpuSet::MAX_CPU)
+                .filter(|&c| set.is_set(c))
+                .collect::<Vec<_>>()
+        };
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            pin(None, &[last]).unwrap();
+            tid_tx.send(rustix::thread::gettid()).unwrap();
+            let _ = done_rx.recv();
+        });
+        let tid = tid_rx.recv().unwrap();
+        assert_eq!(cpus_of(tid), [last]);
+        pin(Some(tid), &all).unwrap();
+        assert_eq!(cpus_of(tid), all);
+        assert!(pin(Some(tid), &[]).is_err());
+        drop(done_tx);
+        thread.join().unwrap();
+    }
 }

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use crate::api::{self, App, Snapshot};
 use crate::audit::{Actor, Audit, AuditError, AuditLog, AuditSettings, Event, Outcome};
 use crate::auth::Verifiers;
+use crate::lanes::Lanes;
 use crate::limits::Limiters;
 use crate::metrics::{Metrics, ResultLabels};
 use crate::plugins::{
@@ -20,6 +21,7 @@ use crate::plugins::{
 };
 use crate::policy::{self, GatewayPlugins, PolicyErrors, UpstreamSettings};
 use crate::registration::{ModelRegistry, RegistrationError};
+use crate::serving::serve_http;
 use crate::upstream::{
     ChildConfig, DEFAULT_READY_WAIT, Supervised, Supervisor, SupervisorError, Upstream,
     UpstreamError, UpstreamState,
@@ -49,8 +51,6 @@ pub enum ServeError {
     },
     #[error("watching the policy folder: {0}")]
     Watch(String),
-    #[error("serving HTTP: {0}")]
-    Http(std::io::Error),
     #[error("starting the plugin engine: {0}")]
     PluginEngine(#[from] PluginError),
     #[error(transparent)]
@@ -118,7 +118,9 @@ pub async fn serve(
 
     // `host`'s readiness is the process's; requests get a handle that
     // also waits for the registered models (`ModelRegistry::start`).
-    let (host, host_state, supervisor) = match &gateway.upstream {
+    // `lane_host`: connection lanes only for the local child, whose CPU
+    // numbers are this machine's.
+    let (host, host_state, supervisor, lane_host) = match &gateway.upstream {
         UpstreamSettings::Local(host) => {
             let config = ChildConfig::new(host.clone())?;
             let (state_tx, state_rx) = watch::channel(UpstreamState::Starting);
@@ -131,7 +133,7 @@ pub async fn serve(
                 DEFAULT_READY_WAIT,
                 Supervised::Yes,
             )?;
-            (upstream, state_rx, Some(supervisor))
+            (upstream, state_rx, Some(supervisor), Some(target))
         }
         UpstreamSettings::Remote { target, secret } => {
             // Nobody supervises a remote host: it is assumed up, and a call
@@ -145,7 +147,7 @@ pub async fn serve(
                 DEFAULT_READY_WAIT,
                 Supervised::No,
             )?;
-            (upstream, state_rx, None)
+            (upstream, state_rx, None, None)
         }
     };
 
@@ -187,20 +189,26 @@ pub async fn serve(
 
     let model_watch =
         crate::upstream::watch_models(upstream.clone(), Arc::clone(&metrics), audit.clone());
-    let partition_watch = crate::upstream::watch_partitions(upstream.clone(), Arc::clone(&metrics));
     let app = App {
         snapshot,
-        upstream,
+        upstream: upstream.clone(),
         models,
-        metrics,
+        metrics: Arc::clone(&metrics),
         plugins,
         plugin_gate: HookGate::new(gateway.plugins.max_concurrent_calls),
         audit,
     };
-    let router = api::router(
-        app,
-        usize::try_from(gateway.max_body_bytes).unwrap_or(usize::MAX),
-    );
+    let max_body_bytes = usize::try_from(gateway.max_body_bytes).unwrap_or(usize::MAX);
+    let lanes = lane_host.map(|host| Lanes::new(app.clone(), max_body_bytes, host));
+    let partition_watch = {
+        let lanes = lanes.clone();
+        crate::upstream::watch_partitions(upstream, metrics, move |report| {
+            if let Some(lanes) = &lanes {
+                lanes.update(report);
+            }
+        })
+    };
+    let router = api::router(app, max_body_bytes);
     let addr = options.listen.unwrap_or(gateway.listen);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -209,28 +217,17 @@ pub async fn serve(
         .local_addr()
         .map_err(|source| ServeError::Bind { addr, source })?;
     on_listening(bound);
-    let listener = axum::serve::ListenerExt::tap_io(listener, tune_connection);
-    let served = axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(ServeError::Http);
+    serve_http(listener, router, lanes.clone(), shutdown).await;
     drop(reloads);
     model_watch.abort();
     partition_watch.abort();
+    if let Some(lanes) = lanes {
+        lanes.stop().await;
+    }
     if let Some(supervisor) = supervisor {
         supervisor.stop().await;
     }
-    served
-}
-
-/// Every accepted connection: TCP_NODELAY, so each streamed SSE chunk
-/// leaves at once. With Nagle on, a small write waits for the client's ACK
-/// of the previous one, which a delayed-ACK client holds ~40 ms: streams
-/// stalled for 40–48 ms at a time (tests/bench/isolation).
-fn tune_connection(tcp: &mut tokio::net::TcpStream) {
-    if let Err(e) = tcp.set_nodelay(true) {
-        tracing::debug!("could not set TCP_NODELAY on a connection: {e}");
-    }
+    Ok(())
 }
 
 /// The audit log, opened (its file scanned, a torn tail cut, its checkpoint
@@ -348,23 +345,5 @@ fn warn_restart_only_changes(running: &policy::GatewaySettings, new: &policy::Ga
              max_concurrent_calls, the audit log or the model registry; those take effect at \
              the next restart (the rest, models included, is live)"
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::tune_connection;
-
-    #[tokio::test]
-    async fn accepted_connections_send_small_writes_at_once() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let client = tokio::net::TcpStream::connect(listener.local_addr().expect("addr"));
-        let (accepted, _client) = tokio::join!(listener.accept(), client);
-        let (mut tcp, _) = accepted.expect("accepted");
-        assert!(!tcp.nodelay().expect("read"), "Nagle is on by default");
-        tune_connection(&mut tcp);
-        assert!(tcp.nodelay().expect("read"));
     }
 }

@@ -11,12 +11,14 @@ mod app;
 pub mod audit;
 pub mod auth;
 mod durable;
+mod lanes;
 pub mod limits;
 mod metrics;
 pub mod models;
 pub mod plugins;
 pub mod policy;
 pub mod registration;
+mod serving;
 mod upstream;
 
 pub use api::{

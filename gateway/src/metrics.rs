@@ -129,6 +129,7 @@ pub struct Metrics {
     pub partition_memory_bytes: Family<PartitionLabels, Gauge>,
     pub partition_memory_used_bytes: Family<PartitionLabels, Gauge>,
     pub partition_preemptions: Family<PartitionLabels, Counter>,
+    pub lane_connections: Family<TenantLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -288,6 +289,13 @@ impl Metrics {
             "Sequences a gpu-host partition preempted (KV blocks taken back, recomputed later)",
             partition_preemptions.clone(),
         );
+        let lane_connections = Family::<TenantLabels, Counter>::default();
+        registry.register(
+            "lane_connections",
+            "Connections handed to a tenant's connection lane (a gateway thread on its \
+             dedicated partition's CPUs)",
+            lane_connections.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -314,6 +322,7 @@ impl Metrics {
             partition_memory_bytes,
             partition_memory_used_bytes,
             partition_preemptions,
+            lane_connections,
         }
     }
 

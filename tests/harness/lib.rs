@@ -414,6 +414,11 @@ impl Gateway {
         (i, pid)
     }
 
+    /// The gateway's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(mut self) -> std::process::ExitStatus {
         let _ = Command::new("kill")

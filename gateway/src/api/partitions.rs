@@ -56,6 +56,7 @@ pub fn report_json(report: &v1::PartitionsResponse) -> Value {
                 "id": p.id,
                 "kind": p.kind,
                 "cores": p.cores,
+                "host_cpus": p.host_cpus,
                 "memory_bytes": p.memory_bytes,
                 "memory_used_bytes": p.memory_used_bytes,
                 "queued": p.queued,

@@ -6,6 +6,7 @@ mod models;
 mod partitions;
 mod supervisor;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bulkhead_protocol::v1::gpu_host_client::GpuHostClient;
@@ -14,7 +15,7 @@ use bulkhead_protocol::v1::{
     Started, generate_event,
 };
 use bulkhead_protocol::{AUTHORIZATION, Target, bearer_value, connect_lazy};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tonic::codegen::InterceptedService;
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
@@ -111,11 +112,16 @@ type Client = GpuHostClient<InterceptedService<Channel, Bearer>>;
 #[derive(Clone, Debug)]
 pub struct Upstream {
     client: Client,
+    /// What the client sends with each call (kept for [`Upstream::for_target`]).
+    bearer: Bearer,
     state: watch::Receiver<UpstreamState>,
     /// How long a new request waits for a (re)starting host before 503.
     ready_wait: Duration,
     /// A supervisor restarts this host when it dies (the local child).
     supervised: Supervised,
+    /// Told when this gateway's `SetPartitions` changed the host's layout,
+    /// so the partition watcher reads the new one at once.
+    layout_changed: Arc<Notify>,
 }
 
 /// Whether someone restarts the host when it dies.
@@ -160,11 +166,27 @@ impl Upstream {
             ),
             None => None,
         };
+        let bearer = Bearer(bearer);
         Ok(Upstream {
-            client: GpuHostClient::with_interceptor(channel, Bearer(bearer)),
+            client: GpuHostClient::with_interceptor(channel, bearer.clone()),
+            bearer,
             state,
             ready_wait,
             supervised,
+            layout_changed: Arc::new(Notify::new()),
+        })
+    }
+
+    /// The same host reached at another of its listeners (a partition's
+    /// own lane): same readiness, ready wait and supervision, a new client
+    /// with its own connection. The connection runs on the runtime this is
+    /// called on, so a connection lane calls it on its own thread.
+    pub fn for_target(&self, target: &Target) -> Result<Upstream, UpstreamError> {
+        let channel =
+            connect_lazy(target).map_err(|e| UpstreamError::Unavailable(e.to_string()))?;
+        Ok(Upstream {
+            client: GpuHostClient::with_interceptor(channel, self.bearer.clone()),
+            ..self.clone()
         })
     }
 

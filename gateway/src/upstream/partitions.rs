@@ -63,7 +63,11 @@ impl Upstream {
         let response = client
             .set_partitions(SetPartitionsRequest { tenants })
             .await?;
-        Ok(response.into_inner().changed)
+        let changed = response.into_inner().changed;
+        if changed {
+            self.layout_changed.notify_one();
+        }
+        Ok(changed)
     }
 
     /// The host's partitions now, without waiting for a restart.
@@ -195,17 +199,26 @@ fn advance(counter: &Counter, before: Option<u64>, now: u64) {
     counter.inc_by(added);
 }
 
-/// Reads the host's partitions every [`PARTITION_POLL`] into the metrics
-/// until the task is aborted.
-pub fn watch_partitions(upstream: Upstream, metrics: Arc<Metrics>) -> JoinHandle<()> {
+/// Reads the host's partitions every [`PARTITION_POLL`], and at once after
+/// this gateway changed the layout, into the metrics and `on_report`
+/// (connection lanes), until the task is aborted.
+pub fn watch_partitions(
+    upstream: Upstream,
+    metrics: Arc<Metrics>,
+    mut on_report: impl FnMut(&v1::PartitionsResponse) + Send + 'static,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut counters = PartitionCounters::default();
         let mut tick = tokio::time::interval(PARTITION_POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = upstream.layout_changed.notified() => {}
+            }
             if let Ok(report) = upstream.partitions().await {
                 counters.observe(&report, &metrics);
+                on_report(&report);
             }
         }
     })

@@ -2,8 +2,9 @@
 //! gpu-host has its connections served by a gateway thread pinned to the
 //! partition's host CPUs (`lane:TENANT`), counted in
 //! `bulkhead_lane_connections_total`; requests that name no tenant (a bad
-//! token) are still refused, on the main runtime; and shutdown lets a
-//! stream on a lane finish.
+//! token) are still refused, on the main runtime; the gpu-host child
+//! serves the partition on its own lane thread pinned alike; and shutdown
+//! lets a stream on a lane finish.
 
 use std::time::{Duration, Instant};
 
@@ -62,6 +63,24 @@ fn thread_cpus(pid: u32, name: &str) -> Option<Vec<u64>> {
     None
 }
 
+/// The pid of the gateway's `bulkhead-gpu-host` child.
+fn gpu_host_pid(gateway: u32) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.find_map(|entry| {
+        let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let field = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .map(str::trim)
+                .map(str::to_string)
+        };
+        let child =
+            field("PPid:")? == gateway.to_string() && field("Name:")?.starts_with("bulkhead-gpu");
+        child.then_some(pid)
+    })
+}
+
 /// `0-2,5` → [0, 1, 2, 5].
 fn cpu_list(list: &str) -> Vec<u64> {
     list.split(',')
@@ -92,16 +111,15 @@ fn a_dedicated_tenants_connections_are_served_on_its_partitions_cpus() {
     let lane_connections = || gateway.metric(LANES, &[("tenant", "demo")]);
 
     let cpus = partition_cpus(&gateway, &admin, "demo");
-    if cpus.is_empty() {
-        // The gpu-host side of lanes (host CPUs per partition) is not in
-        // this build: no lane, and the tenant is served as before.
-        eprintln!("skipped the lane checks: the gpu-host reports no host_cpus for its partitions");
-        let r = gateway.request("GET", "/v1/models", Some(&token), None);
-        assert_eq!(r.status, 200, "{}", r.body);
-        assert_eq!(lane_connections(), 0.0);
-        assert_eq!(thread_cpus(gateway.pid(), "lane:demo"), None);
-        return;
-    }
+    assert!(
+        !cpus.is_empty(),
+        "the gpu-host reports the partition's host CPUs"
+    );
+    // The gpu-host child serves the partition on its own lane too, pinned alike.
+    let host = gpu_host_pid(gateway.pid()).expect("the gateway's gpu-host child");
+    eventually("started the gpu-host's lane", &gateway, || {
+        thread_cpus(host, "lane:demo").as_ref() == Some(&cpus)
+    });
 
     // The lane starts at the partition watcher's next poll, pinned to the
     // partition's CPUs; from then on the tenant's connections go to it.

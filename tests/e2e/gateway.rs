@@ -217,10 +217,7 @@ fn shutdown_drains_a_stream_in_flight() {
     let first = stream.next_event().expect("a first chunk");
     assert!(first.contains("text_completion"));
     let terminating = std::thread::spawn(move || gateway.terminate());
-    let mut events = vec![first];
-    while let Some(event) = stream.next_event() {
-        events.push(event);
-    }
+    let events = [vec![first], stream.events()].concat();
     assert_eq!(
         events.last().map(String::as_str),
         Some("[DONE]"),

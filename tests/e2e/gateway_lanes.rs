@@ -6,25 +6,11 @@
 //! serves the partition on its own lane thread pinned alike; and shutdown
 //! lets a stream on a lane finish.
 
-use std::time::{Duration, Instant};
-
 use bulkhead_tests::{Gateway, PolicyDir, gateway_toml};
 use serde_json::{Value, json};
 
 const MODEL: &str = "bulkhead-demo-tiny";
 const LANES: &str = "bulkhead_lane_connections_total";
-
-fn eventually(what: &str, gateway: &Gateway, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !done() {
-        assert!(
-            Instant::now() < deadline,
-            "never {what}:\n{}",
-            gateway.log.text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// The host CPUs of the tenant's dedicated partition (not draining).
 fn partition_cpus(gateway: &Gateway, admin: &str, tenant: &str) -> Vec<u64> {
@@ -117,16 +103,16 @@ fn a_dedicated_tenants_connections_are_served_on_its_partitions_cpus() {
     );
     // The gpu-host child serves the partition on its own lane too, pinned alike.
     let host = gpu_host_pid(gateway.pid()).expect("the gateway's gpu-host child");
-    eventually("started the gpu-host's lane", &gateway, || {
+    gateway.eventually("started the gpu-host's lane", || {
         thread_cpus(host, "lane:demo").as_ref() == Some(&cpus)
     });
 
     // The lane starts at the partition watcher's next poll, pinned to the
     // partition's CPUs; from then on the tenant's connections go to it.
-    eventually("started the tenant's lane", &gateway, || {
+    gateway.eventually("started the tenant's lane", || {
         thread_cpus(gateway.pid(), "lane:demo").as_ref() == Some(&cpus)
     });
-    eventually("routed a connection to the lane", &gateway, || {
+    gateway.eventually("routed a connection to the lane", || {
         let r = gateway.request("GET", "/v1/models", Some(&token), None);
         assert_eq!(r.status, 200, "{}", r.body);
         lane_connections() >= 1.0
@@ -137,10 +123,7 @@ fn a_dedicated_tenants_connections_are_served_on_its_partitions_cpus() {
     let body = json!({"model": MODEL, "prompt": "Emma was", "max_tokens": 8, "stream": true});
     let mut stream = gateway.stream("/v1/completions", &token, &body.to_string());
     assert_eq!(stream.status, 200);
-    let mut events = Vec::new();
-    while let Some(event) = stream.next_event() {
-        events.push(event);
-    }
+    let events = stream.events();
     assert_eq!(
         events.last().map(String::as_str),
         Some("[DONE]"),
@@ -162,10 +145,7 @@ fn a_dedicated_tenants_connections_are_served_on_its_partitions_cpus() {
     let first = stream.next_event().expect("a first chunk");
     assert_eq!(lane_connections(), before + 2.0);
     let terminating = std::thread::spawn(move || gateway.terminate());
-    let mut events = vec![first];
-    while let Some(event) = stream.next_event() {
-        events.push(event);
-    }
+    let events = [vec![first], stream.events()].concat();
     assert_eq!(
         events.last().map(String::as_str),
         Some("[DONE]"),

@@ -3,8 +3,6 @@
 //! shown by `GET /admin/v1/partitions` (scope `admin` only) and the
 //! `bulkhead_partition_*` metrics; a policy reload re-partitions the host.
 
-use std::time::{Duration, Instant};
-
 use bulkhead_tests::{Gateway, PolicyDir, gateway_toml};
 use serde_json::{Value, json};
 
@@ -38,18 +36,6 @@ fn layout(report: &Value) -> Vec<(String, Vec<u64>, u64)> {
             )
         })
         .collect()
-}
-
-fn eventually(what: &str, gateway: &Gateway, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !done() {
-        assert!(
-            Instant::now() < deadline,
-            "never {what}:\n{}",
-            gateway.log.text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[test]
@@ -127,21 +113,21 @@ fn a_dedicated_tenant_gets_its_own_partition_shown_to_admins_and_in_metrics() {
         "bulkhead_partition_kv_blocks{partition=\"dedicated:demo\",tenant=\"demo\"} 0",
         "bulkhead_partition_preemptions_total{partition=\"dedicated:demo\"} 0",
     ];
-    eventually("exported the partitions", &gateway, || {
+    gateway.eventually("exported the partitions", || {
         let text = gateway.request("GET", "/metrics", None, None).body;
         series.iter().all(|s| text.contains(s))
     });
 
     // A reload without `[gpu]`: the host goes back to one shared pool.
     demo_tenant(&policies, "");
-    eventually("re-partitioned after the reload", &gateway, || {
+    gateway.eventually("re-partitioned after the reload", || {
         let now = layout(&partitions(&gateway, &admin));
         now.len() == 1 && now[0].0 == "shared" && now[0].1 == [0, 1]
     });
     let report = partitions(&gateway, &admin);
     assert!(report["data"][0]["generation"].as_u64().unwrap() >= 3);
     // Its gauges go (its counters stay, as Prometheus counters do).
-    eventually("dropped the old partition's gauges", &gateway, || {
+    gateway.eventually("dropped the old partition's gauges", || {
         let text = gateway.request("GET", "/metrics", None, None).body;
         !text.contains("bulkhead_partition_running{partition=\"dedicated:demo\"}")
             && !text.contains("bulkhead_partition_kv_blocks{partition=\"dedicated:demo\"")

@@ -419,6 +419,19 @@ impl Gateway {
         self.child.id()
     }
 
+    /// Polls `done` until it holds; fails after 30 s with `what` and the log.
+    pub fn eventually(&self, what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !done() {
+            assert!(
+                Instant::now() < deadline,
+                "never {what}:\n{}",
+                self.log.text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(mut self) -> std::process::ExitStatus {
         let _ = Command::new("kill")
@@ -720,6 +733,11 @@ impl EventStream {
                 }
             }
         }
+    }
+
+    /// Every `data:` payload left, to the end of the response.
+    pub fn events(&mut self) -> Vec<String> {
+        std::iter::from_fn(|| self.next_event()).collect()
     }
 
     /// Everything left of the body (for error responses).

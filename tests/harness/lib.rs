@@ -419,6 +419,20 @@ impl Gateway {
         self.child.id()
     }
 
+    /// Sends SIGTERM while `stream` is open (its first event read) and
+    /// checks that it still runs to `[DONE]` and the gateway exits 0.
+    pub fn terminate_during(self, stream: &mut EventStream) {
+        let terminating = std::thread::spawn(move || self.terminate());
+        let events = stream.events();
+        assert_eq!(
+            events.last().map(String::as_str),
+            Some("[DONE]"),
+            "{events:?}"
+        );
+        let status = terminating.join().unwrap();
+        assert!(status.success(), "{status}");
+    }
+
     /// Polls `done` until it holds; fails after 30 s with `what` and the log.
     pub fn eventually(&self, what: &str, mut done: impl FnMut() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(30);

@@ -72,6 +72,12 @@ enum Bound {
     Tcp(std::net::TcpListener),
 }
 
+/// A lane's listener on its thread's runtime.
+enum Registered {
+    Unix(tokio::net::UnixListener),
+    Tcp(tokio::net::TcpListener),
+}
+
 impl Lanes {
     pub(crate) fn new(main: Target, all_cpus: Vec<usize>) -> Lanes {
         Lanes {
@@ -291,29 +297,29 @@ fn run(
     };
     let router = tonic::transport::Server::builder().add_routes(routes);
     let served = runtime.block_on(async {
-        match bound {
+        let registered = match bound {
             Bound::Unix(listener) => {
-                let listener = match tokio::net::UnixListener::from_std(listener) {
-                    Ok(listener) => listener,
-                    Err(e) => {
-                        let _ = ready.send(Err(format!("registering its socket: {e}")));
-                        return Ok(());
-                    }
-                };
-                let _ = ready.send(Ok(rustix::thread::gettid()));
+                tokio::net::UnixListener::from_std(listener).map(Registered::Unix)
+            }
+            Bound::Tcp(listener) => {
+                tokio::net::TcpListener::from_std(listener).map(Registered::Tcp)
+            }
+        };
+        let listener = match registered {
+            Ok(listener) => listener,
+            Err(e) => {
+                let _ = ready.send(Err(format!("registering its socket: {e}")));
+                return Ok(());
+            }
+        };
+        let _ = ready.send(Ok(rustix::thread::gettid()));
+        match listener {
+            Registered::Unix(listener) => {
                 router
                     .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
                     .await
             }
-            Bound::Tcp(listener) => {
-                let listener = match tokio::net::TcpListener::from_std(listener) {
-                    Ok(listener) => listener,
-                    Err(e) => {
-                        let _ = ready.send(Err(format!("registering its socket: {e}")));
-                        return Ok(());
-                    }
-                };
-                let _ = ready.send(Ok(rustix::thread::gettid()));
+            Registered::Tcp(listener) => {
                 // TCP_NODELAY as on the main listener: one small frame a token.
                 let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
                 router

@@ -2,8 +2,10 @@
 //! serving them over gRPC (`server`).
 
 // Unsafe is denied everywhere; the exceptions are mapping model files
-// (`gguf::map_file`) and the HIP runtime layer (`hip::runtime`, kernel
-// argument packing), each block with its SAFETY argument.
+// (`gguf::map_file`), the HIP runtime layer (`hip::runtime`, kernel
+// argument packing) and the `sched_setscheduler` system call that puts the
+// weight scrub at SCHED_IDLE (`verify::idle`), each block with its SAFETY
+// argument.
 #![deny(unsafe_code)]
 
 mod chat;

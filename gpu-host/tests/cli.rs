@@ -266,3 +266,20 @@ fn bad_inputs_fail_with_clear_errors() {
     assert!(err.contains("thread"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_scrub_floor_above_its_rate_is_refused_naming_both() {
+    let err = failure(&[
+        "serve",
+        "--listen",
+        "unix:/nonexistent/never-bound.sock",
+        "--scrub-bytes-per-s",
+        "1000",
+        "--scrub-min-bytes-per-s",
+        "2000",
+    ]);
+    assert!(
+        err.contains("--scrub-min-bytes-per-s 2000 is above --scrub-bytes-per-s 1000"),
+        "{err}"
+    );
+}

@@ -66,6 +66,16 @@ pub struct ServeArgs {
     /// one core and re-checks a 1 GiB model every 16 s.
     #[arg(long, default_value_t = DEFAULT_SCRUB_BYTES_PER_S)]
     scrub_bytes_per_s: u64,
+    /// Bytes per second the scrub keeps up when no CPU is idle. It hashes
+    /// at idle priority (SCHED_IDLE), so it never takes a partition's core
+    /// while another core is idle; once a pass falls a second behind this
+    /// floor, a normal-priority thread hashes until it is back on it. At
+    /// most `--scrub-bytes-per-s`; 0: idle time only (changed weights may
+    /// then go unnoticed while the host is saturated). Default: an eighth of
+    /// `--scrub-bytes-per-s` (8 MiB/s: a 1 GiB model re-checked every ~2
+    /// minutes with every core busy).
+    #[arg(long)]
+    scrub_min_bytes_per_s: Option<u64>,
     /// Answer the test-only RPCs (corrupting resident weights). Tests only.
     #[arg(long, hide = true)]
     enable_test_hooks: bool,
@@ -83,10 +93,26 @@ fn parse_kv_memory(text: &str) -> Result<u64, String> {
 /// 64 MiB/s: see `--scrub-bytes-per-s`.
 const DEFAULT_SCRUB_BYTES_PER_S: u64 = 64 << 20;
 
+/// The scrub's rates; a floor above the rate is an error naming both.
+fn scrub_config(bytes_per_s: u64, min_bytes_per_s: Option<u64>) -> anyhow::Result<ScrubConfig> {
+    let min_bytes_per_s = min_bytes_per_s.unwrap_or(bytes_per_s / 8);
+    if min_bytes_per_s > bytes_per_s {
+        anyhow::bail!(
+            "--scrub-min-bytes-per-s {min_bytes_per_s} is above --scrub-bytes-per-s {bytes_per_s}: \
+             the floor kept at normal priority cannot exceed the scrub's rate"
+        );
+    }
+    Ok(ScrubConfig {
+        bytes_per_s,
+        min_bytes_per_s,
+    })
+}
+
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let kv_memory_bytes = a
         .kv_memory
         .unwrap_or_else(bulkhead_partition::default_kv_memory_bytes);
+    let scrub = scrub_config(a.scrub_bytes_per_s, a.scrub_min_bytes_per_s)?;
     let compute = choose_backend(a.backend, a.hip_device, kv_memory_bytes)?;
     let auth_secret = a
         .auth_token_file
@@ -102,9 +128,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         kv_memory_bytes,
         queue_capacity: a.queue_capacity,
         auth_secret,
-        scrub: ScrubConfig {
-            bytes_per_s: a.scrub_bytes_per_s,
-        },
+        scrub,
         test_hooks: if a.enable_test_hooks {
             TestHooks::Enabled
         } else {

@@ -11,6 +11,7 @@
 //! ```
 
 mod hook;
+mod idle;
 mod resident;
 mod scrub;
 mod state;

@@ -87,9 +87,10 @@ impl WeightState {
         self.quarantine.get().map(String::as_str)
     }
 
-    /// Takes the model out of service; the first reason sticks.
-    pub fn quarantine(&self, reason: String) {
-        let _ = self.quarantine.set(reason);
+    /// Takes the model out of service; the first reason sticks. True when
+    /// this call took it out (false: it already was).
+    pub fn quarantine(&self, reason: String) -> bool {
+        self.quarantine.set(reason).is_ok()
     }
 
     /// Marks the model unloaded: the scrub stops checking it so its memory

@@ -109,6 +109,10 @@ pub struct LocalGpuHostFile {
     /// Bytes per second the child re-hashes resident weights (0: off;
     /// default: the gpu-host's, 64 MiB/s).
     pub scrub_bytes_per_s: Option<Spanned<u64>>,
+    /// Bytes per second the child's scrub keeps at normal priority when no
+    /// CPU is idle (at most `scrub_bytes_per_s`; 0: idle time only;
+    /// default: the gpu-host's, an eighth of the rate).
+    pub scrub_min_bytes_per_s: Option<Spanned<u64>>,
     /// The device tenants' `[gpu]` tables are checked against: `"cpu"`
     /// (default: `threads` cores, or all) or `"mi325x"`.
     pub device: Option<Spanned<String>>,

@@ -140,6 +140,8 @@ pub struct LocalGpuHost {
     pub restart_backoff_max: Duration,
     /// `None`: the gpu-host's default scrub rate.
     pub scrub_bytes_per_s: Option<u64>,
+    /// `None`: the gpu-host's default floor (an eighth of the rate).
+    pub scrub_min_bytes_per_s: Option<u64>,
     /// The device tenants' `[gpu]` tables are planned on.
     pub device: Device,
     /// Memory of `device` set aside for model weights.

@@ -516,10 +516,40 @@ fn check_local(
         queue_capacity,
         restart_backoff_max: Duration::from_millis(restart_backoff_max_ms),
         scrub_bytes_per_s: local.scrub_bytes_per_s.as_ref().map(|v| *v.get_ref()),
+        scrub_min_bytes_per_s: check_scrub_floor(source, local, errors),
         device,
         model_reservation_bytes,
     };
     (host, models)
+}
+
+/// The gpu-host's default scrub rate (`--scrub-bytes-per-s`), which a floor
+/// given without a rate is checked against.
+const DEFAULT_SCRUB_BYTES_PER_S: u64 = 64 << 20;
+
+/// `scrub_min_bytes_per_s`, which may not exceed the scrub's rate (the
+/// child would refuse to start).
+fn check_scrub_floor(
+    source: &SourceFile,
+    local: &LocalGpuHostFile,
+    errors: &mut Vec<PolicyError>,
+) -> Option<u64> {
+    let floor = local.scrub_min_bytes_per_s.as_ref()?;
+    let rate = local
+        .scrub_bytes_per_s
+        .as_ref()
+        .map_or(DEFAULT_SCRUB_BYTES_PER_S, |v| *v.get_ref());
+    if *floor.get_ref() > rate {
+        errors.push(source.error_at(
+            floor.span(),
+            format!(
+                "`scrub_min_bytes_per_s` is {}, above the scrub's rate of {rate} bytes/s \
+                 (`scrub_bytes_per_s`); the floor kept at normal priority cannot exceed it",
+                floor.get_ref()
+            ),
+        ));
+    }
+    Some(*floor.get_ref())
 }
 
 /// Ok if `path` is a regular file (after symlinks) this process can open.

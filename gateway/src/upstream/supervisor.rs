@@ -104,6 +104,11 @@ impl ChildConfig {
         if let Some(rate) = self.host.scrub_bytes_per_s {
             command.arg("--scrub-bytes-per-s").arg(rate.to_string());
         }
+        if let Some(floor) = self.host.scrub_min_bytes_per_s {
+            command
+                .arg("--scrub-min-bytes-per-s")
+                .arg(floor.to_string());
+        }
         if let Some(threads) = self.host.threads {
             command.arg("--threads").arg(threads.to_string());
         }
@@ -286,6 +291,7 @@ mod tests {
             queue_capacity: 8,
             restart_backoff_max: Duration::from_secs(1),
             scrub_bytes_per_s: None,
+            scrub_min_bytes_per_s: None,
             device,
             model_reservation_bytes: 256 << 20,
         }
@@ -318,5 +324,20 @@ mod tests {
         assert_eq!(value_of(&args, "--threads"), None);
         // The GPU the policy planned for, not whatever `auto` finds.
         assert_eq!(value_of(&args, "--backend"), Some("hip"));
+    }
+
+    #[test]
+    fn the_scrub_rates_are_passed_only_when_set() {
+        let cpu = Device::cpu(2, 1 << 30).unwrap();
+        let args_default = args(host(cpu.clone(), None));
+        assert_eq!(value_of(&args_default, "--scrub-bytes-per-s"), None);
+        assert_eq!(value_of(&args_default, "--scrub-min-bytes-per-s"), None);
+        let args = args(LocalGpuHost {
+            scrub_bytes_per_s: Some(1_000_000),
+            scrub_min_bytes_per_s: Some(0),
+            ..host(cpu, None)
+        });
+        assert_eq!(value_of(&args, "--scrub-bytes-per-s"), Some("1000000"));
+        assert_eq!(value_of(&args, "--scrub-min-bytes-per-s"), Some("0"));
     }
 }

@@ -225,6 +225,7 @@ fn policy(dir: &TempDir, tenants: Vec<TenantPolicy>) -> Policy {
                 queue_capacity: 1,
                 restart_backoff_max: Duration::from_secs(1),
                 scrub_bytes_per_s: None,
+                scrub_min_bytes_per_s: None,
                 device: bulkhead_partition::Device::mi325x(),
                 model_reservation_bytes: 0,
             }),

@@ -672,6 +672,37 @@ fn gateway_values_are_checked() {
 }
 
 #[test]
+fn a_scrub_floor_above_the_scrub_rate_is_an_error() {
+    let folder = valid_folder();
+    // Above the default rate (64 MiB/s) when no rate is given.
+    folder.write(
+        "gateway.toml",
+        GATEWAY.replace(
+            "workers = 2",
+            "workers = 2\nscrub_min_bytes_per_s = 67_108_865",
+        ),
+    );
+    assert_eq!(
+        errors(&folder),
+        [
+            "gateway.toml:6:25: `scrub_min_bytes_per_s` is 67108865, above the scrub's rate of \
+          67108864 bytes/s (`scrub_bytes_per_s`); the floor kept at normal priority cannot exceed it"
+        ]
+    );
+    folder.write(
+        "gateway.toml",
+        GATEWAY.replace(
+            "workers = 2",
+            "workers = 2\nscrub_bytes_per_s = 1000\nscrub_min_bytes_per_s = 1000",
+        ),
+    );
+    let UpstreamSettings::Local(host) = load_ok(&folder).gateway.upstream else {
+        panic!("the local gpu-host is configured");
+    };
+    assert_eq!(host.scrub_min_bytes_per_s, Some(1000));
+}
+
+#[test]
 fn upstream_targets_and_secrets_are_checked() {
     let folder = valid_folder();
     folder.write("tenants/acme.toml", ACME.replace(r#"["tiny"]"#, "[]"));

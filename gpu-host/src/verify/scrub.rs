@@ -145,20 +145,15 @@ impl Scrubber {
         L: Fn() -> Vec<Arc<M>> + Send + 'static,
         F: Fn(&M, &str) + Send + Sync + 'static,
     {
-        Scrubber::start_timed(config, TIMING, models, on_mismatch)
+        Scrubber::start_timed(config, TIMING, Box::new(models), Box::new(on_mismatch))
     }
 
-    fn start_timed<M, L, F>(
+    fn start_timed<M: Scrubbable + ?Sized + 'static>(
         config: ScrubConfig,
         timing: Timing,
-        models: L,
-        on_mismatch: F,
-    ) -> std::io::Result<Scrubber>
-    where
-        M: Scrubbable + ?Sized + 'static,
-        L: Fn() -> Vec<Arc<M>> + Send + 'static,
-        F: Fn(&M, &str) + Send + Sync + 'static,
-    {
+        models: Models<M>,
+        on_mismatch: OnMismatch<M>,
+    ) -> std::io::Result<Scrubber> {
         if config.bytes_per_s == 0 {
             return Ok(Scrubber { threads: None });
         }
@@ -166,7 +161,7 @@ impl Scrubber {
         let shared = Arc::new(Shared {
             pace: Pace::new(config.bytes_per_s, Instant::now()),
             stop: Arc::clone(&stop),
-            on_mismatch: Box::new(on_mismatch),
+            on_mismatch,
         });
         // The hasher gets its passes through a one-slot channel, so a starved
         // hasher keeps at most two passes (and their models) alive.
@@ -234,6 +229,9 @@ impl Drop for Scrubber {
 
 /// Told once per model taken out of service, with the reason.
 type OnMismatch<M> = Box<dyn Fn(&M, &str) + Send + Sync>;
+
+/// The models to scrub, asked before each pass.
+type Models<M> = Box<dyn Fn() -> Vec<Arc<M>> + Send>;
 
 /// What both threads use.
 struct Shared<M: ?Sized> {
@@ -396,15 +394,14 @@ impl<M: Scrubbable + ?Sized> Pass<M> {
 
 /// The watcher: plans each pass, hands it to the hashing thread, and
 /// claims its chunks whenever it falls behind the floor.
-fn watch<M, L>(
-    models: &L,
+fn watch<M>(
+    models: &Models<M>,
     passes: &SyncSender<Arc<Pass<M>>>,
     shared: &Shared<M>,
     floor: Floor,
     every: Duration,
 ) where
     M: Scrubbable + ?Sized,
-    L: Fn() -> Vec<Arc<M>>,
 {
     loop {
         let pass = Arc::new(Pass::plan(models()));
@@ -612,6 +609,16 @@ mod tests {
         true
     }
 
+    /// A scrub of intact `bytes` at one byte a second.
+    fn slow_scrub(bytes: Vec<u8>) -> Scrubber {
+        let model = fake(&bytes, bytes.clone());
+        let slow = ScrubConfig {
+            bytes_per_s: 1,
+            min_bytes_per_s: 1,
+        };
+        Scrubber::start(slow, move || vec![model.clone()], |_: &Fake, _: &str| {}).unwrap()
+    }
+
     const FAST: ScrubConfig = ScrubConfig {
         bytes_per_s: u64::MAX,
         min_bytes_per_s: u64::MAX,
@@ -667,15 +674,8 @@ mod tests {
 
     #[test]
     fn dropping_a_slow_scrub_stops_it_at_once() {
-        let bytes = sample(CHUNK_BYTES * 4);
-        let model = fake(&bytes, bytes.clone());
-        // One byte a second: the second chunk would start in ~48 days.
-        let slow = ScrubConfig {
-            bytes_per_s: 1,
-            min_bytes_per_s: 1,
-        };
-        let scrub =
-            Scrubber::start(slow, move || vec![model.clone()], |_: &Fake, _: &str| {}).unwrap();
+        // One byte a second: the second piece would start in ~3 days.
+        let scrub = slow_scrub(sample(CHUNK_BYTES * 4));
         drop(scrub); // joins: the test hangs if the thread sleeps through it
     }
 
@@ -695,14 +695,7 @@ mod tests {
 
     #[test]
     fn the_hashing_thread_runs_at_sched_idle_and_its_creator_does_not() {
-        let bytes = sample(CHUNK_BYTES);
-        let model = fake(&bytes, bytes.clone());
-        let slow = ScrubConfig {
-            bytes_per_s: 1,
-            min_bytes_per_s: 1,
-        };
-        let scrub =
-            Scrubber::start(slow, move || vec![model.clone()], |_: &Fake, _: &str| {}).unwrap();
+        let scrub = slow_scrub(sample(CHUNK_BYTES));
         let tid = scrub.hasher_tid().unwrap();
         let comm =
             std::fs::read_to_string(format!("/proc/self/task/{}/comm", tid.as_raw_nonzero()))
@@ -779,8 +772,8 @@ mod tests {
         let scrub = Scrubber::start_timed(
             config,
             timing,
-            move || vec![listed.clone()],
-            |_: &Fake, why: &str| panic!("unexpected mismatch: {why}"),
+            Box::new(move || vec![listed.clone()]),
+            Box::new(|_: &Fake, why: &str| panic!("unexpected mismatch: {why}")),
         )
         .unwrap();
         // The hasher stalls on the first chunk it claims, before hashing

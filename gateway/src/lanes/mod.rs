@@ -137,18 +137,20 @@ impl Lanes {
                 return None;
             }
         };
+        // Counted before the lane has it: once sent, the lane may answer
+        // before this task runs again, and a client that then reads the
+        // metrics must find its connection counted. (Off by one only when
+        // the lane stopped at shutdown, below.)
+        self.inner
+            .app
+            .metrics
+            .lane_connections
+            .get_or_create(&TenantLabels {
+                tenant: identity.tenant,
+            })
+            .inc();
         match lane.send(Command::Serve(std_tcp, watcher)) {
-            Ok(()) => {
-                self.inner
-                    .app
-                    .metrics
-                    .lane_connections
-                    .get_or_create(&TenantLabels {
-                        tenant: identity.tenant,
-                    })
-                    .inc();
-                None
-            }
+            Ok(()) => None,
             // The lane stopped (shutdown): serve it here.
             Err(mpsc::error::SendError(Command::Serve(std_tcp, watcher))) => {
                 TcpStream::from_std(std_tcp).ok().map(|tcp| (tcp, watcher))

@@ -121,6 +121,7 @@ pub struct Metrics {
     pub model_serving: Family<ModelLabels, Gauge>,
     pub model_weights_verified_at: Family<ModelLabels, Gauge>,
     pub model_scrubbed_bytes: Family<ModelLabels, Gauge>,
+    pub model_scrub_floor_bytes: Family<ModelLabels, Gauge>,
     pub model_weight_mismatches: Family<ModelLabels, Counter>,
     pub partition_kv_blocks: Family<PartitionTenantLabels, Gauge>,
     pub partition_kv_refusals: Family<PartitionTenantLabels, Counter>,
@@ -241,6 +242,12 @@ impl Metrics {
             "Bytes of a model's resident weights re-hashed by the gpu-host's scrub since it was loaded",
             model_scrubbed_bytes.clone(),
         );
+        let model_scrub_floor_bytes = Family::<ModelLabels, Gauge>::default();
+        registry.register(
+            "model_scrub_floor_bytes",
+            "Of the scrubbed bytes, those hashed at normal priority to keep the scrub's floor because idle CPU time was scarce",
+            model_scrub_floor_bytes.clone(),
+        );
         let model_weight_mismatches = Family::<ModelLabels, Counter>::default();
         registry.register(
             "model_weight_mismatches",
@@ -314,6 +321,7 @@ impl Metrics {
             model_serving,
             model_weights_verified_at,
             model_scrubbed_bytes,
+            model_scrub_floor_bytes,
             model_weight_mismatches,
             partition_kv_blocks,
             partition_kv_refusals,

@@ -800,4 +800,6 @@ async fn a_flipped_resident_bit_takes_only_that_model_out_of_service() {
         .find(|m| m.name == "qwen")
         .unwrap();
     assert!(qwen.serving && qwen.scrubbed_bytes > 0);
+    // The floor's share is part of the scrubbed bytes.
+    assert!(qwen.scrub_floor_bytes <= qwen.scrubbed_bytes);
 }

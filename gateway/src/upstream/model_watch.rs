@@ -62,6 +62,10 @@ impl ModelStates {
                 .model_scrubbed_bytes
                 .get_or_create(&labels)
                 .set(i64::try_from(m.scrubbed_bytes).unwrap_or(i64::MAX));
+            metrics
+                .model_scrub_floor_bytes
+                .get_or_create(&labels)
+                .set(i64::try_from(m.scrub_floor_bytes).unwrap_or(i64::MAX));
             let was_serving = match self.0.get(&m.name) {
                 Some(seen) if seen.digest == m.digest => seen.serving,
                 // New, or reloaded with other weights: as if it had served.
@@ -90,6 +94,7 @@ impl ModelStates {
             metrics.model_serving.remove(&labels);
             metrics.model_weights_verified_at.remove(&labels);
             metrics.model_scrubbed_bytes.remove(&labels);
+            metrics.model_scrub_floor_bytes.remove(&labels);
         }
         self.0 = next;
         found
@@ -146,6 +151,7 @@ mod tests {
             },
             weights_verified_at_unix_ms: 5_000,
             scrubbed_bytes: 42,
+            scrub_floor_bytes: 7,
             ..Default::default()
         }
     }
@@ -176,6 +182,7 @@ mod tests {
         assert_eq!(gauge(&metrics.model_serving, "a"), 1);
         assert_eq!(gauge(&metrics.model_weights_verified_at, "a"), 5);
         assert_eq!(gauge(&metrics.model_scrubbed_bytes, "a"), 42);
+        assert_eq!(gauge(&metrics.model_scrub_floor_bytes, "a"), 7);
 
         let found = states.observe(&[info("a", "d1", false), info("b", "d2", true)], &metrics);
         assert_eq!(
@@ -208,12 +215,20 @@ mod tests {
             text.contains("bulkhead_model_weight_mismatches_total{model=\"a\"} 2"),
             "{text}"
         );
+        assert!(
+            text.contains("bulkhead_model_scrub_floor_bytes{model=\"a\"} 7"),
+            "{text}"
+        );
         // A model no longer listed drops out of the gauges.
         states.observe(&[], &metrics);
+        let text = metrics.render();
         assert!(
-            !metrics
-                .render()
-                .contains("bulkhead_model_serving{model=\"a\"}")
+            !text.contains("bulkhead_model_serving{model=\"a\"}"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("bulkhead_model_scrub_floor_bytes{model=\"a\"}"),
+            "{text}"
         );
     }
 }

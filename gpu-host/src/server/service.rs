@@ -93,6 +93,7 @@ fn model_info(m: &LoadedModel) -> v1::ModelInfo {
         weights_verified_at_unix_ms: m.weights.verified_at_ms(),
         scrubbed_bytes: m.weights.scrubbed_bytes(),
         scrub_passes: m.weights.passes(),
+        scrub_floor_bytes: m.weights.floor_bytes(),
     }
 }
 

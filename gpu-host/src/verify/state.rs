@@ -28,6 +28,7 @@ pub struct WeightState {
     quarantine: OnceLock<String>,
     verified_at_ms: AtomicU64,
     scrubbed_bytes: AtomicU64,
+    floor_bytes: AtomicU64,
     passes: AtomicU64,
     retired: AtomicBool,
 }
@@ -55,6 +56,7 @@ impl WeightState {
             quarantine: OnceLock::new(),
             verified_at_ms: AtomicU64::new(unix_ms(verified_at)),
             scrubbed_bytes: AtomicU64::new(0),
+            floor_bytes: AtomicU64::new(0),
             passes: AtomicU64::new(0),
             retired: AtomicBool::new(false),
         }
@@ -113,13 +115,24 @@ impl WeightState {
         self.passes.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(super) fn scrubbed(&self, bytes: u64) {
+    /// `bytes` matched; `at_floor`: hashed at normal priority to keep the
+    /// floor, not on idle time.
+    pub(super) fn scrubbed(&self, bytes: u64, at_floor: bool) {
         self.scrubbed_bytes.fetch_add(bytes, Ordering::Relaxed);
+        if at_floor {
+            self.floor_bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
     }
 
     /// Bytes re-hashed by the scrub since load.
     pub fn scrubbed_bytes(&self) -> u64 {
         self.scrubbed_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Of [`Self::scrubbed_bytes`], those the floor hashed at normal
+    /// priority because idle time was scarce.
+    pub fn floor_bytes(&self) -> u64 {
+        self.floor_bytes.load(Ordering::Relaxed)
     }
 
     /// Complete scrub passes since load.

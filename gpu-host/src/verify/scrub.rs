@@ -661,13 +661,14 @@ mod tests {
         assert_eq!(model.state.verified_at_ms(), 0);
     }
 
-    #[test]
-    fn intact_weights_complete_passes_and_refresh_the_verified_time() {
-        let bytes = sample(CHUNK_BYTES + 17);
+    /// Scrubs an intact file of `len` bytes with `config` until two passes
+    /// complete, then stops; checks that each pass refreshed its state.
+    fn two_intact_passes(config: ScrubConfig, len: usize) -> Arc<Fake> {
+        let bytes = sample(len);
         let model = fake(&bytes, bytes.clone());
         let listed = model.clone();
         let scrub = Scrubber::start(
-            FAST,
+            config,
             move || vec![listed.clone()],
             |_: &Fake, why: &str| panic!("unexpected mismatch: {why}"),
         )
@@ -676,7 +677,13 @@ mod tests {
         drop(scrub);
         assert_eq!(model.state.status(), WeightStatus::Serving);
         assert!(model.state.verified_at_ms() > 0);
-        assert!(model.state.scrubbed_bytes() >= 2 * bytes.len() as u64);
+        assert!(model.state.scrubbed_bytes() >= 2 * len as u64);
+        model
+    }
+
+    #[test]
+    fn intact_weights_complete_passes_and_refresh_the_verified_time() {
+        two_intact_passes(FAST, CHUNK_BYTES + 17);
     }
 
     #[test]
@@ -823,22 +830,11 @@ mod tests {
 
     #[test]
     fn without_a_floor_the_idle_thread_hashes_everything_and_none_counts_as_floor() {
-        let bytes = sample(CHUNK_BYTES * 2 + 5);
-        let model = fake(&bytes, bytes.clone());
-        let listed = model.clone();
         let no_floor = ScrubConfig {
             bytes_per_s: u64::MAX,
             min_bytes_per_s: 0,
         };
-        let scrub = Scrubber::start(
-            no_floor,
-            move || vec![listed.clone()],
-            |_: &Fake, why: &str| panic!("unexpected mismatch: {why}"),
-        )
-        .unwrap();
-        assert!(eventually(|| model.state.passes() >= 2));
-        drop(scrub);
-        assert!(model.state.scrubbed_bytes() >= 2 * bytes.len() as u64);
+        let model = two_intact_passes(no_floor, CHUNK_BYTES * 2 + 5);
         assert_eq!(model.state.floor_bytes(), 0);
         assert!(model.watcher_reads.lock().unwrap().is_empty());
     }

@@ -19,9 +19,9 @@ use crate::metrics::{Metrics, ResultLabels};
 use crate::plugins::{
     HookGate, PluginEngine, PluginEngineConfig, PluginError, PluginRegistry, StoreError,
 };
-use crate::policy::{self, GatewayPlugins, PolicyErrors, UpstreamSettings};
+use crate::policy::{self, GatewayPlugins, ListenAddr, PolicyErrors, UpstreamSettings};
 use crate::registration::{ModelRegistry, RegistrationError};
-use crate::serving::serve_http;
+use crate::serving::{AdminListener, serve_admin, serve_http};
 use crate::upstream::{
     ChildConfig, DEFAULT_READY_WAIT, Supervised, Supervisor, SupervisorError, Upstream,
     UpstreamError, UpstreamState,
@@ -33,6 +33,17 @@ pub struct ServeOptions {
     pub policies: PathBuf,
     /// Overrides `listen` in `gateway.toml`.
     pub listen: Option<SocketAddr>,
+    /// Overrides `[admin] listen` in `gateway.toml`.
+    pub admin_listen: Option<ListenAddr>,
+}
+
+/// Where the gateway listens once bound (real ports for `:0`).
+#[derive(Clone, Debug)]
+pub struct Listening {
+    /// Tenants: the OpenAI-compatible API.
+    pub public: SocketAddr,
+    /// Operators: the admin API and `/metrics`.
+    pub admin: ListenAddr,
 }
 
 /// Why the gateway could not start or stopped with an error.
@@ -47,6 +58,11 @@ pub enum ServeError {
     #[error("listening on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("the admin listener on {addr}: {source}")]
+    BindAdmin {
+        addr: ListenAddr,
         source: std::io::Error,
     },
     #[error("watching the policy folder: {0}")]
@@ -80,10 +96,10 @@ pub fn build_snapshot(dir: &Path, previous: Option<&Snapshot>) -> Result<Snapsho
 
 /// Runs the gateway until `shutdown` resolves, then stops accepting, lets
 /// streams in flight finish, and stops the local gpu-host.
-/// `on_listening` gets the bound address (the real port for `:0`).
+/// `on_listening` gets the bound addresses (the real port for `:0`).
 pub async fn serve(
     options: ServeOptions,
-    on_listening: impl FnOnce(SocketAddr),
+    on_listening: impl FnOnce(&Listening),
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let dir = options.policies.clone();
@@ -101,6 +117,20 @@ pub async fn serve(
                  remove it outside development"
             );
         }
+    }
+    for issuer in &first.policy.operator.issuers {
+        if issuer.dev_signing_key.is_some() {
+            tracing::warn!(
+                issuer = %issuer.issuer.get_ref(),
+                "an operator issuer names a dev_signing_key: anyone who can read it can mint \
+                 operator tokens; remove it outside development"
+            );
+        }
+    }
+    if first.policy.operator.issuers.is_empty() {
+        tracing::warn!(
+            "gateway.toml has no [[operator.issuers]]: the operator API refuses every call"
+        );
     }
     let metrics = Arc::new(Metrics::new());
     let snapshot = Arc::new(ArcSwap::from_pointee(first));
@@ -197,6 +227,7 @@ pub async fn serve(
         plugins,
         plugin_gate: HookGate::new(gateway.plugins.max_concurrent_calls),
         audit,
+        usage: crate::limits::UsageBook::new(),
     };
     let max_body_bytes = usize::try_from(gateway.max_body_bytes).unwrap_or(usize::MAX);
     let lanes = lane_host.map(|host| Lanes::new(app.clone(), max_body_bytes, host));
@@ -208,7 +239,8 @@ pub async fn serve(
             }
         })
     };
-    let router = api::router(app, max_body_bytes);
+    let router = api::router(app.clone(), max_body_bytes);
+    let admin_router = api::admin_router(app, max_body_bytes);
     let addr = options.listen.unwrap_or(gateway.listen);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -216,8 +248,32 @@ pub async fn serve(
     let bound = listener
         .local_addr()
         .map_err(|source| ServeError::Bind { addr, source })?;
-    on_listening(bound);
-    serve_http(listener, router, lanes.clone(), shutdown).await;
+    let admin_addr = options.admin_listen.unwrap_or(gateway.admin_listen);
+    let admin_error = |source| ServeError::BindAdmin {
+        addr: admin_addr.clone(),
+        source,
+    };
+    let admin_listener = AdminListener::bind(&admin_addr)
+        .await
+        .map_err(admin_error)?;
+    let admin_bound = admin_listener.local_addr().map_err(admin_error)?;
+    on_listening(&Listening {
+        public: bound,
+        admin: admin_bound,
+    });
+    // One shutdown for both listeners.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    tokio::join!(
+        serve_http(listener, router, lanes.clone(), stopped(stop_rx.clone())),
+        serve_admin(admin_listener, admin_router, stopped(stop_rx)),
+    );
     drop(reloads);
     model_watch.abort();
     partition_watch.abort();
@@ -282,6 +338,7 @@ fn audit_reload(
         outcome,
     };
     let actor = Actor::Operator {
+        issuer: None,
         tenant: None,
         sub: None,
     };
@@ -334,6 +391,7 @@ fn warn_restart_only_changes(running: &policy::GatewaySettings, new: &policy::Ga
     };
     if upstream_changed
         || running.listen != new.listen
+        || running.admin_listen != new.admin_listen
         || running.max_body_bytes != new.max_body_bytes
         || running.plugins.store != new.plugins.store
         || running.plugins.max_concurrent_calls != new.plugins.max_concurrent_calls
@@ -341,7 +399,7 @@ fn warn_restart_only_changes(running: &policy::GatewaySettings, new: &policy::Ga
         || running.models_registry != new.models_registry
     {
         tracing::warn!(
-            "gateway.toml changed listen, max_body_bytes, the upstream, the plugin store or \
+            "gateway.toml changed listen, [admin] listen, max_body_bytes, the upstream, the plugin store or \
              max_concurrent_calls, the audit log or the model registry; those take effect at \
              the next restart (the rest, models included, is live)"
         );

@@ -22,7 +22,7 @@ mod serving;
 mod upstream;
 
 pub use api::{
-    ApiError, App, Endpoint, InferenceRequest, LocalReport, LocalRun, LocalRunError, Prompt,
-    Snapshot, request_json, run_locally,
+    Access, ApiError, App, Endpoint, InferenceRequest, Listener, LocalReport, LocalRun,
+    LocalRunError, Method, Prompt, ROUTES, Route, Snapshot, request_json, run_locally,
 };
-pub use app::{ServeError, ServeOptions, build_snapshot, serve};
+pub use app::{Listening, ServeError, ServeOptions, build_snapshot, serve};

@@ -17,6 +17,14 @@ pub struct RequestLabels {
     pub status: u16,
 }
 
+/// `bulkhead_admin_refusals_total`: an operator route refused a call.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdminRefusalLabels {
+    /// The error `code` (`missing_authorization`, `unknown_issuer`,
+    /// `insufficient_scope`, …).
+    pub reason: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectionLabels {
     pub tenant: String,
@@ -131,6 +139,7 @@ pub struct Metrics {
     pub partition_memory_used_bytes: Family<PartitionLabels, Gauge>,
     pub partition_preemptions: Family<PartitionLabels, Counter>,
     pub lane_connections: Family<TenantLabels, Counter>,
+    pub admin_refusals: Family<AdminRefusalLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -296,6 +305,12 @@ impl Metrics {
             "Sequences a gpu-host partition preempted (KV blocks taken back, recomputed later)",
             partition_preemptions.clone(),
         );
+        let admin_refusals = Family::<AdminRefusalLabels, Counter>::default();
+        registry.register(
+            "admin_refusals",
+            "Operator API calls refused before their handler, by reason",
+            admin_refusals.clone(),
+        );
         let lane_connections = Family::<TenantLabels, Counter>::default();
         registry.register(
             "lane_connections",
@@ -331,6 +346,7 @@ impl Metrics {
             partition_memory_used_bytes,
             partition_preemptions,
             lane_connections,
+            admin_refusals,
         }
     }
 

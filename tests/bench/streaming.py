@@ -119,8 +119,9 @@ def http_get(port: int, path: str, token: str | None = None, timeout: float = 10
         conn.close()
 
 
-def wait_ready(port: int, proc: subprocess.Popen, log_path: Path) -> None:
-    """Waits for /readyz (the gpu-host is up) and for the model to be listed."""
+def wait_ready(port: int, proc: subprocess.Popen, log_path: Path, admin: int) -> None:
+    """Waits for /readyz (the gpu-host is up) and for the model to be listed
+    in the metrics of the admin listener on port `admin`."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -128,7 +129,7 @@ def wait_ready(port: int, proc: subprocess.Popen, log_path: Path) -> None:
         try:
             status, _ = http_get(port, "/readyz")
             if status == 200:
-                status, text = http_get(port, "/metrics")
+                status, text = http_get(admin, "/metrics")
                 if re.search(rf'bulkhead_model_serving\{{[^}}]*model="{MODEL_NAME}"[^}}]*\}} 1', text):
                     return
         except OSError:
@@ -186,6 +187,7 @@ class Tenant:
     id: str
     gpu: str = ""  # a `[gpu]` table, or "" for none
     token: str = ""
+    # An operator token (partitions:read), the same for every tenant.
     admin_token: str = ""
 
 
@@ -211,20 +213,35 @@ def write_policies(tmp: Path, bulkhead: Path, tenants: list[Tenant], host: str) 
             f'dev_signing_key = "bench-keys/{t.id}.key.pem"\n'
             + OPEN_LIMITS + ("\n" + t.gpu if t.gpu else ""))
     gateway = policies / "gateway.toml"
-    gateway.write_text(drop_tables(gateway.read_text(), ("upstream", "local_gpu_host")) + host)
+    # The operator API and /metrics on a port of the bench's own (the
+    # default 8081 may be taken); admin_port() reads it back.
+    gateway.write_text(drop_tables(gateway.read_text(), ("upstream", "local_gpu_host", "admin"))
+                       + f'\n[admin]\nlisten = "127.0.0.1:{free_port()}"\n' + host)
     check = subprocess.run([str(bulkhead), "policy", "check", str(policies)],
                            capture_output=True, text=True)
     if check.returncode != 0:
         raise Failure(f"bulkhead policy check refused the bench policies:\n{check.stdout}{check.stderr}")
+    operator = issue(bulkhead, policies, None, ["partitions:read"])
     for t in tenants:
         t.token = issue(bulkhead, policies, t.id, ["inference"])
-        t.admin_token = issue(bulkhead, policies, t.id, ["inference", "admin"])
+        t.admin_token = operator
     return policies
 
 
-def issue(bulkhead: Path, policies: Path, tenant: str, scopes: list[str]) -> str:
+def admin_port(policies: Path) -> int:
+    """The admin listener's port `write_policies` put in gateway.toml."""
+    m = re.search(r'^\[admin\]\s*\nlisten = "127\.0\.0\.1:(\d+)"',
+                  (policies / "gateway.toml").read_text(), re.M)
+    if not m:
+        raise Failure("gateway.toml has no [admin] listen on 127.0.0.1")
+    return int(m.group(1))
+
+
+def issue(bulkhead: Path, policies: Path, tenant: str | None, scopes: list[str]) -> str:
+    """A token for `tenant`, or an operator token when `tenant` is None."""
+    who = ["--tenant", tenant] if tenant else ["--operator"]
     done = subprocess.run([str(bulkhead), "token", "issue", "--policies", str(policies),
-                           "--tenant", tenant, "--ttl", "7d", "--scope", *scopes],
+                           *who, "--ttl", "7d", "--scope", *scopes],
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise Failure(f"bulkhead token issue failed:\n{done.stderr}")

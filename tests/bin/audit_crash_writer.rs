@@ -12,7 +12,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use bulkhead_gateway::audit::{Actor, AuditLog, AuditSettings, Event};
+use bulkhead_gateway::audit::{Actor, AuditLog, AuditSettings, Event, Outcome};
 
 /// A runaway writer stops here (a trial kills it long before).
 const MAX_APPENDS_PER_THREAD: u64 = 5_000;
@@ -51,8 +51,11 @@ fn main() {
                         (seq as usize * 37) % 200
                     };
                     let event = Event::AdminAction {
-                        operation: "crash-test".into(),
-                        detail: serde_json::json!({"tag": tag, "pad": "x".repeat(pad)}),
+                        route: "crash-test".into(),
+                        target: tag.clone(),
+                        outcome: Outcome::Refused {
+                            reason: "x".repeat(pad),
+                        },
                     };
                     match log.append(Actor::Gateway, event) {
                         Ok(index) => say(&format!("ack {index} {tag}")),

@@ -206,13 +206,12 @@ fn run_trial(dir: &Path, rng: &mut Rng, tally: &mut Tally) -> Result<(), String>
             .entries(*index, index + 1)
             .map_err(|e| format!("reading entry {index}: {e}"))?;
         let entry = Entry::from_bytes(&bytes[0]).map_err(|e| format!("entry {index}: {e}"))?;
-        let Event::AdminAction { detail, .. } = &entry.event else {
+        let Event::AdminAction { target, .. } = &entry.event else {
             return Err(format!("entry {index} is not the one acknowledged"));
         };
-        if detail["tag"] != tag.as_str() {
+        if target != tag {
             return Err(format!(
-                "entry {index} holds {} but {tag} was acknowledged at that index",
-                detail["tag"]
+                "entry {index} holds {target} but {tag} was acknowledged at that index"
             ));
         }
     }

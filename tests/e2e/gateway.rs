@@ -195,7 +195,7 @@ fn models_health_and_readiness() {
     assert_eq!(gateway.request("GET", "/v1/models", None, None).status, 401);
     assert_eq!(gateway.request("GET", "/healthz", None, None).status, 200);
     assert_eq!(gateway.request("GET", "/readyz", None, None).status, 200);
-    let metrics = gateway.request("GET", "/metrics", None, None);
+    let metrics = gateway.admin.request("GET", "/metrics", None, None);
     assert!(
         metrics.body.contains("bulkhead_upstream_ready 1"),
         "{}",

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use bulkhead_tests::{Gateway, PolicyDir, Response, bin, gateway_toml};
+use bulkhead_tests::{ALL_OPERATOR_SCOPES, Gateway, PolicyDir, Response, bin, gateway_toml};
 use serde_json::Value;
 
 /// Removes the audit folder when the test ends.
@@ -38,7 +38,9 @@ fn example_plugin() -> Option<Vec<u8>> {
 }
 
 fn entries(gateway: &Gateway, token: &str) -> Vec<Value> {
-    let r = gateway.request("GET", "/admin/v1/audit/entries", Some(token), None);
+    let r = gateway
+        .admin
+        .request("GET", "/admin/v1/audit/entries", Some(token), None);
     assert_eq!(r.status, 200, "{}", r.body);
     r.json()["data"].as_array().unwrap().clone()
 }
@@ -103,9 +105,9 @@ fn a_gateway_audits_its_control_plane_and_its_proofs_verify() {
         ),
     );
     let gateway = Gateway::start(&policies);
-    let admin = policies.token("demo", &["--scope", "admin", "--sub", "ops"]);
+    let admin = policies.operator_token(&ALL_OPERATOR_SCOPES, &["--sub", "ops"]);
     let writer = policies.token("demo", &["--scope", "plugins:write", "--sub", "ci-bot"]);
-    let url = format!("http://{}", gateway.addr);
+    let url = format!("http://{}", gateway.admin.addr);
     let key = audit.0.join("audit.pub.pem");
     let key = key.to_str().unwrap();
 
@@ -135,35 +137,49 @@ fn a_gateway_audits_its_control_plane_and_its_proofs_verify() {
         |f| f["path"] == "gateway.toml" && f["sha256"].as_str().unwrap().starts_with("sha256:")
     ));
 
-    // The API: admin scope only, ranges checked.
-    let r = gateway.request("GET", "/admin/v1/audit/checkpoint", Some(&writer), None);
+    // The API: operators with `audit:read` only, ranges checked.
+    let r = gateway
+        .admin
+        .request("GET", "/admin/v1/audit/checkpoint", Some(&writer), None);
+    assert_error(&r, 401, "unknown_issuer");
+    let models_only = policies.operator_token(&["models:read"], &[]);
+    let r = gateway.admin.request(
+        "GET",
+        "/admin/v1/audit/checkpoint",
+        Some(&models_only),
+        None,
+    );
     assert_error(&r, 403, "insufficient_scope");
-    let r = gateway.request(
+    let r = gateway.admin.request(
         "GET",
         "/admin/v1/audit/entries?from=2&to=1",
         Some(&admin),
         None,
     );
     assert_error(&r, 400, "invalid_audit_range");
-    let r = gateway.request(
+    let r = gateway.admin.request(
         "GET",
         "/admin/v1/audit/entries?from=0&to=5000",
         Some(&admin),
         None,
     );
     assert_error(&r, 400, "invalid_audit_range");
-    let r = gateway.request("GET", "/admin/v1/audit/entries?from=x", Some(&admin), None);
+    let r = gateway
+        .admin
+        .request("GET", "/admin/v1/audit/entries?from=x", Some(&admin), None);
     assert_error(&r, 400, "invalid_audit_range");
-    let r = gateway.request("GET", "/admin/v1/audit/entries?limit=1", Some(&admin), None);
+    let r = gateway
+        .admin
+        .request("GET", "/admin/v1/audit/entries?limit=1", Some(&admin), None);
     assert_error(&r, 400, "invalid_parameter");
-    let r = gateway.request(
+    let r = gateway.admin.request(
         "GET",
         "/admin/v1/audit/proof/inclusion?index=9",
         Some(&admin),
         None,
     );
     assert_error(&r, 400, "invalid_audit_range");
-    let r = gateway.request(
+    let r = gateway.admin.request(
         "GET",
         "/admin/v1/audit/proof/consistency",
         Some(&admin),
@@ -171,7 +187,9 @@ fn a_gateway_audits_its_control_plane_and_its_proofs_verify() {
     );
     assert_error(&r, 400, "invalid_audit_range");
 
-    let checkpoint = gateway.request("GET", "/admin/v1/audit/checkpoint", Some(&admin), None);
+    let checkpoint = gateway
+        .admin
+        .request("GET", "/admin/v1/audit/checkpoint", Some(&admin), None);
     assert_eq!(checkpoint.status, 200);
     assert!(
         checkpoint

@@ -6,7 +6,7 @@
 //! serves the partition on its own lane thread pinned alike; and shutdown
 //! lets a stream on a lane finish.
 
-use bulkhead_tests::{Gateway, PolicyDir, gateway_toml};
+use bulkhead_tests::{ALL_OPERATOR_SCOPES, Gateway, PolicyDir, gateway_toml};
 use serde_json::{Value, json};
 
 const MODEL: &str = "bulkhead-demo-tiny";
@@ -14,7 +14,9 @@ const LANES: &str = "bulkhead_lane_connections_total";
 
 /// The host CPUs of the tenant's dedicated partition (not draining).
 fn partition_cpus(gateway: &Gateway, admin: &str, tenant: &str) -> Vec<u64> {
-    let r = gateway.request("GET", "/admin/v1/partitions", Some(admin), None);
+    let r = gateway
+        .admin
+        .request("GET", "/admin/v1/partitions", Some(admin), None);
     assert_eq!(r.status, 200, "{}", r.body);
     let report: Value = r.json();
     let partition = report["data"][0]["partitions"]
@@ -92,7 +94,7 @@ fn a_dedicated_tenants_connections_are_served_on_its_partitions_cpus() {
         &format!("{text}\n[gpu]\nisolation = \"dedicated\"\ncus = 1\nhbm = \"64MiB\"\n"),
     );
     let gateway = Gateway::start(&policies);
-    let admin = policies.token("demo", &["--scope", "admin"]);
+    let admin = policies.operator_token(&ALL_OPERATOR_SCOPES, &[]);
     let token = policies.token("demo", &[]);
     let lane_connections = || gateway.metric(LANES, &[("tenant", "demo")]);
 

@@ -12,7 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use bulkhead_tests::{Gateway, PolicyDir, Response, bin, demo_model, gateway_toml};
+use bulkhead_tests::{
+    ALL_OPERATOR_SCOPES, Gateway, OPERATOR_ISSUER, PolicyDir, Response, bin, demo_model,
+    gateway_toml,
+};
 use serde_json::{Value, json};
 
 const CONFIGURED: &str = "bulkhead-demo-tiny";
@@ -118,7 +121,9 @@ fn completion(gateway: &Gateway, token: &str, model: &str) -> Response {
 }
 
 fn entries(gateway: &Gateway, admin: &str) -> Vec<Value> {
-    let r = gateway.request("GET", "/admin/v1/audit/entries", Some(admin), None);
+    let r = gateway
+        .admin
+        .request("GET", "/admin/v1/audit/entries", Some(admin), None);
     assert_eq!(r.status, 200, "{}", r.body);
     r.json()["data"].as_array().unwrap().clone()
 }
@@ -132,7 +137,9 @@ fn model_entries(gateway: &Gateway, admin: &str, model: &str) -> Vec<Value> {
 }
 
 fn registrations(gateway: &Gateway, admin: &str) -> Vec<Value> {
-    let r = gateway.request("GET", "/admin/v1/models", Some(admin), None);
+    let r = gateway
+        .admin
+        .request("GET", "/admin/v1/models", Some(admin), None);
     assert_eq!(r.status, 200, "{}", r.body);
     r.json()["data"].as_array().unwrap().clone()
 }
@@ -148,9 +155,9 @@ fn a_trusted_model_registers_serves_survives_a_restart_and_unregisters() {
     let key = scratch.0.join("publisher.pem");
     let (folder, signature) = signed_copy(&scratch.0, "model-a", &key);
     let gateway = Gateway::start(&policies);
-    let admin = policies.token("demo", &["--scope", "admin", "--sub", "ops"]);
+    let admin = policies.operator_token(&ALL_OPERATOR_SCOPES, &["--sub", "ops"]);
     let user = policies.token("demo", &[]);
-    let url = format!("http://{}", gateway.addr);
+    let url = format!("http://{}", gateway.admin.addr);
 
     // The configured demo model was loaded before /readyz said ready.
     let listed = registrations(&gateway, &admin);
@@ -212,22 +219,46 @@ fn a_trusted_model_registers_serves_survives_a_restart_and_unregisters() {
     assert_eq!(audited[0]["action"], "model.register");
     assert_eq!(audited[0]["outcome"]["result"], "accepted");
     assert_eq!(audited[0]["digest"], registered["digest"]);
-    assert_eq!(
-        audited[0]["actor"],
-        json!({"kind": "operator", "tenant": "demo", "sub": "ops"})
-    );
+    let operator = json!({"kind": "operator", "issuer": OPERATOR_ISSUER, "sub": "ops"});
+    assert_eq!(audited[0]["actor"], operator);
     let bundle: Value = serde_json::from_slice(&std::fs::read(&signature).unwrap()).unwrap();
     assert_eq!(audited[0]["manifest"], bundle);
+    // And the call itself, after the registration's entry, before the answer.
+    let all = entries(&gateway, &admin);
+    let at = all
+        .iter()
+        .position(|e| e["action"] == "model.register" && e["model"] == REGISTERED)
+        .unwrap();
+    assert_eq!(
+        (
+            &all[at + 1]["action"],
+            &all[at + 1]["route"],
+            &all[at + 1]["target"],
+            &all[at + 1]["outcome"]["result"],
+            &all[at + 1]["actor"],
+        ),
+        (
+            &json!("admin.action"),
+            &json!("POST /admin/v1/models"),
+            &json!(REGISTERED),
+            &json!("accepted"),
+            &operator
+        )
+    );
 
     // Registering the name again, or a configured name, conflicts.
     let body = register_body(REGISTERED, &folder, &signature);
-    let r = gateway.request("POST", "/admin/v1/models", Some(&admin), Some(&body));
+    let r = gateway
+        .admin
+        .request("POST", "/admin/v1/models", Some(&admin), Some(&body));
     assert_eq!((r.status, r.error_code().as_str()), (409, "model_exists"));
     let body = register_body(CONFIGURED, &folder, &signature);
-    let r = gateway.request("POST", "/admin/v1/models", Some(&admin), Some(&body));
+    let r = gateway
+        .admin
+        .request("POST", "/admin/v1/models", Some(&admin), Some(&body));
     assert_eq!((r.status, r.error_code().as_str()), (409, "model_exists"));
     // A configured model is removed in the policy, not through the API.
-    let r = gateway.request(
+    let r = gateway.admin.request(
         "DELETE",
         &format!("/admin/v1/models/{CONFIGURED}"),
         Some(&admin),
@@ -247,7 +278,7 @@ fn a_trusted_model_registers_serves_survives_a_restart_and_unregisters() {
     // The registration survives a restart of the gateway.
     assert!(gateway.terminate().success());
     let gateway = Gateway::start(&policies);
-    let url = format!("http://{}", gateway.addr);
+    let url = format!("http://{}", gateway.admin.addr);
     let r = completion(&gateway, &user, REGISTERED);
     assert_eq!(r.status, 200, "{}\n{}", r.body, gateway.log.text());
 
@@ -271,6 +302,12 @@ fn a_trusted_model_registers_serves_survives_a_restart_and_unregisters() {
     let last = audited.last().unwrap();
     assert_eq!(last["action"], "model.unregister");
     assert_eq!(last["outcome"]["result"], "accepted");
+    let all = entries(&gateway, &admin);
+    let action = all.last().unwrap();
+    assert_eq!(action["action"], "admin.action");
+    assert_eq!(action["route"], "DELETE /admin/v1/models/{name}");
+    assert_eq!(action["target"], REGISTERED);
+    assert_eq!(action["outcome"]["result"], "accepted");
     let (ok, out) = cli(&[
         "model",
         "unregister",
@@ -293,11 +330,13 @@ fn untrusted_changed_and_malformed_registrations_are_refused_and_audited() {
     let trusted = scratch.0.join("publisher.pem");
     let stranger = keygen(&scratch.0, "stranger");
     let gateway = Gateway::start(&policies);
-    let admin = policies.token("demo", &["--scope", "admin", "--sub", "ops"]);
+    let admin = policies.operator_token(&ALL_OPERATOR_SCOPES, &["--sub", "ops"]);
     let user = policies.token("demo", &[]);
-    let url = format!("http://{}", gateway.addr);
+    let url = format!("http://{}", gateway.admin.addr);
     let post = |body: &str, token: &str| {
-        gateway.request("POST", "/admin/v1/models", Some(token), Some(body))
+        gateway
+            .admin
+            .request("POST", "/admin/v1/models", Some(token), Some(body))
     };
 
     // Signed by a key trust.toml does not list: 403, audited as refused.
@@ -399,7 +438,7 @@ fn untrusted_changed_and_malformed_registrations_are_refused_and_audited() {
     }
     // A body over the limit is refused from its declared length, before it
     // is read (sending it whole would race the server's early answer).
-    let mut stream = TcpStream::connect(gateway.addr).unwrap();
+    let mut stream = TcpStream::connect(gateway.admin.addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
@@ -419,8 +458,11 @@ fn untrusted_changed_and_malformed_registrations_are_refused_and_audited() {
         "{}",
         r.body
     );
-    // Only the admin scope registers.
+    // Only an operator with `models:write` registers.
     let r = post(&good, &user);
+    assert_eq!((r.status, r.error_code().as_str()), (401, "unknown_issuer"));
+    let reader = policies.operator_token(&["models:read"], &[]);
+    let r = post(&good, &reader);
     assert_eq!(
         (r.status, r.error_code().as_str()),
         (403, "insufficient_scope")

@@ -3,7 +3,7 @@
 //! shown by `GET /admin/v1/partitions` (scope `admin` only) and the
 //! `bulkhead_partition_*` metrics; a policy reload re-partitions the host.
 
-use bulkhead_tests::{Gateway, PolicyDir, gateway_toml};
+use bulkhead_tests::{ALL_OPERATOR_SCOPES, Gateway, PolicyDir, gateway_toml};
 use serde_json::{Value, json};
 
 const MIB: u64 = 1 << 20;
@@ -15,7 +15,9 @@ fn demo_tenant(policies: &PolicyDir, gpu: &str) {
 }
 
 fn partitions(gateway: &Gateway, token: &str) -> Value {
-    let r = gateway.request("GET", "/admin/v1/partitions", Some(token), None);
+    let r = gateway
+        .admin
+        .request("GET", "/admin/v1/partitions", Some(token), None);
     assert_eq!(r.status, 200, "{}", r.body);
     r.json()
 }
@@ -56,17 +58,24 @@ fn a_dedicated_tenant_gets_its_own_partition_shown_to_admins_and_in_metrics() {
         "[gpu]\nisolation = \"dedicated\"\ncus = 1\nhbm = \"64MiB\"\n",
     );
     let gateway = Gateway::start(&policies);
-    let admin = policies.token("demo", &["--scope", "admin"]);
+    let admin = policies.operator_token(&ALL_OPERATOR_SCOPES, &[]);
     let inference = policies.token("demo", &[]);
 
-    // Admins only.
-    let r = gateway.request("GET", "/admin/v1/partitions", None, None);
+    // Operators only: a tenant's token is not an operator's.
+    let r = gateway
+        .admin
+        .request("GET", "/admin/v1/partitions", None, None);
     assert_eq!(r.status, 401, "{}", r.body);
-    let r = gateway.request("GET", "/admin/v1/partitions", Some(&inference), None);
+    let r = gateway
+        .admin
+        .request("GET", "/admin/v1/partitions", Some(&inference), None);
     assert_eq!(
         (r.status, r.error_code()),
-        (403, "insufficient_scope".to_string())
+        (401, "unknown_issuer".to_string())
     );
+    // Nor is /admin/ on the tenants' listener.
+    let r = gateway.request("GET", "/admin/v1/partitions", Some(&admin), None);
+    assert_eq!(r.status, 404, "{}", r.body);
 
     let report = partitions(&gateway, &admin);
     let device = &report["data"][0];
@@ -114,7 +123,7 @@ fn a_dedicated_tenant_gets_its_own_partition_shown_to_admins_and_in_metrics() {
         "bulkhead_partition_preemptions_total{partition=\"dedicated:demo\"} 0",
     ];
     gateway.eventually("exported the partitions", || {
-        let text = gateway.request("GET", "/metrics", None, None).body;
+        let text = gateway.admin.request("GET", "/metrics", None, None).body;
         series.iter().all(|s| text.contains(s))
     });
 
@@ -128,7 +137,7 @@ fn a_dedicated_tenant_gets_its_own_partition_shown_to_admins_and_in_metrics() {
     assert!(report["data"][0]["generation"].as_u64().unwrap() >= 3);
     // Its gauges go (its counters stay, as Prometheus counters do).
     gateway.eventually("dropped the old partition's gauges", || {
-        let text = gateway.request("GET", "/metrics", None, None).body;
+        let text = gateway.admin.request("GET", "/metrics", None, None).body;
         !text.contains("bulkhead_partition_running{partition=\"dedicated:demo\"}")
             && !text.contains("bulkhead_partition_kv_blocks{partition=\"dedicated:demo\"")
             && text.contains("bulkhead_partition_running{partition=\"shared\"} 0")

@@ -18,7 +18,9 @@ use bulkhead_protocol::digest::to_hex;
 use bulkhead_protocol::v1::CorruptResidentWeightsRequest;
 use bulkhead_protocol::v1::gpu_host_client::GpuHostClient;
 use bulkhead_protocol::{Target, connect};
-use bulkhead_tests::{Gateway, PolicyDir, bin, demo_model, demo_model_dir, demo_model_signature};
+use bulkhead_tests::{
+    ALL_OPERATOR_SCOPES, Gateway, PolicyDir, bin, demo_model, demo_model_dir, demo_model_signature,
+};
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 
@@ -93,18 +95,19 @@ fn responses_name_verified_weights_and_a_flipped_bit_takes_the_model_out_of_serv
         "gateway.toml",
         &format!(
             "[upstream]\ntarget = \"unix:{}\"\n\n[[upstream.models]]\nname = \"{MODEL}\"\n\
-             dir = \"{}\"\nsignature = \"{}\"\n\n[audit]\ndir = \"{}\"\n",
+             dir = \"{}\"\nsignature = \"{}\"\n\n[audit]\ndir = \"{}\"\n{}",
             host.socket.display(),
             demo_model_dir().display(),
             demo_model_signature().display(),
-            audit_dir.display()
+            audit_dir.display(),
+            bulkhead_tests::operator_table(),
         ),
     );
     let started = Timestamp::now();
     let gateway = Gateway::start(&policies);
     gateway.wait_ready();
     let token = policies.token("demo", &[]);
-    let admin = policies.token("demo", &["--scope", "admin"]);
+    let admin = policies.operator_token(&ALL_OPERATOR_SCOPES, &[]);
 
     // Every answer says which weights answered — the signed manifest's
     // subject digest: for a one-file folder, SHA-256 over the file's SHA-256
@@ -174,7 +177,9 @@ fn responses_name_verified_weights_and_a_flipped_bit_takes_the_model_out_of_serv
     );
 
     // And the audit log holds the finding, by the gateway.
-    let r = gateway.request("GET", "/admin/v1/audit/entries", Some(&admin), None);
+    let r = gateway
+        .admin
+        .request("GET", "/admin/v1/audit/entries", Some(&admin), None);
     assert_eq!(r.status, 200, "{}", r.body);
     let entries: Vec<Value> = r.json()["data"].as_array().unwrap().clone();
     let quarantine = entries
@@ -210,7 +215,7 @@ fn gateway_for(host: &Host, name: &str) -> (PolicyDir, Gateway) {
 }
 
 #[test]
-fn a_request_that_cannot_fit_the_kv_cache_is_429_saying_what_it_needs() {
+fn a_request_that_can_never_fit_the_kv_cache_is_400_saying_what_it_needs() {
     // 1 MiB of KV cache: ~170 tokens of the demo model (6 KiB per token).
     let host = start_host("kv", &["--kv-memory", "1MiB"]);
     let (policies, gateway) = gateway_for(&host, "kv");
@@ -219,9 +224,11 @@ fn a_request_that_cannot_fit_the_kv_cache_is_429_saying_what_it_needs() {
         json!({"model": MODEL, "prompt": "Emma was", "max_tokens": max_tokens, "priority": 5})
             .to_string()
     };
+    // No wait would help, so it is not a 429 (which clients retry).
     let r = gateway.request("POST", "/v1/completions", Some(&token), Some(&body(400)));
-    assert_eq!(r.status, 429, "{}", r.body);
+    assert_eq!(r.status, 400, "{}", r.body);
     assert_eq!(r.error_code(), "kv_budget_exceeded");
+    assert_eq!(r.header("retry-after"), None);
     let message = r.json()["error"]["message"].as_str().unwrap().to_string();
     assert!(
         message.contains("needs") && message.contains("tokens"),

@@ -221,10 +221,25 @@ impl PolicyDir {
 
     /// Mints a token with `bulkhead token issue` (the development tool).
     pub fn token(&self, tenant: &str, extra: &[&str]) -> String {
+        self.issue(&["--tenant", tenant], extra)
+    }
+
+    /// Mints an operator token with these scopes (and `extra` arguments,
+    /// e.g. `--sub`), signed by the development operator issuer that
+    /// [`gateway_toml`] configures.
+    pub fn operator_token(&self, scopes: &[&str], extra: &[&str]) -> String {
+        let mut args = vec!["--operator"];
+        for scope in scopes {
+            args.extend(["--scope", scope]);
+        }
+        self.issue(&args, extra)
+    }
+
+    fn issue(&self, who: &[&str], extra: &[&str]) -> String {
         let out = Command::new(bin("bulkhead"))
             .args(["token", "issue", "--policies"])
             .arg(&self.path)
-            .args(["--tenant", tenant])
+            .args(who)
             .args(extra)
             .output()
             .expect("bulkhead token issue runs");
@@ -246,11 +261,35 @@ impl Drop for PolicyDir {
 }
 
 /// A `gateway.toml` serving the signed demo model as `bulkhead-demo-tiny`
-/// from a local gpu-host with one thread, plus `extra` top-level settings.
+/// from a local gpu-host with one thread, with the development operator
+/// issuer ([`OPERATOR_ISSUER`]), plus `extra` top-level settings.
 pub fn gateway_toml(extra: &str) -> String {
     format!(
-        "{extra}\n[local_gpu_host]\nthreads = 1\nworkers = 2\nrestart_backoff_max_ms = 500\n{}",
+        "{extra}\n{}\n[local_gpu_host]\nthreads = 1\nworkers = 2\nrestart_backoff_max_ms = 500\n{}",
+        operator_table(),
         demo_model_entry("bulkhead-demo-tiny")
+    )
+}
+
+/// Every operator scope, for tests that act as a do-everything operator.
+pub const ALL_OPERATOR_SCOPES: [&str; 6] = [
+    "models:read",
+    "models:write",
+    "audit:read",
+    "partitions:read",
+    "tenants:read",
+    "usage:read",
+];
+
+/// The issuer of [`PolicyDir::operator_token`]'s tokens.
+pub const OPERATOR_ISSUER: &str = "bulkhead-dev-operator";
+
+/// The development operator issuer of the default policies, as a table.
+pub fn operator_table() -> String {
+    format!(
+        "[[operator.issuers]]\nissuer = \"{OPERATOR_ISSUER}\"\naudience = [\"bulkhead-admin\"]\n\
+         algorithms = [\"EdDSA\"]\npublic_keys = [\"dev-keys/operator.pub.pem\"]\n\
+         dev_signing_key = \"dev-keys/operator.key.pem\"\n"
     )
 }
 
@@ -323,12 +362,15 @@ impl Log {
     }
 }
 
-/// A running `bulkhead serve`, killed on drop. Derefs to a [`Client`].
+/// A running `bulkhead serve`, killed on drop. Derefs to a [`Client`] of
+/// its public listener; [`Gateway::admin`] is its admin listener's.
 #[derive(Debug)]
 pub struct Gateway {
     child: Child,
     client: Client,
     pub addr: SocketAddr,
+    /// The operator API and `/metrics`.
+    pub admin: Client,
     pub log: Arc<Log>,
 }
 
@@ -347,13 +389,14 @@ pub struct Client {
 }
 
 impl Gateway {
-    /// Starts the gateway on a free loopback port and waits until it is ready.
+    /// Starts the gateway on free loopback ports (public and admin) and
+    /// waits until it is ready.
     pub fn start(policies: &PolicyDir) -> Gateway {
         let mut child = Command::new(bin("bulkhead"))
             .arg("serve")
             .arg("--policies")
             .arg(&policies.path)
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -371,9 +414,23 @@ impl Gateway {
             panic!("bulkhead did not start: {line:?}\n{}", log.text());
         };
         let addr = addr.parse().unwrap();
+        line.clear();
+        stdout.read_line(&mut line).unwrap();
+        let Some(admin) = line.trim().strip_prefix("admin listening on http://") else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "bulkhead did not say its admin address: {line:?}\n{}",
+                log.text()
+            );
+        };
+        let admin = Client {
+            addr: admin.parse().unwrap(),
+        };
         let gateway = Gateway {
             addr,
             client: Client { addr },
+            admin,
             child,
             log,
         };
@@ -412,6 +469,11 @@ impl Gateway {
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| panic!("no pid in {line:?}"));
         (i, pid)
+    }
+
+    /// A metric from the admin listener's `/metrics` (see [`Client::metric`]).
+    pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.admin.metric(name, labels)
     }
 
     /// The gateway's process id.
@@ -573,7 +635,8 @@ impl Client {
         EventStream::new(stream)
     }
 
-    /// A metric's value (summed over series whose labels contain every `labels` pair).
+    /// A metric's value (summed over series whose labels contain every
+    /// `labels` pair), from this listener's `/metrics` (the admin one's).
     pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         let text = self.request("GET", "/metrics", None, None).body;
         text.lines()

@@ -1,4 +1,4 @@
-//! The audit API (scope `admin`): `GET /admin/v1/audit/checkpoint` (the
+//! The operator's audit API (scope `audit:read`, admin listener): `GET /admin/v1/audit/checkpoint` (the
 //! signed note, signing a new one when the log grew),
 //! `/admin/v1/audit/entries?from=&to=` (at most [`MAX_PAGE`] entries, as
 //! stored), `/admin/v1/audit/proof/inclusion?index=&size=` and
@@ -9,27 +9,27 @@ use std::collections::HashMap;
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{Extension, Query, State};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::json;
 
+use super::App;
 use super::error::ApiError;
-use super::{App, inference};
+use super::routes::OperatorCall;
 use crate::audit::{AuditError, AuditLog, Hash, ProofError};
-use crate::auth::Scope;
 
 /// Most entries one `entries` call returns.
 pub const MAX_PAGE: u64 = 1000;
 
-type Params = Result<Query<HashMap<String, String>>, QueryRejection>;
+pub type Params = Result<Query<HashMap<String, String>>, QueryRejection>;
 
 /// `GET /admin/v1/audit/checkpoint`: `text/plain`, the C2SP signed note.
-pub async fn checkpoint(State(app): State<App>, headers: HeaderMap) -> Response {
+pub async fn checkpoint(State(app): State<App>, Extension(_): Extension<OperatorCall>) -> Response {
     let result = async {
-        let log = authorize(&app, &headers)?;
+        let log = audit_log(&app)?;
         let note = tokio::task::spawn_blocking(move || log.checkpoint())
             .await
             .map_err(ApiError::internal)?
@@ -46,9 +46,13 @@ pub async fn checkpoint(State(app): State<App>, headers: HeaderMap) -> Response 
 /// `GET /admin/v1/audit/entries?from=&to=`: entries `from..to` (`to`
 /// excluded), each exactly as stored (canonical JSON: hash it with a 0x00
 /// prefix for its leaf).
-pub async fn entries(State(app): State<App>, headers: HeaderMap, params: Params) -> Response {
+pub async fn entries(
+    State(app): State<App>,
+    Extension(_): Extension<OperatorCall>,
+    params: Params,
+) -> Response {
     let result = async {
-        let log = authorize(&app, &headers)?;
+        let log = audit_log(&app)?;
         let params = QueryParams::new(params, &["from", "to"])?;
         let size = log.size();
         let from = params.number("from")?.unwrap_or(0);
@@ -99,9 +103,13 @@ pub async fn entries(State(app): State<App>, headers: HeaderMap, params: Params)
 }
 
 /// `GET /admin/v1/audit/proof/inclusion?index=&size=`.
-pub async fn inclusion(State(app): State<App>, headers: HeaderMap, params: Params) -> Response {
+pub async fn inclusion(
+    State(app): State<App>,
+    Extension(_): Extension<OperatorCall>,
+    params: Params,
+) -> Response {
     let result = (|| {
-        let log = authorize(&app, &headers)?;
+        let log = audit_log(&app)?;
         let params = QueryParams::new(params, &["index", "size"])?;
         let Some(index) = params.number("index")? else {
             return Err(range_error("index", "`index` is required".into()));
@@ -126,9 +134,13 @@ pub async fn inclusion(State(app): State<App>, headers: HeaderMap, params: Param
 }
 
 /// `GET /admin/v1/audit/proof/consistency?from=&to=`.
-pub async fn consistency(State(app): State<App>, headers: HeaderMap, params: Params) -> Response {
+pub async fn consistency(
+    State(app): State<App>,
+    Extension(_): Extension<OperatorCall>,
+    params: Params,
+) -> Response {
     let result = (|| {
-        let log = authorize(&app, &headers)?;
+        let log = audit_log(&app)?;
         let params = QueryParams::new(params, &["from", "to"])?;
         let Some(from) = params.number("from")? else {
             return Err(range_error("from", "`from` is required".into()));
@@ -154,11 +166,8 @@ pub async fn consistency(State(app): State<App>, headers: HeaderMap, params: Par
     }
 }
 
-/// A verified token with `admin`, on a gateway with an audit log.
-fn authorize(app: &App, headers: &HeaderMap) -> Result<AuditLog, ApiError> {
-    let snapshot = app.snapshot.load();
-    let identity = inference::authenticate(&snapshot, headers)?;
-    identity.require(Scope::Admin)?;
+/// The audit log, or 501 on a gateway without one.
+pub fn audit_log(app: &App) -> Result<AuditLog, ApiError> {
     app.audit.log().cloned().ok_or_else(|| ApiError {
         status: StatusCode::NOT_IMPLEMENTED,
         kind: "server_error",
@@ -171,10 +180,10 @@ fn authorize(app: &App, headers: &HeaderMap) -> Result<AuditLog, ApiError> {
 }
 
 /// Query parameters, only the known ones allowed.
-struct QueryParams(HashMap<String, String>);
+pub struct QueryParams(HashMap<String, String>);
 
 impl QueryParams {
-    fn new(params: Params, known: &[&str]) -> Result<QueryParams, ApiError> {
+    pub fn new(params: Params, known: &[&str]) -> Result<QueryParams, ApiError> {
         let Query(params) = params.map_err(|e| {
             let mut error = ApiError::invalid_param("", format!("the query string: {e}"));
             error.param = None;
@@ -192,7 +201,7 @@ impl QueryParams {
         Ok(QueryParams(params))
     }
 
-    fn number(&self, name: &str) -> Result<Option<u64>, ApiError> {
+    pub fn number(&self, name: &str) -> Result<Option<u64>, ApiError> {
         self.0
             .get(name)
             .map(|text| {
@@ -207,17 +216,17 @@ impl QueryParams {
     }
 }
 
-fn range_error(param: &str, message: String) -> ApiError {
+pub fn range_error(param: &str, message: String) -> ApiError {
     let mut error = ApiError::invalid_param(param, message);
     error.code = "invalid_audit_range";
     error
 }
 
-fn encode(hashes: &[Hash]) -> Vec<String> {
+pub fn encode(hashes: &[Hash]) -> Vec<String> {
     hashes.iter().map(|h| BASE64.encode(h)).collect()
 }
 
-fn audit_error(e: AuditError) -> ApiError {
+pub fn audit_error(e: AuditError) -> ApiError {
     match e {
         AuditError::Proof(proof) => {
             let param = match proof {

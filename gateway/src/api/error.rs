@@ -191,7 +191,20 @@ impl From<UpstreamError> for ApiError {
                 ApiError::unavailable("upstream_unavailable", e.to_string())
             }
             UpstreamError::Overloaded(_) => ApiError::unavailable("overloaded", e.to_string()),
-            UpstreamError::KvBudgetExceeded(m) => ApiError::rate_limited("kv_budget_exceeded", m),
+            // The host's two refusals (gpu-host `SequenceError`): one that
+            // waited its tenant's `kv_wait_ms` for room its other requests
+            // held is worth retrying once one of them ends; one that can
+            // never fit the tenant's share is not a rate limit at all, and
+            // a 429 would only make clients retry it.
+            UpstreamError::KvBudgetExceeded(m) if m.contains("kv_wait_ms") => {
+                ApiError::rate_limited("kv_budget_exceeded", m)
+                    .with_headers(header_map(vec![("retry-after", "1".to_owned())]))
+            }
+            UpstreamError::KvBudgetExceeded(m) => {
+                let mut error = ApiError::invalid_param("max_tokens", m);
+                error.code = "kv_budget_exceeded";
+                error
+            }
             UpstreamError::ModelNotFound(m) => ApiError::not_found("model_not_found", m),
             UpstreamError::ModelUnavailable(m) => ApiError::unavailable("model_unavailable", m),
             UpstreamError::InvalidArgument(m) => {
@@ -231,10 +244,16 @@ impl From<Rejection> for ApiError {
             RejectReason::TooManySubjects => "too_many_subjects",
             RejectReason::UnknownTenant => "unknown_tenant",
         };
-        let error = if r.reason == RejectReason::UnknownTenant {
-            ApiError::forbidden(code, r.message.clone())
-        } else {
-            ApiError::rate_limited(code, r.message.clone())
+        let error = match r.reason {
+            RejectReason::UnknownTenant => ApiError::forbidden(code, r.message.clone()),
+            // Never fits a minute's budget: retrying cannot help, so it is
+            // the request's fault (400), not a rate limit (429).
+            RejectReason::TooManyTokens => {
+                let mut error = ApiError::invalid_param("max_tokens", r.message.clone());
+                error.code = code;
+                error
+            }
+            _ => ApiError::rate_limited(code, r.message.clone()),
         };
         error.with_headers(header_map(r.to_header_pairs()))
     }
@@ -260,6 +279,62 @@ impl IntoResponse for ApiError {
         if let Some(headers) = self.headers {
             response.headers_mut().extend(*headers);
         }
+        // Every 429 says when to retry (OpenAI's SDKs wait that long). The
+        // limits set their own; one that cannot know (a tenant plugin's own
+        // 429) gets a second, the shortest wait the header can say.
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            response
+                .headers_mut()
+                .entry(axum::http::header::RETRY_AFTER)
+                .or_insert(HeaderValue::from_static("1"));
+        }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn retry_after(error: ApiError) -> (u16, Option<String>) {
+        let response = error.into_response();
+        let value = response
+            .headers()
+            .get(axum::http::header::RETRY_AFTER)
+            .map(|v| v.to_str().unwrap().to_owned());
+        (response.status().as_u16(), value)
+    }
+
+    #[test]
+    fn every_429_says_when_to_retry() {
+        // A limit's own value is kept.
+        let limited = ApiError::rate_limited("rate_limit_requests", "slow down")
+            .with_headers(header_map(vec![("retry-after", "7".to_owned())]));
+        assert_eq!(retry_after(limited), (429, Some("7".into())));
+        // A plugin's 429 cannot know: a second.
+        let plugin = ApiError::plugin_rejected(429, "quota".into());
+        assert_eq!(retry_after(plugin), (429, Some("1".into())));
+        // The gpu-host's KV refusals: a wait is worth retrying, a request
+        // that can never fit is not a 429 at all.
+        let waited = UpstreamError::KvBudgetExceeded(
+            "kv_budget_exceeded: the request needs 900 tokens of KV cache (prompt + \
+             max_tokens) and tenant `t` had 10 left of its budget for 10000 ms (its \
+             kv_wait_ms); retry when its other requests end"
+                .into(),
+        );
+        assert_eq!(retry_after(waited.into()), (429, Some("1".into())));
+        let never = UpstreamError::KvBudgetExceeded(
+            "kv_budget_exceeded: the request needs 900 tokens of KV cache (prompt + \
+             max_tokens) and tenant `t` has 512 in its whole share"
+                .into(),
+        );
+        let error = ApiError::from(never);
+        assert_eq!(error.code, "kv_budget_exceeded");
+        assert_eq!(retry_after(error), (400, None));
+        // Other statuses get none.
+        assert_eq!(
+            retry_after(ApiError::unavailable("overloaded", "busy")),
+            (503, None)
+        );
     }
 }

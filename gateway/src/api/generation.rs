@@ -18,7 +18,7 @@ use tonic::Streaming;
 use super::error::ApiError;
 use super::hooks::Hooks;
 use super::respond::{Finish, ResponseMeta, Usage};
-use crate::limits::Admission;
+use crate::limits::{Admission, RequestUsage};
 use crate::metrics::{Metrics, OpenStream, TenantLabels, TokenLabels};
 use crate::upstream::UpstreamError;
 
@@ -39,6 +39,8 @@ pub struct Generation {
     completion_tokens: u32,
     tenant: String,
     metrics: Arc<Metrics>,
+    /// The tenant's usage book for this request's model and day.
+    usage: RequestUsage,
     started_at: Instant,
     first_text_seen: bool,
     /// Counted in `bulkhead_upstream_streams_open` while this lives.
@@ -63,6 +65,7 @@ pub struct GenerationContext {
     pub meta: ResponseMeta,
     pub tenant: String,
     pub metrics: Arc<Metrics>,
+    pub usage: RequestUsage,
     pub started_at: Instant,
 }
 
@@ -79,6 +82,7 @@ impl Generation {
         let tokens = admission.tokens();
         tokens.set_reserved(u64::from(prompt_tokens) + u64::from(context.max_tokens));
         tokens.record_used(u64::from(prompt_tokens));
+        context.usage.prompt(u64::from(prompt_tokens));
         context
             .metrics
             .tokens
@@ -98,6 +102,7 @@ impl Generation {
             completion_tokens: 0,
             tenant: context.tenant,
             metrics: context.metrics,
+            usage: context.usage,
             started_at: context.started_at,
             first_text_seen: false,
             _open: open,
@@ -112,6 +117,7 @@ impl Generation {
                     let n = delta.token_ids.len() as u32;
                     self.completion_tokens += n;
                     self.admission.tokens().record_used(u64::from(n));
+                    self.usage.completion(u64::from(n));
                     self.metrics
                         .tokens
                         .get_or_create(&TokenLabels {

@@ -4,7 +4,8 @@
 //! one its input or ends the request with an [`ApiError`]:
 //!
 //! ```text
-//! headers+body ─auth─▶ Authenticated ─shape,model─▶ Validated ─limits─▶ Admitted
+//! headers ─auth (routes.rs, before the body is read)─▶ TenantCall
+//!     +body ─shape,model─▶ Validated ─limits─▶ Admitted
 //!     ─on-request plugins─▶ ─gRPC─▶ Generation (Started seen)
 //!     ─on-response / on-chunk plugins─▶ JSON body | SSE stream
 //! ```
@@ -17,9 +18,9 @@ use std::time::{Instant, SystemTime};
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::extract::{Extension, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response, Sse};
 use bulkhead_protocol::v1::{self, generate_request};
 
@@ -28,24 +29,32 @@ use super::generation::{Generation, GenerationContext};
 use super::hooks::{Hooks, TenantRules, effective_max_tokens};
 use super::openai::{COMPLETIONS_DEFAULT_MAX_TOKENS, Endpoint, InferenceRequest, Prompt};
 use super::respond::ResponseMeta;
-use super::{App, Snapshot, random_seed, request_id};
+use super::routes::TenantCall;
+use super::{App, random_seed, request_id};
 use crate::audit::time::Timestamp;
-use crate::auth::{Identity, Scope, bearer_token};
-use crate::limits::Admission;
+use crate::limits::{Admission, day_of};
 use crate::metrics::RequestLabels;
 use crate::policy::TenantPolicy;
 
-pub async fn chat(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+pub async fn chat(
+    State(app): State<App>,
+    Extension(call): Extension<TenantCall>,
+    body: Body,
+) -> Response {
     match body {
-        Ok(body) => handle(app, Endpoint::Chat, headers, body).await,
-        Err(rejection) => body_error(&app, Endpoint::Chat, rejection),
+        Ok(body) => handle(app, call, Endpoint::Chat, body).await,
+        Err(rejection) => body_error(&app, &call, Endpoint::Chat, rejection),
     }
 }
 
-pub async fn completions(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+pub async fn completions(
+    State(app): State<App>,
+    Extension(call): Extension<TenantCall>,
+    body: Body,
+) -> Response {
     match body {
-        Ok(body) => handle(app, Endpoint::Completion, headers, body).await,
-        Err(rejection) => body_error(&app, Endpoint::Completion, rejection),
+        Ok(body) => handle(app, call, Endpoint::Completion, body).await,
+        Err(rejection) => body_error(&app, &call, Endpoint::Completion, rejection),
     }
 }
 
@@ -53,9 +62,14 @@ pub async fn completions(State(app): State<App>, headers: HeaderMap, body: Body)
 /// or the connection failed while sending it).
 type Body = Result<Bytes, BytesRejection>;
 
-/// A body that could not be read, as an OpenAI error (the request is not
-/// authenticated yet, so it counts under no tenant).
-fn body_error(app: &App, endpoint: Endpoint, rejection: BytesRejection) -> Response {
+/// A body that could not be read, as an OpenAI error.
+fn body_error(
+    app: &App,
+    call: &TenantCall,
+    endpoint: Endpoint,
+    rejection: BytesRejection,
+) -> Response {
+    let tenant = call.identity.tenant.clone();
     let error = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::too_large(
             "the body is larger than the gateway accepts (gateway.toml max_body_bytes)",
@@ -63,11 +77,11 @@ fn body_error(app: &App, endpoint: Endpoint, rejection: BytesRejection) -> Respo
     } else {
         ApiError::invalid_body(format!("the body could not be read: {rejection}"))
     };
-    app.metrics.reject("", error.code);
+    app.metrics.reject(&tenant, error.code);
     app.metrics
         .requests
         .get_or_create(&RequestLabels {
-            tenant: String::new(),
+            tenant,
             endpoint: endpoint.name(),
             status: error.status.as_u16(),
         })
@@ -75,23 +89,11 @@ fn body_error(app: &App, endpoint: Endpoint, rejection: BytesRejection) -> Respo
     error.into_response()
 }
 
-async fn handle(app: App, endpoint: Endpoint, headers: HeaderMap, body: Bytes) -> Response {
+async fn handle(app: App, call: TenantCall, endpoint: Endpoint, body: Bytes) -> Response {
     let started_at = Instant::now();
-    let snapshot = app.snapshot.load_full();
     let request_id = request_id();
-    let mut tenant = String::new();
-    let response = match serve(
-        &app,
-        &snapshot,
-        endpoint,
-        &headers,
-        body,
-        started_at,
-        &request_id,
-        &mut tenant,
-    )
-    .await
-    {
+    let tenant = call.identity.tenant.clone();
+    let response = match serve(&app, call, endpoint, body, started_at, &request_id).await {
         Ok(response) => response,
         Err(error) => {
             app.metrics.reject(&tenant, error.code);
@@ -115,32 +117,16 @@ async fn handle(app: App, endpoint: Endpoint, headers: HeaderMap, body: Bytes) -
     response
 }
 
-/// Stage 1: who is calling (verified token) and may they run inference.
-pub fn authenticate(snapshot: &Snapshot, headers: &HeaderMap) -> Result<Identity, ApiError> {
-    let header = headers
-        .get(header::AUTHORIZATION)
-        .map(|v| v.to_str().unwrap_or("\u{fffd}"));
-    let identity = bearer_token(header)
-        .and_then(|token| snapshot.verifiers.verify(token, SystemTime::now()))
-        .map_err(ApiError::from)?;
-    Ok(identity)
-}
-
-#[allow(clippy::too_many_arguments)]
 async fn serve(
     app: &App,
-    snapshot: &Snapshot,
+    call: TenantCall,
     endpoint: Endpoint,
-    headers: &HeaderMap,
     body: Bytes,
     started_at: Instant,
     request_id: &str,
-    tenant_label: &mut String,
 ) -> Result<Response, ApiError> {
-    // Authenticated.
-    let identity = authenticate(snapshot, headers)?;
-    *tenant_label = identity.tenant.clone();
-    identity.require(Scope::Inference).map_err(ApiError::from)?;
+    // Authenticated (with the route's scope): by the route's check.
+    let TenantCall { identity, snapshot } = call;
     let tenant = snapshot
         .policy
         .tenants
@@ -306,6 +292,9 @@ async fn run(
             meta,
             tenant: tenant.id.clone(),
             metrics: Arc::clone(&app.metrics),
+            usage: app
+                .usage
+                .start(&tenant.id, &registration.name, day_of(SystemTime::now())),
             started_at,
         },
     );

@@ -1,6 +1,8 @@
-//! The HTTP API: OpenAI-compatible inference, the model list, health and
-//! metrics. Handlers read one policy [`Snapshot`] per request and never wait
-//! on the control plane.
+//! The HTTP API: OpenAI-compatible inference, the model list and tenant
+//! self-service on the public listener; the operator API and metrics on
+//! the admin listener. Every route and who may call it is in
+//! [`routes::ROUTES`]. Handlers read one policy [`Snapshot`] per request
+//! and never wait on the control plane.
 
 mod audit;
 mod error;
@@ -13,20 +15,20 @@ mod partitions;
 mod plugins;
 mod registrations;
 mod respond;
+mod routes;
+mod self_service;
 
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use axum::Json;
-use axum::Router;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{Extension, State};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::{Json, Router};
 use serde_json::json;
 
-use crate::auth::{Scope, Verifiers};
-use crate::limits::Limiters;
+use crate::auth::Verifiers;
+use crate::limits::{Limiters, UsageBook};
 use crate::metrics::Metrics;
 use crate::plugins::PluginRegistry;
 use crate::policy::Policy;
@@ -36,6 +38,7 @@ use crate::upstream::{Upstream, UpstreamState};
 pub use error::ApiError;
 pub use local_run::{LocalReport, LocalRun, LocalRunError, request_json, run_locally};
 pub use openai::{Endpoint, InferenceRequest, Prompt};
+pub use routes::{Access, Listener, Method, ROUTES, Route, TenantCall};
 
 /// Everything a request reads from the control plane, published as one
 /// value so a request sees a consistent policy, keys and limits.
@@ -66,40 +69,22 @@ pub struct App {
     /// The audit log: control-plane actions append to it, the admin API
     /// (`audit.rs`) reads it. Never touched by the inference path.
     pub audit: crate::audit::Audit,
+    /// Every tenant's usage by model and day (`GET /v1/usage`).
+    pub usage: UsageBook,
 }
 
-/// The router. `max_body_bytes` is the gateway-wide cap, enforced while the
-/// body is read; tenants' lower caps are checked after auth. Plugin uploads
-/// read their body themselves, capped at the plugin size limit.
+/// The public listener's router: tenants' routes and health. Every
+/// `/admin/...` path is 404 here. `max_body_bytes` is the gateway-wide cap,
+/// enforced while the body is read; tenants' lower caps are checked after
+/// auth. Plugin uploads read their body themselves, capped at the plugin
+/// size limit.
 pub fn router(app: App, max_body_bytes: usize) -> Router {
-    Router::new()
-        .route("/v1/chat/completions", post(inference::chat))
-        .route("/v1/completions", post(inference::completions))
-        .route("/v1/models", get(models))
-        .route("/v1/plugins", get(plugins::list))
-        .route(
-            "/v1/plugins/{name}",
-            get(plugins::get).put(plugins::put).delete(plugins::delete),
-        )
-        .route(
-            "/admin/v1/models",
-            get(registrations::list).post(registrations::register),
-        )
-        .route(
-            "/admin/v1/models/{name}",
-            axum::routing::delete(registrations::unregister),
-        )
-        .route("/admin/v1/partitions", get(partitions::list))
-        .route("/admin/v1/audit/checkpoint", get(audit::checkpoint))
-        .route("/admin/v1/audit/entries", get(audit::entries))
-        .route("/admin/v1/audit/proof/inclusion", get(audit::inclusion))
-        .route("/admin/v1/audit/proof/consistency", get(audit::consistency))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .fallback(not_found)
-        .layer(DefaultBodyLimit::max(max_body_bytes))
-        .with_state(app)
+    routes::router(app, Listener::Public, max_body_bytes)
+}
+
+/// The admin listener's router: the operator API, `/metrics` and health.
+pub fn admin_router(app: App, max_body_bytes: usize) -> Router {
+    routes::router(app, Listener::Admin, max_body_bytes)
 }
 
 /// A unique, unpredictable-enough id for a request (24 hex chars) and a
@@ -134,16 +119,8 @@ fn splitmix64(x: u64) -> u64 {
 
 /// `GET /v1/models`: the models this tenant may use that are registered
 /// (and that the host serves, when it can be asked).
-async fn models(State(app): State<App>, headers: HeaderMap) -> Response {
-    let snapshot = app.snapshot.load_full();
-    let identity = match inference::authenticate(&snapshot, &headers).and_then(|id| {
-        id.require(Scope::Inference)
-            .map(|()| id)
-            .map_err(ApiError::from)
-    }) {
-        Ok(identity) => identity,
-        Err(error) => return error.into_response(),
-    };
+async fn models(State(app): State<App>, Extension(call): Extension<TenantCall>) -> Response {
+    let TenantCall { identity, snapshot } = call;
     let Some(tenant) = snapshot.policy.tenants.get(&identity.tenant) else {
         return ApiError::internal("a verified tenant is missing from the policy").into_response();
     };

@@ -1,24 +1,20 @@
-//! `GET /admin/v1/partitions` (scope `admin`): the gpu-host's partitions as
+//! `GET /admin/v1/partitions` (scope `partitions:read`): the gpu-host's partitions as
 //! its `Partitions` RPC reports them, as JSON (shape in README, "GPU
 //! partitions"). Read only; one RPC per call.
 
 use axum::Json;
-use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
 use bulkhead_protocol::v1;
 use serde_json::{Value, json};
 
+use super::App;
 use super::error::ApiError;
-use super::{App, inference};
-use crate::auth::Scope;
+use super::routes::OperatorCall;
 
 /// `GET /admin/v1/partitions`.
-pub async fn list(State(app): State<App>, headers: HeaderMap) -> Response {
+pub async fn list(State(app): State<App>, Extension(_): Extension<OperatorCall>) -> Response {
     let result = async {
-        let snapshot = app.snapshot.load();
-        let identity = inference::authenticate(&snapshot, &headers)?;
-        identity.require(Scope::Admin)?;
         let report = app.upstream.partitions().await?;
         Ok::<_, ApiError>(report_json(&report))
     }

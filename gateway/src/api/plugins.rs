@@ -2,25 +2,27 @@
 //! bytes, e.g. `content-type: application/wasm`), `GET /v1/plugins`,
 //! `GET /v1/plugins/{name}`, `DELETE /v1/plugins/{name}`.
 //!
-//! Every call needs the `plugins:write` scope, reads included: the token
-//! that manages a tenant's plugins also lists them, and an inference-only
-//! token learns nothing about them. The tenant is the verified token's;
+//! Every call needs the `plugins:write` scope (checked by the route table,
+//! `routes.rs`), reads included: the token that manages a tenant's plugins
+//! also lists them, and an inference-only token learns nothing about them.
+//! The tenant is the verified token's;
 //! names are per tenant, so one tenant never sees or touches another's.
 //! Compilation and disk writes run on a blocking thread.
 
 use axum::Json;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
+use super::App;
 use super::error::ApiError;
-use super::{App, inference};
+use super::routes::TenantCall;
 use crate::audit::{Actor, Event, sha256_text};
-use crate::auth::{Identity, Scope};
+use crate::auth::Identity;
 use crate::metrics::PluginUploadLabels;
 use crate::plugins::{MAX_COMPONENT_BYTES, PluginError, PluginInfo, PluginName, StoreError};
 
@@ -28,12 +30,13 @@ use crate::plugins::{MAX_COMPONENT_BYTES, PluginError, PluginInfo, PluginName, S
 /// it replaced (or already held) these bytes.
 pub async fn put(
     State(app): State<App>,
+    Extension(call): Extension<TenantCall>,
     name: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let mut tenant = String::new();
-    let result = upload(&app, name, &headers, body, &mut tenant).await;
+    let tenant = call.identity.tenant.clone();
+    let result = upload(&app, call, name, &headers, body).await;
     let label = match &result {
         Ok((_, outcome)) => outcome.as_str(),
         Err(error) => error.code,
@@ -60,13 +63,13 @@ pub async fn put(
 
 async fn upload(
     app: &App,
+    call: TenantCall,
     name: Result<Path<String>, PathRejection>,
     headers: &HeaderMap,
     body: Body,
-    tenant: &mut String,
 ) -> Result<(PluginInfo, crate::plugins::UploadOutcome), ApiError> {
-    let identity = authorize(app, headers)?;
-    tenant.clone_from(&identity.tenant);
+    let identity = store_enabled(app, call)?;
+    let tenant = identity.tenant.clone();
     let name = plugin_name(name)?;
     let bytes = read_body(headers, body).await?;
     check_signature(app, &identity.tenant, headers, &bytes)?;
@@ -182,8 +185,8 @@ fn check_signature(
 }
 
 /// `GET /v1/plugins`: the tenant's plugins, sorted by name.
-pub async fn list(State(app): State<App>, headers: HeaderMap) -> Response {
-    match authorize(&app, &headers) {
+pub async fn list(State(app): State<App>, Extension(call): Extension<TenantCall>) -> Response {
+    match store_enabled(&app, call) {
         Ok(identity) => {
             let data: Vec<Value> = app
                 .plugins
@@ -200,10 +203,10 @@ pub async fn list(State(app): State<App>, headers: HeaderMap) -> Response {
 /// `GET /v1/plugins/{name}`.
 pub async fn get(
     State(app): State<App>,
+    Extension(call): Extension<TenantCall>,
     name: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
 ) -> Response {
-    let found = authorize(&app, &headers).and_then(|identity| {
+    let found = store_enabled(&app, call).and_then(|identity| {
         let name = plugin_name(name)?;
         app.plugins
             .info(&identity.tenant, name.as_str())
@@ -222,11 +225,11 @@ pub async fn get(
 /// `DELETE /v1/plugins/{name}`.
 pub async fn delete(
     State(app): State<App>,
+    Extension(call): Extension<TenantCall>,
     name: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
 ) -> Response {
     let deleted = async {
-        let identity = authorize(&app, &headers)?;
+        let identity = store_enabled(&app, call)?;
         let name = plugin_name(name)?;
         app.audit.ready().map_err(super::audit::unrecorded)?;
         let registry = app.plugins.clone();
@@ -265,11 +268,9 @@ pub async fn delete(
     }
 }
 
-/// A verified token with `plugins:write`, on a gateway with a store.
-fn authorize(app: &App, headers: &HeaderMap) -> Result<Identity, ApiError> {
-    let snapshot = app.snapshot.load();
-    let identity = inference::authenticate(&snapshot, headers)?;
-    identity.require(Scope::PluginsWrite)?;
+/// The caller (its token checked by the route), on a gateway with a store.
+fn store_enabled(app: &App, call: TenantCall) -> Result<Identity, ApiError> {
+    let identity = call.identity;
     if !app.plugins.enabled() {
         return Err(store_error(StoreError::Disabled));
     }

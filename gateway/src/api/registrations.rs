@@ -1,30 +1,36 @@
-//! The model registration API (scope `admin`):
+//! The model registration API (admin listener):
 //!
-//! - `POST /admin/v1/models` with `{"name", "dir", "file"?, "signature":
-//!   <bundle>}`: verified with the trusted publishers, loaded by the
-//!   gpu-host (every byte hashed), stored, recorded → 201.
-//! - `DELETE /admin/v1/models/{name}`: a model registered through the API.
-//! - `GET /admin/v1/models`: every registration and its state on the host.
+//! - `POST /admin/v1/models` (scope `models:write`) with `{"name", "dir",
+//!   "file"?, "signature": <bundle>}`: verified with the trusted
+//!   publishers, loaded by the gpu-host (every byte hashed), stored,
+//!   recorded → 201.
+//! - `DELETE /admin/v1/models/{name}` (`models:write`): a model registered
+//!   through the API.
+//! - `GET /admin/v1/models` (`models:read`): every registration and its
+//!   state on the host.
 //!
 //! Refusals are recorded in the audit log as well as answered, each with a
-//! stable `code` (`model_signature_untrusted`, `model_digest_mismatch`, …).
+//! stable `code` (`model_signature_untrusted`, `model_digest_mismatch`, …),
+//! and every call to the two changing routes writes an `admin.action`
+//! entry (who, route, target, outcome) before it is answered.
 
 use std::path::PathBuf;
 
 use axum::Json;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::App;
 use super::error::ApiError;
-use super::{App, inference};
-use crate::audit::Actor;
-use crate::auth::{Identity, Scope};
+use super::routes::OperatorCall;
+use crate::audit::{Actor, Event, Outcome};
+use crate::auth::OperatorIdentity;
 use crate::registration::{
     MAX_REGISTRATION_BUNDLE_BYTES, ModelState, ModelView, RegistrationError, Source,
 };
@@ -65,14 +71,21 @@ impl RegisterRequest {
 }
 
 /// `POST /admin/v1/models`.
-pub async fn register(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+pub async fn register(
+    State(app): State<App>,
+    Extension(call): Extension<OperatorCall>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let identity = call.identity;
+    let mut target = String::new();
     let result = async {
-        let identity = authorize(&app, &headers)?;
         if !app.models.enabled() {
             return Err(registration_error(RegistrationError::Disabled));
         }
         let body = read_body(&headers, body).await?;
         let request = RegisterRequest::parse(&body)?;
+        target.clone_from(&request.name);
         app.audit.ready().map_err(super::audit::unrecorded)?;
         let registered = app
             .models
@@ -100,6 +113,7 @@ pub async fn register(State(app): State<App>, headers: HeaderMap, body: Body) ->
         }))
     }
     .await;
+    let result = record_action(&app, &identity, "POST /admin/v1/models", target, result).await;
     match result {
         Ok(body) => (StatusCode::CREATED, Json(body)).into_response(),
         Err(error) => error.into_response(),
@@ -109,13 +123,15 @@ pub async fn register(State(app): State<App>, headers: HeaderMap, body: Body) ->
 /// `DELETE /admin/v1/models/{name}`.
 pub async fn unregister(
     State(app): State<App>,
+    Extension(call): Extension<OperatorCall>,
     name: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
 ) -> Response {
+    let identity = call.identity;
+    let mut target = String::new();
     let result = async {
-        let identity = authorize(&app, &headers)?;
         let Path(name) =
             name.map_err(|e| invalid_request(format!("the model name in the path: {e}")))?;
+        target.clone_from(&name);
         app.audit.ready().map_err(super::audit::unrecorded)?;
         let digest = app
             .models
@@ -130,31 +146,61 @@ pub async fn unregister(
         }))
     }
     .await;
+    let result = record_action(
+        &app,
+        &identity,
+        "DELETE /admin/v1/models/{name}",
+        target,
+        result,
+    )
+    .await;
     match result {
         Ok(body) => Json(body).into_response(),
         Err(error) => error.into_response(),
     }
 }
 
+/// Writes the `admin.action` entry of an operator call that may change
+/// state, before it is answered. A call the log could not take is answered
+/// 503 `audit_unavailable` instead (its change, if any, is already in the
+/// log as its own entry: `model.register`, `model.unregister`); a call
+/// refused because the log is failing is not recorded again.
+async fn record_action(
+    app: &App,
+    identity: &OperatorIdentity,
+    route: &str,
+    target: String,
+    result: Result<Value, ApiError>,
+) -> Result<Value, ApiError> {
+    let outcome = match &result {
+        Err(error) if error.code == "audit_unavailable" => return result,
+        Err(error) => Outcome::Refused {
+            reason: format!("{}: {}", error.code, error.message),
+        },
+        Ok(_) => Outcome::Accepted,
+    };
+    let event = Event::AdminAction {
+        route: route.to_owned(),
+        target,
+        outcome,
+    };
+    app.audit
+        .record_async(actor(identity), event)
+        .await
+        .map_err(super::audit::unrecorded)?;
+    result
+}
+
 /// `GET /admin/v1/models`.
-pub async fn list(State(app): State<App>, headers: HeaderMap) -> Response {
-    if let Err(error) = authorize(&app, &headers) {
-        return error.into_response();
-    }
+pub async fn list(State(app): State<App>, Extension(_): Extension<OperatorCall>) -> Response {
     let data: Vec<Value> = app.models.list().await.iter().map(view_json).collect();
     Json(json!({"object": "list", "data": data})).into_response()
 }
 
-fn authorize(app: &App, headers: &HeaderMap) -> Result<Identity, ApiError> {
-    let snapshot = app.snapshot.load();
-    let identity = inference::authenticate(&snapshot, headers)?;
-    identity.require(Scope::Admin)?;
-    Ok(identity)
-}
-
-fn actor(identity: &Identity) -> Actor {
+fn actor(identity: &OperatorIdentity) -> Actor {
     Actor::Operator {
-        tenant: Some(identity.tenant.clone()),
+        issuer: Some(identity.issuer.clone()),
+        tenant: None,
         sub: identity.sub.clone(),
     }
 }

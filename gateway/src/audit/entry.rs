@@ -56,9 +56,13 @@ pub enum Actor {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sub: Option<String>,
     },
-    /// An operator: an admin-scoped token (its tenant and `sub`), or the
-    /// person who edited the policy folder (neither known).
+    /// An operator: an operator token (its issuer and `sub`), or the person
+    /// who edited the policy folder (neither known). `tenant` is only in
+    /// entries written before operators had issuers of their own, when an
+    /// `admin`-scoped tenant token acted as operator.
     Operator {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        issuer: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tenant: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -160,12 +164,15 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         public_key: Option<String>,
     },
-    /// Any other operator action through the admin API.
+    /// An operator API call that changes state, with what came of it;
+    /// written before the call is answered.
     #[serde(rename = "admin.action")]
     AdminAction {
-        operation: String,
-        #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
-        detail: serde_json::Value,
+        /// The route, e.g. `POST /admin/v1/models`.
+        route: String,
+        /// What it acted on (a model name, …).
+        target: String,
+        outcome: Outcome,
     },
 }
 
@@ -260,12 +267,48 @@ mod tests {
                 },
             },
             Actor::Operator {
+                issuer: None,
                 tenant: None,
                 sub: None,
             },
         );
         let value: serde_json::Value = serde_json::from_slice(&refused.to_bytes()).unwrap();
         assert_eq!(value["actor"], json!({"kind": "operator"}));
+        // An operator token's action, and one from before operators had
+        // issuers (an admin-scoped tenant token): both canonical.
+        for (actor, text) in [
+            (
+                Actor::Operator {
+                    issuer: Some("ops-idp".into()),
+                    tenant: None,
+                    sub: Some("alice".into()),
+                },
+                r#"{"kind":"operator","issuer":"ops-idp","sub":"alice"}"#,
+            ),
+            (
+                Actor::Operator {
+                    issuer: None,
+                    tenant: Some("demo".into()),
+                    sub: Some("ops".into()),
+                },
+                r#"{"kind":"operator","tenant":"demo","sub":"ops"}"#,
+            ),
+        ] {
+            let e = entry(
+                Event::GatewayStart {
+                    version: "1".into(),
+                    policy_files: vec![],
+                },
+                actor,
+            );
+            let bytes = e.to_bytes();
+            assert!(
+                String::from_utf8_lossy(&bytes).contains(text),
+                "{}",
+                String::from_utf8_lossy(&bytes)
+            );
+            assert_eq!(Entry::from_bytes(&bytes).unwrap(), e);
+        }
         assert_eq!(
             value["outcome"],
             json!({"result": "refused", "reason": "gateway.toml:3:1: bad"})
@@ -308,8 +351,11 @@ mod tests {
                 public_key: Some("log+01020304+AQ==".into()),
             },
             Event::AdminAction {
-                operation: "tenants.usage".into(),
-                detail: serde_json::Value::Null,
+                route: "DELETE /admin/v1/models/{name}".into(),
+                target: "m".into(),
+                outcome: Outcome::Refused {
+                    reason: "model_configured: …".into(),
+                },
             },
         ];
         for event in events {

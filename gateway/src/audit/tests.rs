@@ -332,8 +332,9 @@ fn an_oversized_entry_is_refused_and_the_log_goes_on() {
     let scratch = Scratch::new();
     let (log, _) = open(&scratch.log());
     let huge = Event::AdminAction {
-        operation: "x".into(),
-        detail: serde_json::Value::String("a".repeat(frame::MAX_ENTRY_BYTES)),
+        route: "POST /admin/v1/models".into(),
+        target: "a".repeat(frame::MAX_ENTRY_BYTES),
+        outcome: Outcome::Accepted,
     };
     assert!(matches!(
         log.append(Actor::Gateway, huge),

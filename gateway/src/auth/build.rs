@@ -1,4 +1,5 @@
-//! Turning each tenant's `[jwt]` table into a verifier, with every problem
+//! Turning each tenant's `[jwt]` table and each `[[operator.issuers]]`
+//! entry into a verifier, with every problem
 //! reported at the field it comes from (`file:line:col`).
 
 use std::collections::HashMap;
@@ -11,8 +12,8 @@ use subtle::ConstantTimeEq;
 use toml::Spanned;
 
 use super::keys::{self, KeyKind, VerifyKey};
-use super::verify::TenantVerifier;
-use crate::policy::{Policy, PolicyError, SourceFile, TenantPolicy};
+use super::verify::{IssuerVerifier, Owner};
+use crate::policy::{JwtFile, Policy, PolicyError, SourceFile};
 
 const KNOWN_ALGORITHMS: &str = "RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA, \
                                 HS256, HS384, HS512";
@@ -26,76 +27,114 @@ pub(super) fn resolve(dir: &Path, path: &Path) -> PathBuf {
     }
 }
 
-pub(super) fn tenant_verifiers(
-    policy: &Policy,
-) -> Result<HashMap<String, TenantVerifier>, Vec<PolicyError>> {
-    let mut errors = Vec::new();
-    let mut by_issuer: HashMap<String, TenantVerifier> = HashMap::new();
-    let mut issuer_owner: HashMap<&str, &str> = HashMap::new();
-    let mut secrets: Vec<(&str, Vec<u8>)> = Vec::new();
+/// Verifiers keyed by issuer.
+pub(super) type ByIssuer = HashMap<String, IssuerVerifier>;
 
-    for tenant in policy.tenants.values() {
-        let jwt = &tenant.jwt;
+/// Every issuer's verifier: tenants' and the operator's, each keyed by
+/// issuer. An issuer named twice (by two tenants, or by a tenant and the
+/// operator) is an error at the second, naming where the first is: the
+/// issuer is what picks whose keys check a token, so it must pick one.
+pub(super) fn verifiers(policy: &Policy) -> Result<(ByIssuer, ByIssuer), Vec<PolicyError>> {
+    let mut errors = Vec::new();
+    let mut tenants = ByIssuer::new();
+    let mut operators = ByIssuer::new();
+    // Issuer → who uses it and where, for the collision message.
+    let mut seen: HashMap<String, String> = HashMap::new();
+    let mut secrets: Vec<(String, Vec<u8>)> = Vec::new();
+
+    let operator = &policy.operator;
+    let issuers = operator
+        .issuers
+        .iter()
+        .map(|jwt| (jwt, &operator.source, Owner::Operator));
+    let tenant_issuers = policy
+        .tenants
+        .values()
+        .map(|t| (&t.jwt, &t.source, Owner::Tenant(t.id.clone())));
+    for (jwt, source, owner) in issuers.chain(tenant_issuers) {
+        let who = match &owner {
+            Owner::Tenant(id) => format!("tenant `{id}`"),
+            Owner::Operator => "the operator".to_owned(),
+        };
         let issuer = jwt.issuer.get_ref().as_str();
-        if let Some(owner) = issuer_owner.get(issuer) {
-            errors.push(tenant.source.error_at(
+        let (line, col) = source.line_col(jwt.issuer.span().start);
+        let here = format!("{who} ({}:{line}:{col})", source.name.display());
+        let duplicate = if let Some(first) = seen.get(issuer) {
+            errors.push(source.error_at(
                 jwt.issuer.span(),
                 format!(
-                    "tenant `{}` has issuer `{issuer}`, which tenant `{owner}` already uses; \
-                     each tenant needs its own issuer (the issuer picks the tenant)",
-                    tenant.id
+                    "{who} has issuer `{issuer}`, which {first} already uses; every tenant and \
+                     the operator need issuers of their own (the issuer picks whose keys verify \
+                     a token, so a shared one would let one principal's identity provider \
+                     speak for the other)"
                 ),
             ));
-        } else if !issuer.trim().is_empty() {
-            issuer_owner.insert(issuer, &tenant.id);
-        }
+            true
+        } else {
+            if !issuer.trim().is_empty() {
+                seen.insert(issuer.to_owned(), here.clone());
+            }
+            false
+        };
 
-        let Some((verifier, secret)) = tenant_verifier(tenant, &policy.dir, &mut errors) else {
+        let header = match owner {
+            Owner::Tenant(_) => "[jwt]",
+            Owner::Operator => "[[operator.issuers]]",
+        };
+        let Some((verifier, secret)) =
+            issuer_verifier(jwt, source, header, owner, &policy.dir, &mut errors)
+        else {
             continue;
         };
         if let (Some(secret), Some(field)) = (secret, &jwt.hs_secret_file) {
-            // Two tenants sharing a secret could each mint the other's tokens.
+            // Two principals sharing a secret could each mint the other's tokens.
             if let Some((owner, _)) = secrets.iter().find(|(_, s)| bool::from(s.ct_eq(&secret))) {
-                errors.push(tenant.source.error_at(
+                errors.push(source.error_at(
                     field.span(),
                     format!(
-                        "tenant `{}` uses the same HMAC secret as tenant `{owner}`; \
-                         either could mint the other's tokens",
-                        tenant.id
+                        "{who} uses the same HMAC secret as {owner}; either could mint the \
+                         other's tokens"
                     ),
                 ));
                 continue;
             }
-            secrets.push((&tenant.id, secret));
+            secrets.push((here, secret));
         }
-        if !by_issuer.contains_key(issuer) {
-            by_issuer.insert(issuer.to_owned(), verifier);
+        if duplicate {
+            continue;
         }
+        let map = match verifier.owner {
+            Owner::Tenant(_) => &mut tenants,
+            Owner::Operator => &mut operators,
+        };
+        map.insert(issuer.to_owned(), verifier);
     }
     if errors.is_empty() {
-        Ok(by_issuer)
+        Ok((tenants, operators))
     } else {
         Err(errors)
     }
 }
 
-/// One tenant's verifier and its HMAC secret (for the cross-tenant check),
-/// or `None` after pushing its errors.
-fn tenant_verifier(
-    tenant: &TenantPolicy,
+/// One issuer's verifier and its HMAC secret (for the cross-issuer check),
+/// or `None` after pushing its errors. `header` is the TOML table the
+/// fields are under, to point at a field that has no span of its own.
+fn issuer_verifier(
+    jwt: &JwtFile,
+    source: &SourceFile,
+    header: &str,
+    owner: Owner,
     dir: &Path,
     errors: &mut Vec<PolicyError>,
-) -> Option<(TenantVerifier, Option<Vec<u8>>)> {
+) -> Option<(IssuerVerifier, Option<Vec<u8>>)> {
     let errors_before = errors.len();
-    let jwt = &tenant.jwt;
-    let source = &tenant.source;
     let at = |span: Range<usize>, message: String| source.error_at(span, message);
 
     if jwt.issuer.get_ref().trim().is_empty() {
         errors.push(at(jwt.issuer.span(), "`issuer` must not be empty".into()));
     }
     if jwt.audience.is_empty() {
-        let span = field_span(source, "audience", jwt.issuer.span());
+        let span = field_span(source, header, "audience", jwt.issuer.span());
         errors.push(at(
             span,
             "`audience` must name at least one audience".into(),
@@ -107,7 +146,13 @@ fn tenant_verifier(
         }
     }
 
-    let algorithms = algorithms(jwt.algorithms.as_slice(), source, jwt.issuer.span(), errors);
+    let algorithms = algorithms(
+        jwt.algorithms.as_slice(),
+        source,
+        header,
+        jwt.issuer.span(),
+        errors,
+    );
     let wants_hs = algorithms
         .iter()
         .find(|(a, _)| KeyKind::for_algorithm(*a) == KeyKind::Hmac);
@@ -184,8 +229,8 @@ fn tenant_verifier(
     if errors.len() != errors_before {
         return None;
     }
-    let verifier = TenantVerifier {
-        tenant: tenant.id.clone(),
+    let verifier = IssuerVerifier {
+        owner,
         issuer: jwt.issuer.get_ref().clone(),
         audiences: jwt.audience.iter().map(|a| a.get_ref().clone()).collect(),
         algorithms: algorithms.into_iter().map(|(a, _)| a).collect(),
@@ -198,11 +243,12 @@ fn tenant_verifier(
 fn algorithms(
     names: &[Spanned<String>],
     source: &SourceFile,
+    header: &str,
     fallback: Range<usize>,
     errors: &mut Vec<PolicyError>,
 ) -> Vec<(Algorithm, Range<usize>)> {
     if names.is_empty() {
-        let span = field_span(source, "algorithms", fallback);
+        let span = field_span(source, header, "algorithms", fallback);
         errors.push(source.error_at(span, "`algorithms` must allow at least one algorithm"));
     }
     let mut out: Vec<(Algorithm, Range<usize>)> = Vec::new();
@@ -237,12 +283,21 @@ fn file_error(
     source.error_at(path.span(), format!("{what} `{shown}`: {reason}"))
 }
 
-/// Where `key = ...` is written in `source` (after `[jwt]` if there is
-/// such a header): `Spanned` fields give their own span, but a `Vec` of
-/// them has none, and an empty list still needs a place to point at.
-fn field_span(source: &SourceFile, key: &str, fallback: Range<usize>) -> Range<usize> {
+/// Where `key = ...` is written in `source` (after `header` if there is
+/// such a header, and before `fallback` ends, which is inside the table):
+/// `Spanned` fields give their own span, but a `Vec` of them has none, and
+/// an empty list still needs a place to point at.
+fn field_span(
+    source: &SourceFile,
+    header: &str,
+    key: &str,
+    fallback: Range<usize>,
+) -> Range<usize> {
     let text = source.text.as_str();
-    let start = text.find("[jwt]").unwrap_or(0);
+    let start = text[..fallback.start.min(text.len())]
+        .rfind(header)
+        .or_else(|| text.find(header))
+        .unwrap_or(0);
     let mut offset = start;
     for line in text[start..].split_inclusive('\n') {
         let trimmed = line.trim_start();

@@ -27,6 +27,15 @@ pub enum AuthError {
     MissingClaim { claim: &'static str },
     #[error("token issuer is not configured for any tenant")]
     UnknownIssuer,
+    /// An operator route was called with a token from an issuer that is not
+    /// an operator issuer (a tenant's, or nobody's).
+    #[error("token issuer is not an operator issuer ([operator] in gateway.toml)")]
+    NotOperatorIssuer,
+    #[error(
+        "this gateway has no operator issuer, so no operator token verifies: add \
+         [[operator.issuers]] to gateway.toml"
+    )]
+    NoOperatorIssuer,
     #[error("algorithm `{alg}` is not allowed for this issuer")]
     AlgorithmNotAllowed { alg: String },
     #[error("unknown kid `{kid}`")]
@@ -67,7 +76,8 @@ impl AuthError {
             | AuthError::InvalidClaim { .. }
             | AuthError::KeyAlgorithmMismatch { .. } => "invalid_token",
             AuthError::MissingClaim { .. } => "missing_claim",
-            AuthError::UnknownIssuer => "unknown_issuer",
+            AuthError::UnknownIssuer | AuthError::NotOperatorIssuer => "unknown_issuer",
+            AuthError::NoOperatorIssuer => "no_operator_issuer",
             AuthError::AlgorithmNotAllowed { .. } => "algorithm_not_allowed",
             AuthError::UnknownKid { .. } => "unknown_kid",
             AuthError::BadSignature => "invalid_signature",
@@ -157,11 +167,13 @@ mod tests {
     #[test]
     fn only_missing_scope_is_forbidden() {
         let err = AuthError::MissingScope {
-            scope: Scope::Admin,
+            scope: Scope::AuditRead,
         };
         assert_eq!(err.status(), 403);
         assert_eq!(err.code(), "insufficient_scope");
-        assert_eq!(err.to_string(), "token lacks the `admin` scope");
+        assert_eq!(err.to_string(), "token lacks the `audit:read` scope");
         assert_eq!(AuthError::BadSignature.status(), 401);
+        assert_eq!(AuthError::NotOperatorIssuer.status(), 401);
+        assert_eq!(AuthError::NoOperatorIssuer.status(), 401);
     }
 }

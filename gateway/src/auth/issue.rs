@@ -1,6 +1,6 @@
-//! Development tokens: `bulkhead token issue` signs with a tenant's
-//! `dev_signing_key` (or its HMAC secret). Real deployments leave that key
-//! out; their identity provider mints tokens.
+//! Development tokens: `bulkhead token issue` signs with a tenant's (or an
+//! operator issuer's) `dev_signing_key`, or its HMAC secret. Real
+//! deployments leave that key out; their identity provider mints tokens.
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::build::resolve;
 use super::keys::{self, KeyKind, OID_EC, OID_ED25519, OID_P256, OID_P384, OID_RSA};
 use super::{Scope, Scopes};
-use crate::policy::TenantPolicy;
+use crate::policy::{JwtFile, Policy, TenantPolicy};
 
 /// Longest lifetime of a development token.
 pub const MAX_DEV_TOKEN_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -54,23 +54,33 @@ impl IssueOptions {
 #[non_exhaustive]
 pub enum IssueError {
     #[error(
-        "tenant `{tenant}` has neither `dev_signing_key` nor `hs_secret_file` in its [jwt] \
-         table, so there is nothing to sign its tokens with"
+        "{who} has neither `dev_signing_key` nor `hs_secret_file`, so there is nothing to \
+         sign its tokens with"
     )]
-    NoSigningKey { tenant: String },
+    NoSigningKey { who: String },
+    #[error(
+        "gateway.toml has no [[operator.issuers]]{}, so there is no operator issuer to sign with",
+        .issuer.as_ref().map(|i| format!(" with issuer `{i}`")).unwrap_or_default()
+    )]
+    NoOperatorIssuer { issuer: Option<String> },
     #[error("{what} `{}`: {reason}", path.display())]
     Key {
         what: &'static str,
         path: PathBuf,
         reason: String,
     },
-    #[error("tenant `{tenant}` allows none of the algorithms {key} can sign")]
-    AlgorithmNotAllowed { tenant: String, key: &'static str },
-    #[error("tenant `{tenant}` has no audience to put in the token")]
-    NoAudience { tenant: String },
+    #[error("{who} allows none of the algorithms {key} can sign")]
+    AlgorithmNotAllowed { who: String, key: &'static str },
+    #[error("{who} has no audience to put in the token")]
+    NoAudience { who: String },
+    #[error("{scope} is not a scope {principal} tokens carry")]
+    WrongScope {
+        scope: super::Scope,
+        principal: super::Principal,
+    },
     #[error("the token lifetime must be between 1 second and 30 days")]
     Ttl,
-    #[error("cannot sign with the tenant's key: {0}")]
+    #[error("cannot sign with the issuer's key: {0}")]
     Sign(String),
     #[error("cannot encode the new key pair: {0}")]
     Keygen(String),
@@ -88,35 +98,77 @@ struct DevClaims<'a> {
     scope: String,
 }
 
-/// A signed token for `tenant`, as its issuer would mint one.
+/// A signed token for `tenant`, as its issuer would mint one. Only tenant
+/// scopes may be asked for.
 pub fn issue_dev_token(
     tenant: &TenantPolicy,
+    policy_dir: &Path,
+    options: IssueOptions,
+) -> Result<String, IssueError> {
+    let who = format!("tenant `{}`", tenant.id);
+    issue(
+        &tenant.jwt,
+        &who,
+        super::Principal::Tenant,
+        policy_dir,
+        options,
+    )
+}
+
+/// A signed operator token from the operator issuer named `issuer` (default:
+/// the first `[[operator.issuers]]` entry with a signing key). Only operator
+/// scopes may be asked for.
+pub fn issue_operator_token(
+    policy: &Policy,
+    issuer: Option<&str>,
+    options: IssueOptions,
+) -> Result<String, IssueError> {
+    let issuers = &policy.operator.issuers;
+    let jwt = match issuer {
+        Some(name) => issuers.iter().find(|j| j.issuer.get_ref() == name),
+        None => issuers
+            .iter()
+            .find(|j| j.dev_signing_key.is_some() || j.hs_secret_file.is_some())
+            .or(issuers.first()),
+    }
+    .ok_or_else(|| IssueError::NoOperatorIssuer {
+        issuer: issuer.map(str::to_owned),
+    })?;
+    let who = format!("operator issuer `{}`", jwt.issuer.get_ref());
+    issue(jwt, &who, super::Principal::Operator, &policy.dir, options)
+}
+
+fn issue(
+    jwt: &JwtFile,
+    who: &str,
+    principal: super::Principal,
     policy_dir: &Path,
     options: IssueOptions,
 ) -> Result<String, IssueError> {
     if options.ttl < Duration::from_secs(1) || options.ttl > MAX_DEV_TOKEN_TTL {
         return Err(IssueError::Ttl);
     }
-    let (kind, key) = signing_key(tenant, policy_dir)?;
-    let alg = tenant
-        .jwt
+    if let Some(scope) = options.scopes.iter().find(|s| s.principal() != principal) {
+        return Err(IssueError::WrongScope { scope, principal });
+    }
+    let (kind, key) = signing_key(jwt, who, policy_dir)?;
+    let alg = jwt
         .algorithms
         .iter()
         .filter_map(|name| Algorithm::from_str(name.get_ref()).ok())
         .find(|alg| KeyKind::for_algorithm(*alg) == kind)
         .ok_or_else(|| IssueError::AlgorithmNotAllowed {
-            tenant: tenant.id.clone(),
+            who: who.to_owned(),
             key: kind.describe(),
         })?;
     let audience = match &options.audience {
         Some(aud) => aud.as_str(),
-        None => tenant
-            .jwt
+        None => jwt
             .audience
             .first()
             .map(|a| a.get_ref().as_str())
             .ok_or_else(|| IssueError::NoAudience {
-                tenant: tenant.id.clone(),
+                who: who.to_owned(),
             })?,
     };
     let now = options
@@ -125,7 +177,7 @@ pub fn issue_dev_token(
         .unwrap_or(Duration::ZERO)
         .as_secs();
     let claims = DevClaims {
-        iss: tenant.jwt.issuer.get_ref(),
+        iss: jwt.issuer.get_ref(),
         sub: options.sub.as_deref().unwrap_or("dev"),
         aud: audience,
         exp: now.saturating_add(options.ttl.as_secs()),
@@ -137,20 +189,20 @@ pub fn issue_dev_token(
         .map_err(|e| IssueError::Sign(e.to_string()))
 }
 
-/// The tenant's `dev_signing_key`, or else its HMAC secret.
-fn signing_key(tenant: &TenantPolicy, dir: &Path) -> Result<(KeyKind, EncodingKey), IssueError> {
+/// The issuer's `dev_signing_key`, or else its HMAC secret.
+fn signing_key(jwt: &JwtFile, who: &str, dir: &Path) -> Result<(KeyKind, EncodingKey), IssueError> {
     let key_error = |what, path: &Path, reason| IssueError::Key {
         what,
         path: path.to_path_buf(),
         reason,
     };
-    if let Some(path) = &tenant.jwt.dev_signing_key {
+    if let Some(path) = &jwt.dev_signing_key {
         let path = path.get_ref();
         return keys::read_capped(&resolve(dir, path), keys::MAX_KEY_FILE_BYTES)
             .and_then(|bytes| private_key_from_pem(&bytes))
             .map_err(|reason| key_error("dev_signing_key", path, reason));
     }
-    if let Some(path) = &tenant.jwt.hs_secret_file {
+    if let Some(path) = &jwt.hs_secret_file {
         let path = path.get_ref();
         let secret = keys::read_capped(&resolve(dir, path), keys::MAX_KEY_FILE_BYTES)
             .and_then(keys::hs_secret)
@@ -161,7 +213,7 @@ fn signing_key(tenant: &TenantPolicy, dir: &Path) -> Result<(KeyKind, EncodingKe
         ));
     }
     Err(IssueError::NoSigningKey {
-        tenant: tenant.id.clone(),
+        who: who.to_owned(),
     })
 }
 

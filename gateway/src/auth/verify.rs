@@ -1,4 +1,4 @@
-//! Verifying one token: size, shape, issuer → tenant, algorithm, key,
+//! Verifying one token: size, shape, issuer → tenant or operator, algorithm, key,
 //! signature, then the claims, in that order. Claims are only trusted after
 //! the signature over their exact bytes has been checked.
 
@@ -14,12 +14,37 @@ use serde_json::Value;
 
 use super::error::printable;
 use super::keys::VerifyKey;
-use super::{AuthError, Identity, MAX_TOKEN_BYTES, Scopes};
+use super::{AuthError, MAX_TOKEN_BYTES, Principal, Scopes};
 
-/// One tenant's issuer, audiences, algorithms and keys.
+/// Whose tokens an issuer signs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Owner {
+    Tenant(String),
+    Operator,
+}
+
+impl Owner {
+    fn principal(&self) -> Principal {
+        match self {
+            Owner::Tenant(_) => Principal::Tenant,
+            Owner::Operator => Principal::Operator,
+        }
+    }
+}
+
+/// What a verified token says, its scopes already cut to those its
+/// issuer's kind of principal may grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Verified {
+    pub sub: Option<String>,
+    pub scopes: Scopes,
+    pub expires_at: u64,
+}
+
+/// One issuer's audiences, algorithms and keys, and whose tokens it signs.
 #[derive(Debug)]
-pub(super) struct TenantVerifier {
-    pub tenant: String,
+pub(super) struct IssuerVerifier {
+    pub owner: Owner,
     pub issuer: String,
     pub audiences: Vec<String>,
     pub algorithms: Vec<Algorithm>,
@@ -54,12 +79,15 @@ const fn malformed(reason: &'static str) -> AuthError {
     AuthError::MalformedToken { reason }
 }
 
-pub(super) fn verify(
-    by_issuer: &HashMap<String, TenantVerifier>,
+/// Verifies `token` against the issuers in `by_issuer` only: a token from
+/// an issuer not in it is [`AuthError::UnknownIssuer`], however valid it is
+/// elsewhere. Returns the issuer that signed it and what it says.
+pub(super) fn verify<'a>(
+    by_issuer: &'a HashMap<String, IssuerVerifier>,
     leeway_s: u64,
     token: &str,
     now: u64,
-) -> Result<Identity, AuthError> {
+) -> Result<(&'a IssuerVerifier, Verified), AuthError> {
     if token.len() > MAX_TOKEN_BYTES {
         return Err(AuthError::TokenTooLarge {
             limit_bytes: MAX_TOKEN_BYTES,
@@ -101,16 +129,16 @@ pub(super) fn verify(
 
     let issuer = string_claim(claims.iss.as_ref(), "iss")?
         .ok_or(AuthError::MissingClaim { claim: "iss" })?;
-    let tenant = by_issuer.get(issuer).ok_or(AuthError::UnknownIssuer)?;
+    let signer = by_issuer.get(issuer).ok_or(AuthError::UnknownIssuer)?;
     let alg = Algorithm::from_str(&header.alg)
         .ok()
-        .filter(|alg| tenant.algorithms.contains(alg))
+        .filter(|alg| signer.algorithms.contains(alg))
         .ok_or_else(|| AuthError::AlgorithmNotAllowed {
             alg: printable(&header.alg),
         })?;
 
     let signing_input = &token[..header_b64.len() + 1 + claims_b64.len()];
-    let verified = tenant
+    let verified = signer
         .candidate_keys(alg, header.kid.as_deref())?
         .into_iter()
         .any(|key| {
@@ -120,10 +148,11 @@ pub(super) fn verify(
     if !verified {
         return Err(AuthError::BadSignature);
     }
-    tenant.identity(&claims, issuer, now, leeway_s)
+    let verified = signer.claims(&claims, issuer, now, leeway_s)?;
+    Ok((signer, verified))
 }
 
-impl TenantVerifier {
+impl IssuerVerifier {
     /// The keys that may have signed a token with this `alg` and `kid`. A
     /// `kid` picks one key when the tenant has named keys (a JWKS); PEM keys
     /// have no names, so for them the `kid` is only a hint and is ignored.
@@ -154,14 +183,15 @@ impl TenantVerifier {
         }
     }
 
-    /// Checks the (signed) claims and builds the identity.
-    fn identity(
+    /// Checks the (signed) claims; keeps only the scopes this issuer's
+    /// kind of principal may hold.
+    fn claims(
         &self,
         claims: &Claims,
         issuer: &str,
         now: u64,
         leeway_s: u64,
-    ) -> Result<Identity, AuthError> {
+    ) -> Result<Verified, AuthError> {
         // The issuer picked this tenant, so this holds; it stays as a guard
         // should the lookup ever become looser than equality.
         if issuer != self.issuer {
@@ -188,10 +218,9 @@ impl TenantVerifier {
         for (value, claim) in [(&claims.scope, "scope"), (&claims.scp, "scp")] {
             add_scopes(&mut scopes, value.as_ref(), claim)?;
         }
-        Ok(Identity {
-            tenant: self.tenant.clone(),
+        Ok(Verified {
             sub,
-            scopes,
+            scopes: scopes.only(self.owner.principal()),
             expires_at: exp,
         })
     }

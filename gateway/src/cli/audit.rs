@@ -40,9 +40,29 @@ enum AuditCommand {
         #[arg(long, value_name = "PUB")]
         key: Option<PathBuf>,
     },
-    /// Check proofs served by a running gateway (`admin` token)
+    /// Check proofs served by a running gateway (operator token, `audit:read`)
     #[command(subcommand)]
     Proof(ProofCommand),
+    /// As a tenant: check that your own actions are in the log
+    ///
+    /// Fetches your tenant's entries (`GET /v1/audit/entries`, a tenant
+    /// token with `plugins:write`), checks the checkpoint they come with
+    /// against --key, and each entry's inclusion proof against it. Prints
+    /// each entry; exit 0 only when every proof holds.
+    Mine {
+        /// The gateway's tenant listener.
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// Your tenant token (default: $BULKHEAD_TOKEN).
+        #[arg(long)]
+        token: Option<String>,
+        /// The audit public key the operator published (SPKI PEM or vkey).
+        #[arg(long, value_name = "PUB")]
+        key: PathBuf,
+        /// Save the checkpoint the entries were proven against here.
+        #[arg(long, value_name = "FILE")]
+        save: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -85,10 +105,10 @@ enum ProofCommand {
 
 #[derive(Debug, Args)]
 struct Remote {
-    /// The gateway, e.g. http://127.0.0.1:8080.
-    #[arg(long)]
+    /// The gateway's admin listener: http://HOST:PORT or unix:PATH.
+    #[arg(long, default_value = super::http::DEFAULT_ADMIN_URL)]
     url: String,
-    /// A token with the `admin` scope (default: $BULKHEAD_TOKEN).
+    /// An operator token with the command's scope (default: $BULKHEAD_TOKEN).
     #[arg(long)]
     token: Option<String>,
     /// The audit public key, SPKI PEM (`audit.pub.pem`) or vkey (`audit.vkey`).
@@ -103,14 +123,89 @@ pub fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
             checkpoint,
             key,
         } => verify(&logdir, VerifyOptions { checkpoint, key }),
-        AuditCommand::Proof(command) => {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            runtime.block_on(proof(command))
+        AuditCommand::Proof(command) => runtime()?.block_on(proof(command)),
+        AuditCommand::Mine {
+            url,
+            token,
+            key,
+            save,
+        } => runtime()?.block_on(mine(&url, token.as_deref(), &key, save.as_deref())),
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// `audit mine`: every page of the tenant's own entries, each proven
+/// against the signed checkpoint its page came with.
+async fn mine(
+    url: &str,
+    token: Option<&str>,
+    key: &Path,
+    save: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    let gateway = super::http::Gateway::new(url, token, Duration::from_secs(30))?;
+    let mut from = 0;
+    let mut checked = 0;
+    let last_note;
+    loop {
+        let page = gateway
+            .get_json(&format!("/v1/audit/entries?from={from}"))
+            .await?;
+        let note = page["checkpoint"]
+            .as_str()
+            .context("the page has no checkpoint")?;
+        let claimed =
+            unverified_checkpoint(note).context("the page's checkpoint is not a checkpoint")?;
+        let verifier = read_verifier(key, &claimed.origin)?;
+        let checkpoint = open_checkpoint(note, &verifier)
+            .with_context(|| format!("the checkpoint does not verify with {}", key.display()))?;
+        for item in page["data"].as_array().context("the page has no data")? {
+            let entry: Entry = serde_json::from_value(item["entry"].clone())
+                .context("the gateway's entry is not a valid one")?;
+            let index = item["index"]
+                .as_u64()
+                .context("an entry without an index")?;
+            if entry.index != index {
+                bail!("the gateway returned entry {} as {index}", entry.index);
+            }
+            let bytes = entry.to_bytes();
+            let proof = hashes(&item["inclusion_proof"])?;
+            if let Err(e) = verify_inclusion(
+                &leaf_hash(&bytes),
+                index,
+                checkpoint.size,
+                &proof,
+                &checkpoint.root,
+            ) {
+                eprintln!("inclusion proof for entry {index} FAILED: {e}");
+                return Ok(ExitCode::FAILURE);
+            }
+            println!("{}", String::from_utf8_lossy(&bytes));
+            checked += 1;
+        }
+        match page["next_from"].as_u64() {
+            Some(next) if next > from => from = next,
+            _ => {
+                last_note = (note.to_owned(), checkpoint);
+                break;
+            }
         }
     }
+    let (note, checkpoint) = last_note;
+    println!(
+        "ok: {checked} of your entries are in the log at checkpoint size {} (root {})",
+        checkpoint.size,
+        BASE64.encode(checkpoint.root)
+    );
+    if let Some(save) = save {
+        std::fs::write(save, note).with_context(|| format!("writing {}", save.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn verify(dir: &Path, options: VerifyOptions) -> anyhow::Result<ExitCode> {

@@ -20,10 +20,10 @@ const OTHER_TIMEOUT: Duration = Duration::from_secs(60);
 /// Where the gateway is and how to call it.
 #[derive(Debug, Args)]
 pub struct Remote {
-    /// The gateway, e.g. http://127.0.0.1:8080.
-    #[arg(long)]
+    /// The gateway's admin listener: http://HOST:PORT or unix:PATH.
+    #[arg(long, default_value = super::http::DEFAULT_ADMIN_URL)]
     url: String,
-    /// A token with the `admin` scope (default: $BULKHEAD_TOKEN).
+    /// An operator token with the command's scope (default: $BULKHEAD_TOKEN).
     #[arg(long)]
     token: Option<String>,
 }

@@ -60,7 +60,7 @@ fn folder_name(dir: &Path) -> String {
     }
 }
 
-/// "2 tenants, 1 class, 1 model".
+/// "2 tenants, 1 class, 1 model, 1 operator issuer".
 fn summary(policy: &Policy) -> String {
     let classes = policy
         .files
@@ -69,10 +69,15 @@ fn summary(policy: &Policy) -> String {
         .count();
     let models = policy.models.len();
     format!(
-        "{}, {}, {}",
+        "{}, {}, {}, {}",
         counted(policy.tenants.len(), "tenant", "tenants"),
         counted(classes, "class", "classes"),
-        counted(models, "model", "models")
+        counted(models, "model", "models"),
+        counted(
+            policy.operator.issuers.len(),
+            "operator issuer",
+            "operator issuers"
+        )
     )
 }
 

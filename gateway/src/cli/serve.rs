@@ -3,6 +3,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use bulkhead_gateway::policy::ListenAddr;
 use bulkhead_gateway::{ServeOptions, serve};
 use clap::Args;
 
@@ -14,6 +15,11 @@ pub struct ServeArgs {
     /// Address to listen on, `HOST:PORT`; overrides `listen` in gateway.toml.
     #[arg(long)]
     listen: Option<SocketAddr>,
+    /// Where the operator API and /metrics listen: `HOST:PORT` or
+    /// `unix:PATH`; overrides `[admin] listen` in gateway.toml (default
+    /// 127.0.0.1:8081).
+    #[arg(long, value_name = "ADDR")]
+    admin_listen: Option<ListenAddr>,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -26,11 +32,18 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         let options = ServeOptions {
             policies: a.policies,
             listen: a.listen,
+            admin_listen: a.admin_listen,
         };
         serve(
             options,
-            // One line on stdout: tests and scripts read the real address from it.
-            |addr| println!("listening on http://{addr}"),
+            // Two lines on stdout: tests and scripts read the real addresses.
+            |bound| {
+                println!("listening on http://{}", bound.public);
+                match &bound.admin {
+                    ListenAddr::Tcp(addr) => println!("admin listening on http://{addr}"),
+                    unix => println!("admin listening on {unix}"),
+                }
+            },
             shutdown,
         )
         .await?;

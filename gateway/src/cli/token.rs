@@ -6,7 +6,9 @@ use std::time::{Duration, SystemTime};
 
 use super::write_new;
 use anyhow::{Context, bail};
-use bulkhead_gateway::auth::{self, IssueOptions, MAX_DEV_TOKEN_TTL, Scope, Scopes, Verifiers};
+use bulkhead_gateway::auth::{
+    self, IssueOptions, MAX_DEV_TOKEN_TTL, Principal, Scope, Scopes, Verifiers,
+};
 use bulkhead_gateway::policy;
 use clap::{Args, Subcommand};
 
@@ -18,12 +20,12 @@ pub struct TokenArgs {
 
 #[derive(Debug, Subcommand)]
 enum TokenCommand {
-    /// Print a development JWT for a tenant (not for production)
+    /// Print a development JWT for a tenant or an operator (not for production)
     ///
-    /// Signs with the tenant's `dev_signing_key`, or its `hs_secret_file` if it
-    /// has no such key. A DEVELOPMENT tool: in real deployments the tenant's
-    /// identity provider mints tokens, and tenant files have no
-    /// `dev_signing_key`. Prints the token on stdout.
+    /// Signs with the tenant's (or, with --operator, the operator issuer's)
+    /// `dev_signing_key`, or its `hs_secret_file` if it has no such key. A
+    /// DEVELOPMENT tool: in real deployments identity providers mint tokens,
+    /// and policy files have no `dev_signing_key`. Prints the token on stdout.
     Issue(IssueArgs),
     /// Write a new Ed25519 key pair for development
     ///
@@ -38,12 +40,26 @@ struct IssueArgs {
     #[arg(long, value_name = "DIR")]
     policies: PathBuf,
     /// The tenant id.
-    #[arg(long, value_name = "ID")]
-    tenant: String,
+    #[arg(
+        long,
+        value_name = "ID",
+        required_unless_present = "operator",
+        conflicts_with = "operator"
+    )]
+    tenant: Option<String>,
+    /// An operator token, from gateway.toml's [[operator.issuers]] (the
+    /// first with a signing key, or --issuer), for the admin listener.
+    #[arg(long)]
+    operator: bool,
+    /// With --operator: the operator issuer to sign as.
+    #[arg(long, value_name = "ISSUER", requires = "operator")]
+    issuer: Option<String>,
     /// Lifetime: `30s`, `15m`, `1h`, `7d` (at most 30 days).
     #[arg(long, default_value = "1h", value_parser = parse_ttl)]
     ttl: Duration,
-    /// Scopes to grant: inference, plugins:write, admin (default: inference).
+    /// Scopes to grant. Tenants: inference, plugins:write (default:
+    /// inference). Operators (required): models:read, models:write,
+    /// audit:read, partitions:read, tenants:read, usage:read.
     #[arg(long = "scope", value_name = "SCOPE", num_args = 1..)]
     scopes: Vec<Scope>,
     /// The `sub` claim (default: dev).
@@ -71,38 +87,57 @@ pub fn run(args: TokenArgs) -> anyhow::Result<ExitCode> {
 fn issue(args: IssueArgs) -> anyhow::Result<ExitCode> {
     let policy = policy::load(&args.policies)
         .with_context(|| format!("cannot load the policy folder {}", args.policies.display()))?;
-    let Some(tenant) = policy.tenants.get(&args.tenant) else {
-        let known: Vec<&str> = policy.tenants.keys().map(String::as_str).collect();
-        bail!(
-            "no tenant `{}` in {} (tenants: {})",
-            args.tenant,
-            args.policies.display(),
-            known.join(", ")
-        );
-    };
     let now = SystemTime::now();
-    let scopes = if args.scopes.is_empty() {
-        Scopes::from(Scope::Inference)
-    } else {
-        args.scopes.into_iter().collect()
-    };
-    let options = IssueOptions {
+    let scopes: Scopes = args.scopes.iter().copied().collect();
+    let options = |scopes| IssueOptions {
         ttl: args.ttl,
         scopes,
-        sub: args.sub,
-        audience: args.audience,
+        sub: args.sub.clone(),
+        audience: args.audience.clone(),
         now,
     };
-    let token = auth::issue_dev_token(tenant, &policy.dir, options)?;
+    let token = match &args.tenant {
+        Some(id) => {
+            let Some(tenant) = policy.tenants.get(id) else {
+                let known: Vec<&str> = policy.tenants.keys().map(String::as_str).collect();
+                bail!(
+                    "no tenant `{id}` in {} (tenants: {})",
+                    args.policies.display(),
+                    known.join(", ")
+                );
+            };
+            let scopes = if scopes.is_empty() {
+                Scopes::from(Scope::Inference)
+            } else {
+                scopes
+            };
+            auth::issue_dev_token(tenant, &policy.dir, options(scopes))?
+        }
+        None => {
+            if scopes.is_empty() {
+                let names: Vec<&str> = Scope::of(Principal::Operator).map(Scope::as_str).collect();
+                bail!(
+                    "an operator token needs at least one --scope (no scope grants everything): {}",
+                    names.join(", ")
+                );
+            }
+            auth::issue_operator_token(&policy, args.issuer.as_deref(), options(scopes))?
+        }
+    };
     // Say so now rather than with a 401 later (e.g. a key pair mismatch).
     match Verifiers::build(&policy) {
         Ok(verifiers) => {
-            if let Err(e) = verifiers.verify(&token, now) {
+            let refused = if args.tenant.is_some() {
+                verifiers.verify(&token, now).err()
+            } else {
+                verifiers.verify_operator(&token, now).err()
+            };
+            if let Some(e) = refused {
                 eprintln!("warning: this policy will refuse the token: {e}");
             }
         }
         Err(errors) => {
-            eprintln!("warning: the policy's [jwt] tables have errors, so no token verifies:");
+            eprintln!("warning: the policy's issuers have errors, so no token verifies:");
             for e in errors {
                 eprintln!("  {e}");
             }
@@ -205,15 +240,50 @@ mod tests {
             "--scope",
             "inference",
             "plugins:write",
-            "--scope",
-            "admin",
         ])
         .unwrap();
         let text = format!("{args:?}");
         assert!(
-            text.contains("ttl: 900s") && text.contains("PluginsWrite, Admin"),
+            text.contains("ttl: 900s") && text.contains("[Inference, PluginsWrite]"),
             "{text}"
         );
+        let operator = crate::cli::Args::try_parse_from([
+            "bulkhead",
+            "token",
+            "issue",
+            "--policies",
+            "p",
+            "--operator",
+            "--scope",
+            "models:read",
+            "audit:read",
+        ])
+        .unwrap();
+        let text = format!("{operator:?}");
+        assert!(
+            text.contains("operator: true") && text.contains("[ModelsRead, AuditRead]"),
+            "{text}"
+        );
+        for both_or_neither in [&["--tenant", "demo", "--operator"][..], &[][..]] {
+            let mut argv = vec!["bulkhead", "token", "issue", "--policies", "p"];
+            argv.extend_from_slice(both_or_neither);
+            assert!(
+                crate::cli::Args::try_parse_from(argv).is_err(),
+                "{both_or_neither:?}"
+            );
+        }
+        let admin = crate::cli::Args::try_parse_from([
+            "bulkhead",
+            "token",
+            "issue",
+            "--policies",
+            "p",
+            "--tenant",
+            "demo",
+            "--scope",
+            "admin",
+        ]);
+        assert!(admin.unwrap_err().to_string().contains("`admin` is gone"));
         let bad = crate::cli::Args::try_parse_from([
             "bulkhead",
             "token",

@@ -37,6 +37,7 @@ mod requests;
 mod shape;
 mod tenant;
 mod tokens;
+mod usage;
 
 #[cfg(test)]
 mod tests;
@@ -53,6 +54,7 @@ pub use headers::{RateLimitHeaders, format_reset, retry_after_secs};
 pub use requests::MAX_SUBJECTS_PER_TENANT;
 pub use shape::{ShapeError, check_request_shape};
 pub use tokens::TokenReservation;
+pub use usage::{Day, KEPT_DAYS, RequestUsage, Totals, UsageBook, day_of, day_text};
 
 /// Every tenant's limiters, for one version of the policy.
 #[derive(Debug)]
@@ -172,14 +174,16 @@ impl Admission {
     }
 }
 
-/// A refused request: answer 429 (or, for [`RejectReason::UnknownTenant`],
-/// 403) with `message`, the rate-limit headers and `Retry-After`.
+/// A refused request: answer 429 (or 403 for [`RejectReason::UnknownTenant`],
+/// 400 for [`RejectReason::TooManyTokens`], which no wait helps) with
+/// `message`, the rate-limit headers and `Retry-After`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct Rejection {
     pub reason: RejectReason,
-    /// When a retry can succeed; `None` when waiting alone will not tell
-    /// ([`RejectReason::Concurrency`]: when a request ends) or not help
+    /// When a retry can succeed; for [`RejectReason::Concurrency`] a
+    /// second (a slot frees when any request ends, which cannot be
+    /// foreseen); `None` when waiting will not help
     /// ([`RejectReason::TooManyTokens`], [`RejectReason::UnknownTenant`]).
     pub retry_after: Option<Duration>,
     /// The tenant's limits as they stand (all zero for

@@ -108,7 +108,15 @@ impl TenantLimiter {
                 self.id,
                 self.concurrency.max(),
             );
-            return Err(self.reject(RejectReason::Concurrency, None, requests, message));
+            // A slot frees when one of the tenant's requests ends, which
+            // nothing here can foresee; a second is the shortest wait
+            // `Retry-After` can say, so clients poll at that pace.
+            return Err(self.reject(
+                RejectReason::Concurrency,
+                Some(CONCURRENCY_RETRY_AFTER),
+                requests,
+                message,
+            ));
         };
         match self.tokens.reserve(estimated_tokens) {
             Ok((tokens, token_state)) => Ok(Admission {
@@ -177,6 +185,9 @@ impl TenantLimiter {
         }
     }
 }
+
+/// `Retry-After` of a request refused for `max_concurrent`.
+const CONCURRENCY_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn headers(requests: RequestState, tokens: TokenState) -> RateLimitHeaders {
     RateLimitHeaders {

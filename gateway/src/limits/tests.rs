@@ -176,7 +176,12 @@ fn concurrency_limit_and_release() {
     let second = limiters.admit("acme", None, 1).expect("slot 2");
     let rejection = limiters.admit("acme", None, 1).unwrap_err();
     assert_eq!(rejection.reason, RejectReason::Concurrency);
-    assert_eq!(rejection.retry_after, None);
+    assert_eq!(rejection.retry_after, Some(Duration::from_secs(1)));
+    assert!(
+        rejection
+            .to_header_pairs()
+            .contains(&("retry-after", "1".to_owned()))
+    );
     assert_eq!(
         rejection.message,
         "tenant `acme` already has 2 requests in flight, its limit; retry when one finishes"
@@ -353,8 +358,17 @@ fn builds_from_a_policy() {
     };
     let mut policy = Policy {
         dir: "policies".into(),
+        operator: crate::policy::OperatorPolicy {
+            issuers: Vec::new(),
+            source: Arc::new(SourceFile::new("gateway.toml", "")),
+        },
         gateway: GatewaySettings {
             listen: crate::policy::DEFAULT_LISTEN.parse().expect("address"),
+            admin_listen: crate::policy::ListenAddr::Tcp(
+                crate::policy::DEFAULT_ADMIN_LISTEN
+                    .parse()
+                    .expect("address"),
+            ),
             max_body_bytes: 1 << 20,
             request_timeout: Duration::from_secs(60),
             jwt_leeway: Duration::from_secs(30),

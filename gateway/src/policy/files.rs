@@ -32,6 +32,32 @@ pub struct GatewayFile {
     pub audit: Option<AuditGatewayFile>,
     /// Model registration (`[models]`).
     pub models: Option<ModelsGatewayFile>,
+    /// The operator API's listener (`[admin]`).
+    pub admin: Option<AdminFile>,
+    /// Who may call the operator API (`[operator]`).
+    pub operator: Option<OperatorFile>,
+}
+
+/// `[admin]` in `gateway.toml`: the listener of the operator API and
+/// `/metrics`, apart from the tenants' one. Read at start only.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminFile {
+    /// `HOST:PORT`, or `unix:PATH` for a Unix socket (made 0600); default
+    /// `127.0.0.1:8081`. `bulkhead serve --admin-listen` overrides it.
+    pub listen: Option<Spanned<String>>,
+}
+
+/// `[operator]` in `gateway.toml`: the operators' identity providers. Their
+/// tokens are accepted on the operator API only, and tenants' tokens never
+/// are, whatever they claim.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorFile {
+    /// `[[operator.issuers]]`: each shaped like a tenant's `[jwt]`, with an
+    /// issuer no tenant uses. None: no operator token verifies.
+    #[serde(default)]
+    pub issuers: Vec<JwtFile>,
 }
 
 /// `[models]` in `gateway.toml`: registrations made through the admin API.
@@ -252,11 +278,13 @@ pub struct PluginLimitsFile {
     pub max_table_elements: Option<Spanned<u64>>,
 }
 
-/// `[jwt]` in a tenant file.
+/// `[jwt]` in a tenant file, or one `[[operator.issuers]]` in
+/// `gateway.toml`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JwtFile {
-    /// Required `iss`; identifies the tenant (unique across tenants).
+    /// Required `iss`; identifies the tenant, or the operator (unique across
+    /// tenants and the operator).
     pub issuer: Spanned<String>,
     /// Accepted `aud` values (a token must name at least one).
     pub audience: Vec<Spanned<String>>,

@@ -27,9 +27,9 @@ use bulkhead_protocol::Target;
 use crate::plugins::{PluginConfig, PluginLimits};
 
 pub use files::{
-    AuditGatewayFile, ClassFile, GatewayFile, GpuFile, IsolationFile, JwtFile, LimitsFile,
-    LocalGpuHostFile, ModelFile, ModelsGatewayFile, PluginLimitsFile, PluginsGatewayFile,
-    PublisherFile, TenantFile, TenantPluginsFile, TrustFile, UpstreamFile,
+    AdminFile, AuditGatewayFile, ClassFile, GatewayFile, GpuFile, IsolationFile, JwtFile,
+    LimitsFile, LocalGpuHostFile, ModelFile, ModelsGatewayFile, OperatorFile, PluginLimitsFile,
+    PluginsGatewayFile, PublisherFile, TenantFile, TenantPluginsFile, TrustFile, UpstreamFile,
 };
 pub use load::{MAX_CLASS_FILES, MAX_FILE_BYTES, MAX_TENANT_FILES, file_digests, load};
 pub use models::MAX_CONFIGURED_MODELS;
@@ -43,6 +43,65 @@ pub use watch::{PolicyWatcher, RELOAD_DEBOUNCE, RELOAD_MAX_DELAY, ReloadStats, w
 
 /// Where the HTTP API listens when neither `gateway.toml` nor `--listen` says.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+
+/// Where the operator API and `/metrics` listen when neither `[admin]
+/// listen` nor `--admin-listen` says: loopback, a port of its own.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8081";
+
+/// An address a listener binds: TCP, or a Unix socket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl ListenAddr {
+    /// `HOST:PORT` (an IP address), or `unix:PATH`.
+    pub fn parse(text: &str) -> Result<ListenAddr, String> {
+        if let Some(path) = text.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err(
+                    "`unix:` needs a socket path, e.g. unix:/run/bulkhead/admin.sock".into(),
+                );
+            }
+            return Ok(ListenAddr::Unix(PathBuf::from(path)));
+        }
+        text.parse().map(ListenAddr::Tcp).map_err(|_| {
+            format!(
+                "`{text}` is not a listen address: expected IP:PORT (e.g. {DEFAULT_ADMIN_LISTEN}) \
+                 or unix:PATH"
+            )
+        })
+    }
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Tcp(addr) => write!(f, "{addr}"),
+            ListenAddr::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+impl std::str::FromStr for ListenAddr {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<ListenAddr, String> {
+        ListenAddr::parse(text)
+    }
+}
+
+/// `[operator]` of `gateway.toml`: the issuers whose tokens the operator
+/// API accepts.
+#[derive(Clone, Debug)]
+pub struct OperatorPolicy {
+    /// `[[operator.issuers]]`, in file order; empty: no operator token
+    /// verifies.
+    pub issuers: Vec<JwtFile>,
+    /// `gateway.toml`, for error locations.
+    pub source: Arc<SourceFile>,
+}
 
 /// Everything `bulkhead policy check` verifies about the folder `dir`.
 pub fn check(dir: &Path) -> Result<Policy, PolicyErrors> {
@@ -58,6 +117,8 @@ pub struct Policy {
     /// The folder it was read from (relative paths in it are resolved against it).
     pub dir: PathBuf,
     pub gateway: GatewaySettings,
+    /// Who may call the operator API.
+    pub operator: OperatorPolicy,
     /// Tenants by id.
     pub tenants: BTreeMap<String, TenantPolicy>,
     /// Every policy file read (relative to `dir`, sorted as read), with the
@@ -81,6 +142,8 @@ pub struct Policy {
 #[derive(Clone, Debug)]
 pub struct GatewaySettings {
     pub listen: SocketAddr,
+    /// `[admin] listen`: the operator API and `/metrics`.
+    pub admin_listen: ListenAddr,
     pub max_body_bytes: u64,
     pub request_timeout: Duration,
     pub jwt_leeway: Duration,

@@ -19,15 +19,16 @@ use bulkhead_protocol::Target;
 use toml::Spanned;
 
 use super::files::{
-    AuditGatewayFile, GatewayFile, LimitsFile, LocalGpuHostFile, ModelsGatewayFile,
+    AdminFile, AuditGatewayFile, GatewayFile, LimitsFile, LocalGpuHostFile, ModelsGatewayFile,
     PluginsGatewayFile, UpstreamFile,
 };
 use super::load::{Folder, Parsed, io_reason};
 use super::models::{HostKind, check_models};
 use super::trust::{Trust, check_trust};
 use super::{
-    ClassFile, DEFAULT_LISTEN, GatewayPlugins, GatewaySettings, Limits, LocalGpuHost, Policy,
-    PolicyError, SourceFile, TenantFile, TenantPolicy, UpstreamSettings,
+    ClassFile, DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, GatewayPlugins, GatewaySettings, Limits,
+    ListenAddr, LocalGpuHost, OperatorPolicy, Policy, PolicyError, SourceFile, TenantFile,
+    TenantPolicy, UpstreamSettings,
 };
 use crate::registration::{MODEL_NAME_RULE, Registration, valid_model_name};
 
@@ -68,6 +69,7 @@ pub(super) fn validate(dir: &Path, folder: Folder, errors: &mut Vec<PolicyError>
     Policy {
         dir: dir.to_path_buf(),
         gateway: gateway.settings,
+        operator: gateway.operator,
         tenants,
         files: folder.files,
         partitions,
@@ -109,6 +111,8 @@ struct Gateway {
     /// The local gpu-host's device and model reservation, when gateway.toml
     /// parsed and they checked; `None` with a remote upstream.
     device: Option<(bulkhead_partition::Device, u64)>,
+    /// `[operator]`.
+    operator: OperatorPolicy,
 }
 
 fn check_gateway(
@@ -140,6 +144,18 @@ fn check_gateway(
             default_listen
         })
     });
+    let admin_listen = check_admin_listen(dir, source, file.admin.as_ref(), listen, errors);
+    let operator = OperatorPolicy {
+        issuers: file
+            .operator
+            .as_ref()
+            .map(|o| o.issuers.clone())
+            .unwrap_or_default(),
+        source: parsed.map_or_else(
+            || Arc::new(SourceFile::new("gateway.toml", "")),
+            |p| Arc::clone(&p.source),
+        ),
+    };
     let max_body_bytes = at_least_one(source, "max_body_bytes", &file.max_body_bytes, errors)
         .unwrap_or(DEFAULT_MAX_BODY_BYTES);
     let request_timeout_ms = at_least_one(
@@ -223,6 +239,7 @@ fn check_gateway(
     Gateway {
         settings: GatewaySettings {
             listen,
+            admin_listen,
             max_body_bytes,
             request_timeout: Duration::from_millis(request_timeout_ms),
             jwt_leeway: Duration::from_secs(jwt_leeway_s),
@@ -239,7 +256,48 @@ fn check_gateway(
             ..Limits::DEFAULT
         },
         device: device.filter(|_| known),
+        operator,
     }
+}
+
+/// `[admin] listen`: `HOST:PORT` or `unix:PATH` (relative to the policy
+/// folder unless absolute), never the tenants' address.
+fn check_admin_listen(
+    dir: &Path,
+    source: &SourceFile,
+    admin: Option<&AdminFile>,
+    public: SocketAddr,
+    errors: &mut Vec<PolicyError>,
+) -> ListenAddr {
+    let default = ListenAddr::Tcp(
+        DEFAULT_ADMIN_LISTEN
+            .parse()
+            .expect("DEFAULT_ADMIN_LISTEN is an address"),
+    );
+    let Some(listen) = admin.and_then(|a| a.listen.as_ref()) else {
+        return default;
+    };
+    let addr = match ListenAddr::parse(listen.get_ref()) {
+        Ok(ListenAddr::Unix(path)) => ListenAddr::Unix(lexically_normal(&dir.join(path))),
+        Ok(addr) => addr,
+        Err(reason) => {
+            errors.push(source.error_at(listen.span(), reason));
+            return default;
+        }
+    };
+    if let ListenAddr::Tcp(tcp) = &addr
+        && tcp.port() != 0
+        && *tcp == public
+    {
+        errors.push(source.error_at(
+            listen.span(),
+            format!(
+                "the admin listener `{tcp}` is the tenants' `listen` address: the operator API \
+                 needs a listener of its own"
+            ),
+        ));
+    }
+    addr
 }
 
 /// `[plugins]`: the store folder, resolved against the policy folder. It
@@ -604,8 +662,29 @@ fn check_tenants(
     errors: &mut Vec<PolicyError>,
 ) -> BTreeMap<String, TenantPolicy> {
     let mut tenants: BTreeMap<String, TenantPolicy> = BTreeMap::new();
-    // Issuer → the tenant file that claimed it first.
-    let mut issuers: BTreeMap<String, PathBuf> = BTreeMap::new();
+    // Issuer → who claimed it first, and where: the operator's issuers, then
+    // the tenants'. The issuer picks whose keys verify a token, so one
+    // issuer for two principals would let either's identity provider
+    // speak for the other.
+    let mut issuers: BTreeMap<String, String> = BTreeMap::new();
+    let operator = &gateway.operator;
+    for jwt in &operator.issuers {
+        let issuer = jwt.issuer.get_ref();
+        let (line, col) = operator.source.line_col(jwt.issuer.span().start);
+        let here = format!(
+            "the operator ({}:{line}:{col})",
+            operator.source.name.display()
+        );
+        match issuers.get(issuer) {
+            Some(other) => errors.push(operator.source.error_at(
+                jwt.issuer.span(),
+                format!("operator issuer `{issuer}` is also used by {other}"),
+            )),
+            None => {
+                issuers.insert(issuer.clone(), here);
+            }
+        }
+    }
     for Parsed { source, doc } in parsed {
         let Some(doc) = doc else { continue };
         let id = doc.id.get_ref();
@@ -676,13 +755,16 @@ fn check_tenants(
             Some(other) => errors.push(source.error_at(
                 doc.jwt.issuer.span(),
                 format!(
-                    "issuer `{issuer}` is also used by {}: the issuer tells tenants apart, \
-                     so it must be unique",
-                    other.display()
+                    "issuer `{issuer}` is also used by {other}: the issuer tells tenants and \
+                     the operator apart, so it must be unique"
                 ),
             )),
             None => {
-                issuers.insert(issuer.clone(), source.name.clone());
+                let (line, col) = source.line_col(doc.jwt.issuer.span().start);
+                issuers.insert(
+                    issuer.clone(),
+                    format!("tenant `{id}` ({}:{line}:{col})", source.name.display()),
+                );
             }
         }
 

@@ -748,6 +748,7 @@ async fn audit_once(inner: &Inner, control: &mut Control, name: &str, digest: &s
         return;
     }
     let actor = Actor::Operator {
+        issuer: None,
         tenant: None,
         sub: None,
     };

@@ -111,7 +111,7 @@ pub enum PartitionError {
     InvalidKvPool { reason: String },
 
     /// Admission: the request's prompt + `max_tokens` does not fit. The
-    /// gateway maps this to 429 `kv_budget_exceeded`.
+    /// gateway maps this to 400 `kv_budget_exceeded` (no wait would help).
     #[error(
         "tenant {tenant} needs {needed_blocks} KV blocks ({needed_tokens} tokens) but has \
          {available_blocks} ({available_tokens} tokens) {of}"

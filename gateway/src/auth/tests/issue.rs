@@ -22,7 +22,7 @@ fn dev_tenant(algorithms: &str, key: &str) -> TenantPolicy {
 
 fn options() -> IssueOptions {
     IssueOptions {
-        scopes: Scopes::from(Scope::Inference).with(Scope::Admin),
+        scopes: Scopes::from(Scope::Inference).with(Scope::PluginsWrite),
         sub: Some("bob".to_owned()),
         ..IssueOptions::new(at(NOW))
     }
@@ -72,7 +72,7 @@ fn each_key_kind_issues_tokens_the_tenant_accepts() {
     let expected = Identity {
         tenant: "t".to_owned(),
         sub: Some("bob".to_owned()),
-        scopes: Scopes::from(Scope::Inference).with(Scope::Admin),
+        scopes: Scopes::from(Scope::Inference).with(Scope::PluginsWrite),
         expires_at: NOW + 3600,
     };
     for (algorithms, key, alg) in [
@@ -157,12 +157,26 @@ fn missing_or_unusable_keys_are_explained() {
     let no_key = "algorithms = [\"EdDSA\"]\npublic_keys = [\"keys/ed.pub.pem\"]\n";
     assert_eq!(
         message(tenant("t", &tenant_toml("t", ISS, no_key))),
-        "tenant `t` has neither `dev_signing_key` nor `hs_secret_file` in its [jwt] table, \
-         so there is nothing to sign its tokens with"
+        "tenant `t` has neither `dev_signing_key` nor `hs_secret_file`, so there is nothing to \
+         sign its tokens with"
     );
     assert_eq!(
         message(dev_tenant("\"ES256\"", "ed")),
         "tenant `t` allows none of the algorithms an Ed25519 key can sign"
+    );
+    // A tenant token never carries an operator scope, however asked.
+    let err = issue_dev_token(
+        &dev_tenant("\"EdDSA\"", "ed"),
+        dir.path(),
+        IssueOptions {
+            scopes: Scopes::from(Scope::AuditRead),
+            ..options()
+        },
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "audit:read is not a scope tenant tokens carry"
     );
     assert_eq!(
         message(dev_tenant("\"EdDSA\"", "missing")),

@@ -211,10 +211,22 @@ fn tenant_toml(id: &str, issuer: &str, jwt_lines: &str) -> String {
 }
 
 fn policy(dir: &TempDir, tenants: Vec<TenantPolicy>) -> Policy {
+    policy_with_operator(dir, tenants, "")
+}
+
+/// A policy whose `gateway.toml` is `gateway_text` (its
+/// `[[operator.issuers]]` are the operator's).
+fn policy_with_operator(dir: &TempDir, tenants: Vec<TenantPolicy>, gateway_text: &str) -> Policy {
+    let file: crate::policy::GatewayFile = toml::from_str(gateway_text).unwrap();
     Policy {
         dir: dir.path().to_path_buf(),
+        operator: crate::policy::OperatorPolicy {
+            issuers: file.operator.map(|o| o.issuers).unwrap_or_default(),
+            source: Arc::new(SourceFile::new("gateway.toml", gateway_text)),
+        },
         gateway: GatewaySettings {
             listen: "127.0.0.1:0".parse().unwrap(),
+            admin_listen: crate::policy::ListenAddr::Tcp("127.0.0.1:0".parse().unwrap()),
             max_body_bytes: 1 << 20,
             request_timeout: Duration::from_secs(30),
             jwt_leeway: Duration::from_secs(LEEWAY_S),

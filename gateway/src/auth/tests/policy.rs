@@ -205,9 +205,105 @@ fn issuers_are_unique_across_tenants() {
     assert_eq!(
         errors,
         [
-            "tenants/b.toml:4:10: tenant `b` has issuer `https://same/`, which tenant `a` already \
-          uses; each tenant needs its own issuer (the issuer picks the tenant)"
+            "tenants/b.toml:4:10: tenant `b` has issuer `https://same/`, which tenant `a` \
+             (tenants/a.toml:4:10) already uses; every tenant and the operator need issuers of \
+             their own (the issuer picks whose keys verify a token, so a shared one would let one \
+             principal's identity provider speak for the other)"
         ]
+    );
+}
+
+#[test]
+fn no_tenant_may_use_the_operators_issuer() {
+    let dir = TempDir::new();
+    Signer::ed25519(&dir, "ed");
+    let lines = "algorithms = [\"EdDSA\"]\npublic_keys = [\"keys/ed.pub.pem\"]\n";
+    let gateway = format!(
+        "listen = \"127.0.0.1:8080\"\n\n[[operator.issuers]]\nissuer = \"https://ops/\"\n\
+         audience = [\"admin\"]\n{lines}"
+    );
+    let policy = policy_with_operator(
+        &dir,
+        vec![tenant("a", &tenant_toml("a", "https://ops/", lines))],
+        &gateway,
+    );
+    let errors: Vec<String> = Verifiers::build(&policy)
+        .unwrap_err()
+        .iter()
+        .map(PolicyError::to_string)
+        .collect();
+    assert_eq!(
+        errors,
+        [
+            "tenants/a.toml:4:10: tenant `a` has issuer `https://ops/`, which the operator \
+             (gateway.toml:4:10) already uses; every tenant and the operator need issuers of \
+             their own (the issuer picks whose keys verify a token, so a shared one would let one \
+             principal's identity provider speak for the other)"
+        ]
+    );
+}
+
+#[test]
+fn operator_issuers_are_checked_like_tenants_and_keep_their_own_tokens() {
+    let dir = TempDir::new();
+    let ops = Signer::ed25519(&dir, "ops");
+    let tenant_signer = Signer::ed25519(&dir, "ed");
+    let lines = "algorithms = [\"EdDSA\"]\npublic_keys = [\"keys/ed.pub.pem\"]\n";
+    // An empty audience list is reported inside the operator's table.
+    let broken = "[[operator.issuers]]\nissuer = \"https://ops/\"\naudience = []\n\
+                  algorithms = [\"EdDSA\"]\npublic_keys = [\"keys/ops.pub.pem\"]\n";
+    let errors: Vec<String> = Verifiers::build(&policy_with_operator(&dir, vec![], broken))
+        .unwrap_err()
+        .iter()
+        .map(PolicyError::to_string)
+        .collect();
+    assert_eq!(
+        errors,
+        ["gateway.toml:3:1: `audience` must name at least one audience"]
+    );
+
+    let gateway = "[[operator.issuers]]\nissuer = \"https://ops/\"\naudience = [\"admin\"]\n\
+                   algorithms = [\"EdDSA\"]\npublic_keys = [\"keys/ops.pub.pem\"]\n";
+    let verifiers = Verifiers::build(&policy_with_operator(
+        &dir,
+        vec![tenant("a", &tenant_toml("a", "https://a/", lines))],
+        gateway,
+    ))
+    .unwrap();
+    let now = at(NOW);
+    let claims = |iss: &str, aud: &str| {
+        json!({"iss": iss, "aud": aud, "sub": "x", "exp": NOW + 60,
+               "scope": "admin inference plugins:write models:read audit:read"})
+    };
+    // The operator's token: operator scopes only, and no tenant route takes it.
+    let operator = ops.sign(&claims("https://ops/", "admin"));
+    let id = verifiers.verify_operator(&operator, now).unwrap();
+    assert_eq!(id.scopes.to_string(), "models:read audit:read");
+    assert_eq!(id.issuer, "https://ops/");
+    assert_eq!(
+        verifiers.verify(&operator, now),
+        Err(crate::auth::AuthError::UnknownIssuer)
+    );
+    // The tenant's token claiming operator scopes: tenant scopes only, and
+    // no operator route takes it.
+    let forged = tenant_signer.sign(&claims("https://a/", "bulkhead"));
+    let id = verifiers.verify(&forged, now).unwrap();
+    assert_eq!(id.scopes.to_string(), "inference plugins:write");
+    assert_eq!(
+        verifiers.verify_operator(&forged, now),
+        Err(crate::auth::AuthError::NotOperatorIssuer)
+    );
+    // Signed by the tenant's key in the operator's name: a bad signature.
+    let impostor = tenant_signer.sign(&claims("https://ops/", "admin"));
+    assert_eq!(
+        verifiers.verify_operator(&impostor, now),
+        Err(crate::auth::AuthError::BadSignature)
+    );
+    // Without any operator issuer, nothing is an operator.
+    let none = Verifiers::build(&policy(&dir, vec![])).unwrap();
+    assert_eq!(
+        none.verify_operator(&operator, now),
+        Err(crate::auth::AuthError::NoOperatorIssuer)
     );
 }
 
@@ -226,8 +322,8 @@ fn tenants_may_not_share_an_hmac_secret() {
     assert_eq!(
         errors,
         [
-            "tenants/b.toml:7:18: tenant `b` uses the same HMAC secret as tenant `a`; either could \
-          mint the other's tokens"
+            "tenants/b.toml:7:18: tenant `b` uses the same HMAC secret as tenant `a` \
+             (tenants/a.toml:4:10); either could mint the other's tokens"
         ]
     );
 }

@@ -27,11 +27,11 @@ fn scp_arrays_audience_arrays_and_fractional_dates_are_accepted() {
     let f = fixture();
     let token = f.ed.sign(&claims_with(
         ED_ISS,
-        json!({ "scope": null, "scp": ["admin", "other"], "aud": ["x", "bulkhead"],
+        json!({ "scope": null, "scp": ["plugins:write", "other"], "aud": ["x", "bulkhead"],
                 "exp": NOW as f64 + 600.5, "sub": null }),
     ));
     let id = f.verify(&token).unwrap();
-    assert_eq!(id.scopes, Scopes::from(Scope::Admin));
+    assert_eq!(id.scopes, Scopes::from(Scope::PluginsWrite));
     assert_eq!(id.sub, None);
     assert_eq!(id.expires_at, NOW + 600);
 }

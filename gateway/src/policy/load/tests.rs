@@ -402,9 +402,74 @@ fn duplicate_tenant_ids_and_issuers_are_errors() {
         [
             "tenants/alpha.toml:1:6: tenant id `beta` does not match the file name `alpha.toml`",
             "tenants/beta.toml:1:6: tenant id `beta` is also used by tenants/alpha.toml",
-            "tenants/gamma.toml:5:10: issuer `https://acme.example` is also used by \
-             tenants/acme.toml: the issuer tells tenants apart, so it must be unique",
+            "tenants/gamma.toml:5:10: issuer `https://acme.example` is also used by tenant \
+             `acme` (tenants/acme.toml:6:10): the issuer tells tenants and the operator apart, \
+             so it must be unique",
         ]
+    );
+}
+
+#[test]
+fn the_operators_issuers_are_its_own() {
+    let folder = valid_folder();
+    folder.write(
+        "gateway.toml",
+        format!(
+            "{GATEWAY}\n[[operator.issuers]]\nissuer = \"https://acme.example\"\n\
+             audience = [\"admin\"]\nalgorithms = [\"EdDSA\"]\n\n\
+             [[operator.issuers]]\nissuer = \"https://acme.example\"\naudience = [\"admin\"]\n\
+             algorithms = [\"EdDSA\"]\n"
+        ),
+    );
+    let at = GATEWAY.lines().count() + 3;
+    assert_eq!(
+        errors(&folder),
+        [
+            format!(
+                "gateway.toml:{}:10: operator issuer `https://acme.example` is also used by the \
+                 operator (gateway.toml:{at}:10)",
+                at + 5
+            ),
+            format!(
+                "tenants/acme.toml:6:10: issuer `https://acme.example` is also used by the \
+                 operator (gateway.toml:{at}:10): the issuer tells tenants and the operator \
+                 apart, so it must be unique"
+            ),
+        ]
+    );
+}
+
+#[test]
+fn the_admin_listener_is_checked() {
+    let folder = valid_folder();
+    let with = |admin: &str| format!("{GATEWAY}\n[admin]\nlisten = \"{admin}\"\n");
+    let at = GATEWAY.lines().count() + 3;
+    folder.write("gateway.toml", with("localhost:1"));
+    assert_eq!(
+        errors(&folder),
+        [format!(
+            "gateway.toml:{at}:10: `localhost:1` is not a listen address: expected IP:PORT \
+             (e.g. 127.0.0.1:8081) or unix:PATH"
+        )]
+    );
+    folder.write("gateway.toml", with("127.0.0.1:9000"));
+    assert_eq!(
+        errors(&folder),
+        [format!(
+            "gateway.toml:{at}:10: the admin listener `127.0.0.1:9000` is the tenants' `listen` \
+             address: the operator API needs a listener of its own"
+        )]
+    );
+    folder.write("gateway.toml", with("unix:admin.sock"));
+    let policy = load_ok(&folder);
+    assert_eq!(
+        policy.gateway.admin_listen,
+        crate::policy::ListenAddr::Unix(policy.dir.join("admin.sock"))
+    );
+    folder.write("gateway.toml", GATEWAY);
+    assert_eq!(
+        load_ok(&folder).gateway.admin_listen.to_string(),
+        crate::policy::DEFAULT_ADMIN_LISTEN
     );
 }
 
@@ -835,6 +900,13 @@ fn the_repositorys_default_policies_are_valid() {
         .expect("a plugin store");
     assert!(store.ends_with("var/plugins"), "{}", store.display());
     assert!(!store.starts_with(&policy.dir));
+    // The development operator: its own issuer, on loopback.
+    assert_eq!(policy.operator.issuers.len(), 1);
+    assert_eq!(
+        policy.gateway.admin_listen.to_string(),
+        crate::policy::DEFAULT_ADMIN_LISTEN
+    );
+    crate::policy::check(&dir).unwrap_or_else(|e| panic!("{}", e.in_dir(&dir)));
 }
 
 #[test]

@@ -1,0 +1,392 @@
+//! Every route the gateway serves, declared once in [`ROUTES`] with its
+//! listener, the kind of principal it serves and the scope it needs; the
+//! two routers are built from this table and nothing else, and the check
+//! the table names runs before the handler (and before a body is read).
+//!
+//! This is where authorization is decided:
+//! - **Listener.** Tenant routes are served on the public listener only,
+//!   operator routes on the admin listener only; elsewhere they do not
+//!   exist (404).
+//! - **Principal.** A tenant route verifies the token against tenant
+//!   issuers and hands the handler a [`TenantCall`]; an operator route
+//!   verifies it against operator issuers only and hands an
+//!   [`OperatorCall`]. A tenant's token on an operator route is an unknown
+//!   issuer (401), whatever scopes it claims.
+//! - **Scope.** The token must carry the route's scope (403 otherwise).
+//!   Handlers then scope data to the caller's tenant themselves: a
+//!   [`TenantCall`] only ever reaches its own tenant's plugins, usage and
+//!   audit entries.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodFilter, MethodRouter, on};
+
+use super::error::ApiError;
+use super::{App, Snapshot};
+use crate::auth::{AuthError, Identity, OperatorIdentity, Scope, bearer_token};
+use crate::metrics::AdminRefusalLabels;
+
+/// Which listener serves a route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listener {
+    /// Tenants: `listen` in gateway.toml.
+    Public,
+    /// Operators and monitoring: `[admin] listen`.
+    Admin,
+}
+
+/// Who may call a route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Anyone who reaches the listener (health, metrics).
+    Anonymous,
+    /// A tenant's token carrying this (tenant) scope.
+    Tenant(Scope),
+    /// An operator's token carrying this (operator) scope.
+    Operator(Scope),
+}
+
+/// An HTTP method a route answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Post,
+    Put,
+    Delete,
+}
+
+impl Method {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Method::Get => "GET",
+            Method::Post => "POST",
+            Method::Put => "PUT",
+            Method::Delete => "DELETE",
+        }
+    }
+
+    fn filter(self) -> MethodFilter {
+        match self {
+            Method::Get => MethodFilter::GET,
+            Method::Post => MethodFilter::POST,
+            Method::Put => MethodFilter::PUT,
+            Method::Delete => MethodFilter::DELETE,
+        }
+    }
+}
+
+/// One route: where it is served, who may call it, and its handler.
+#[derive(Clone, Copy)]
+pub struct Route {
+    pub method: Method,
+    /// The path as axum matches it (`{name}` is one segment).
+    pub path: &'static str,
+    pub listener: Listener,
+    pub access: Access,
+    handler: fn(MethodFilter) -> MethodRouter<App>,
+}
+
+impl std::fmt::Debug for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} ({:?}, {:?})",
+            self.method.as_str(),
+            self.path,
+            self.listener,
+            self.access
+        )
+    }
+}
+
+use super::{audit, inference, partitions, plugins, registrations, self_service};
+use Access::{Anonymous, Operator, Tenant};
+use Listener::{Admin, Public};
+use Method::{Delete, Get, Post, Put};
+
+const fn route(
+    method: Method,
+    path: &'static str,
+    listener: Listener,
+    access: Access,
+    handler: fn(MethodFilter) -> MethodRouter<App>,
+) -> Route {
+    Route {
+        method,
+        path,
+        listener,
+        access,
+        handler,
+    }
+}
+
+/// The authorization table: every route either router serves.
+pub const ROUTES: &[Route] = &[
+    // Health, on both listeners (load balancers probe the public one,
+    // the orchestrator may probe either).
+    route(Get, "/healthz", Public, Anonymous, |m| {
+        on(m, super::healthz)
+    }),
+    route(Get, "/readyz", Public, Anonymous, |m| on(m, super::readyz)),
+    route(Get, "/healthz", Admin, Anonymous, |m| on(m, super::healthz)),
+    route(Get, "/readyz", Admin, Anonymous, |m| on(m, super::readyz)),
+    // Tenants.
+    route(
+        Post,
+        "/v1/chat/completions",
+        Public,
+        Tenant(Scope::Inference),
+        |m| on(m, inference::chat),
+    ),
+    route(
+        Post,
+        "/v1/completions",
+        Public,
+        Tenant(Scope::Inference),
+        |m| on(m, inference::completions),
+    ),
+    route(Get, "/v1/models", Public, Tenant(Scope::Inference), |m| {
+        on(m, super::models)
+    }),
+    route(Get, "/v1/usage", Public, Tenant(Scope::Inference), |m| {
+        on(m, self_service::usage)
+    }),
+    route(
+        Get,
+        "/v1/plugins",
+        Public,
+        Tenant(Scope::PluginsWrite),
+        |m| on(m, plugins::list),
+    ),
+    route(
+        Get,
+        "/v1/plugins/{name}",
+        Public,
+        Tenant(Scope::PluginsWrite),
+        |m| on(m, plugins::get),
+    ),
+    route(
+        Put,
+        "/v1/plugins/{name}",
+        Public,
+        Tenant(Scope::PluginsWrite),
+        |m| on(m, plugins::put),
+    ),
+    route(
+        Delete,
+        "/v1/plugins/{name}",
+        Public,
+        Tenant(Scope::PluginsWrite),
+        |m| on(m, plugins::delete),
+    ),
+    route(
+        Get,
+        "/v1/audit/entries",
+        Public,
+        Tenant(Scope::PluginsWrite),
+        |m| on(m, self_service::audit_entries),
+    ),
+    // Operators.
+    route(Get, "/metrics", Admin, Anonymous, |m| on(m, super::metrics)),
+    route(
+        Get,
+        "/admin/v1/models",
+        Admin,
+        Operator(Scope::ModelsRead),
+        |m| on(m, registrations::list),
+    ),
+    route(
+        Post,
+        "/admin/v1/models",
+        Admin,
+        Operator(Scope::ModelsWrite),
+        |m| on(m, registrations::register),
+    ),
+    route(
+        Delete,
+        "/admin/v1/models/{name}",
+        Admin,
+        Operator(Scope::ModelsWrite),
+        |m| on(m, registrations::unregister),
+    ),
+    route(
+        Get,
+        "/admin/v1/partitions",
+        Admin,
+        Operator(Scope::PartitionsRead),
+        |m| on(m, partitions::list),
+    ),
+    route(
+        Get,
+        "/admin/v1/tenants",
+        Admin,
+        Operator(Scope::TenantsRead),
+        |m| on(m, self_service::tenants),
+    ),
+    route(
+        Get,
+        "/admin/v1/usage",
+        Admin,
+        Operator(Scope::UsageRead),
+        |m| on(m, self_service::all_usage),
+    ),
+    route(
+        Get,
+        "/admin/v1/audit/checkpoint",
+        Admin,
+        Operator(Scope::AuditRead),
+        |m| on(m, audit::checkpoint),
+    ),
+    route(
+        Get,
+        "/admin/v1/audit/entries",
+        Admin,
+        Operator(Scope::AuditRead),
+        |m| on(m, audit::entries),
+    ),
+    route(
+        Get,
+        "/admin/v1/audit/proof/inclusion",
+        Admin,
+        Operator(Scope::AuditRead),
+        |m| on(m, audit::inclusion),
+    ),
+    route(
+        Get,
+        "/admin/v1/audit/proof/consistency",
+        Admin,
+        Operator(Scope::AuditRead),
+        |m| on(m, audit::consistency),
+    ),
+];
+
+/// The router of `listener`: its routes from [`ROUTES`], each behind the
+/// check its entry names, and 404 for anything else. `max_body_bytes` is
+/// the gateway-wide cap, enforced while a body is read (after the check).
+pub fn router(app: App, listener: Listener, max_body_bytes: usize) -> Router {
+    let mut router = Router::new();
+    for route in ROUTES.iter().filter(|r| r.listener == listener) {
+        let guard = Guard {
+            app: app.clone(),
+            route: *route,
+        };
+        let handler = (route.handler)(route.method.filter())
+            .route_layer(middleware::from_fn_with_state(guard, authorize));
+        router = router.route(route.path, handler);
+    }
+    router
+        .fallback(super::not_found)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(app)
+}
+
+/// A tenant's call that passed its route's check: who it is, and the
+/// policy snapshot its token verified under (the handler reads that one).
+#[derive(Clone, Debug)]
+pub struct TenantCall {
+    pub identity: Identity,
+    pub snapshot: Arc<Snapshot>,
+}
+
+/// An operator's call that passed its route's check.
+#[derive(Clone, Debug)]
+pub struct OperatorCall {
+    pub identity: OperatorIdentity,
+}
+
+#[derive(Clone)]
+struct Guard {
+    app: App,
+    route: Route,
+}
+
+/// The route's check, before its handler: anonymous routes pass; others
+/// need a verified token of the route's principal with its scope.
+async fn authorize(State(guard): State<Guard>, mut request: Request, next: Next) -> Response {
+    let Guard { app, route } = guard;
+    match route.access {
+        Access::Anonymous => {}
+        Access::Tenant(scope) => {
+            let snapshot = app.snapshot.load_full();
+            match tenant_identity(&snapshot, request.headers(), scope) {
+                Ok(identity) => {
+                    request
+                        .extensions_mut()
+                        .insert(TenantCall { identity, snapshot });
+                }
+                Err((tenant, error)) => {
+                    app.metrics.reject(&tenant, error.code);
+                    return error.into_response();
+                }
+            }
+        }
+        Access::Operator(scope) => {
+            let snapshot = app.snapshot.load();
+            match operator_identity(&snapshot, request.headers(), scope) {
+                Ok(identity) => {
+                    request.extensions_mut().insert(OperatorCall { identity });
+                }
+                Err(error) => {
+                    app.metrics
+                        .admin_refusals
+                        .get_or_create(&AdminRefusalLabels { reason: error.code })
+                        .inc();
+                    // Never the token: the route and why are enough.
+                    tracing::warn!(
+                        route = %format_args!("{} {}", route.method.as_str(), route.path),
+                        reason = error.code,
+                        "operator call refused: {}",
+                        error.message
+                    );
+                    return error.into_response();
+                }
+            }
+        }
+    }
+    next.run(request).await
+}
+
+/// The bearer token of `headers`, as `bearer_token` reads it.
+fn token(headers: &HeaderMap) -> Result<&str, AuthError> {
+    let header = headers
+        .get(header::AUTHORIZATION)
+        .map(|v| v.to_str().unwrap_or("\u{fffd}"));
+    bearer_token(header)
+}
+
+/// A tenant token with `scope`; on refusal, the tenant (when the token
+/// verified) for the metrics, and the error.
+fn tenant_identity(
+    snapshot: &Snapshot,
+    headers: &HeaderMap,
+    scope: Scope,
+) -> Result<Identity, (String, ApiError)> {
+    let identity = token(headers)
+        .and_then(|token| snapshot.verifiers.verify(token, SystemTime::now()))
+        .map_err(|e| (String::new(), ApiError::from(e)))?;
+    identity
+        .require(scope)
+        .map_err(|e| (identity.tenant.clone(), ApiError::from(e)))?;
+    Ok(identity)
+}
+
+/// An operator token with `scope`.
+fn operator_identity(
+    snapshot: &Snapshot,
+    headers: &HeaderMap,
+    scope: Scope,
+) -> Result<OperatorIdentity, ApiError> {
+    let identity = token(headers)
+        .and_then(|token| snapshot.verifiers.verify_operator(token, SystemTime::now()))?;
+    identity.require(scope)?;
+    Ok(identity)
+}
+
+#[cfg(test)]
+mod tests;

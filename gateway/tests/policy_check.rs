@@ -49,7 +49,10 @@ fn the_default_policies_pass_with_a_summary() {
     assert_eq!(text(&out.stderr), "");
     assert_eq!(
         text(&out.stdout),
-        format!("{}/ is valid: 1 tenant, 1 class, 1 model\n", dir.display())
+        format!(
+            "{}/ is valid: 1 tenant, 1 class, 1 model, 1 operator issuer\n",
+            dir.display()
+        )
     );
     assert!(out.status.success());
 }
@@ -73,6 +76,46 @@ fn every_error_is_printed_with_a_path_editors_can_open() {
              {dir}/tenants/acme.toml:2:9: class `gold` does not exist; there are no classes/*.toml files\n\
              {dir}/tenants/beta.toml:2:1: unknown field `rps`, expected one of `id`, `class`, `models`, `jwt`, `limits`, `plugins`, `gpu`\n\
              {dir}/ is invalid: 3 errors\n"
+        )
+    );
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn an_issuer_shared_by_the_operator_and_a_tenant_is_refused_at_both_places() {
+    let scratch = Scratch::new("issuers");
+    let keys = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/dev-keys");
+    let jwt = |issuer: &str, key: &str| {
+        format!(
+            "issuer = \"{issuer}\"\naudience = [\"x\"]\nalgorithms = [\"EdDSA\"]\n\
+             public_keys = [\"{}\"]\n",
+            keys.join(key).display()
+        )
+    };
+    scratch.write(
+        "gateway.toml",
+        &format!(
+            "[[operator.issuers]]\n{}",
+            jwt("https://idp.example", "operator.pub.pem")
+        ),
+    );
+    scratch.write(
+        "tenants/acme.toml",
+        &format!(
+            "id = \"acme\"\n\n[jwt]\n{}",
+            jwt("https://idp.example", "demo.pub.pem")
+        ),
+    );
+    let dir = scratch.0.display();
+    let out = policy_check(&scratch.0);
+    assert_eq!(text(&out.stdout), "");
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "{dir}/tenants/acme.toml:4:10: issuer `https://idp.example` is also used by the \
+             operator (gateway.toml:2:10): the issuer tells tenants and the operator apart, so it \
+             must be unique\n\
+             {dir}/ is invalid: 1 error\n"
         )
     );
     assert_eq!(out.status.code(), Some(1));

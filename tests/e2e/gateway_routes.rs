@@ -187,6 +187,22 @@ struct Probe {
     ok: u16,
 }
 
+const fn probe(
+    method: &'static str,
+    path: &'static str,
+    call: &'static str,
+    body: Option<&'static str>,
+    ok: u16,
+) -> Probe {
+    Probe {
+        method,
+        path,
+        call,
+        body,
+        ok,
+    }
+}
+
 const CHAT: &str =
     r#"{"model":"bulkhead-demo-tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":1}"#;
 const COMPLETION: &str = r#"{"model":"bulkhead-demo-tiny","prompt":"Emma","max_tokens":1}"#;
@@ -196,162 +212,30 @@ const COMPLETION: &str = r#"{"model":"bulkhead-demo-tiny","prompt":"Emma","max_t
 /// component, a model that cannot be unregistered), so every call in the
 /// matrix must leave the state alone, except for the audit entry an
 /// operator's changing call writes.
+#[rustfmt::skip]
 const PROBES: &[Probe] = &[
-    Probe {
-        method: "GET",
-        path: "/healthz",
-        call: "/healthz",
-        body: None,
-        ok: 200,
-    },
-    Probe {
-        method: "GET",
-        path: "/readyz",
-        call: "/readyz",
-        body: None,
-        ok: 200,
-    },
-    Probe {
-        method: "GET",
-        path: "/metrics",
-        call: "/metrics",
-        body: None,
-        ok: 200,
-    },
-    Probe {
-        method: "POST",
-        path: "/v1/chat/completions",
-        call: "/v1/chat/completions",
-        body: Some(CHAT),
-        ok: 200,
-    },
-    Probe {
-        method: "POST",
-        path: "/v1/completions",
-        call: "/v1/completions",
-        body: Some(COMPLETION),
-        ok: 200,
-    },
-    Probe {
-        method: "GET",
-        path: "/v1/models",
-        call: "/v1/models",
-        body: None,
-        ok: 200,
-    },
-    Probe {
-        method: "GET",
-        path: "/v1/usage",
-        call: "/v1/usage",
-        body: None,
-        ok: 200,
-    },
-    Probe {
-        method: "GET",
-        path: "/v1/plugins",
-        call: "/v1/plugins",
-        body: None,
-        ok: 200,
-    },
-    // demo's own plugin: found for demo, not found for acme.
-    Probe {
-        method: "GET",
-        path: "/v1/plugins/{name}",
-        call: "/v1/plugins/guard",
-        body: None,
-        ok: 200,
-    },
-    Probe {
-        method: "PUT",
-        path: "/v1/plugins/{name}",
-        call: "/v1/plugins/guard",
-        body: Some("not a component"),
-        ok: 400,
-    },
-    Probe {
-        method: "DELETE",
-        path: "/v1/plugins/{name}",
-        call: "/v1/plugins/missing",
-        body: None,
-        ok: 404,
-    },
-    Probe {
-        method: "GET",
-        path: "/v1/audit/entries",
-        call: "/v1/audit/entries",
-        body: None,
-        ok: 200,
-    },
-    Probe {
-        method: "GET",
-        path: "/admin/v1/models",
-        call: "/admin/v1/models",
-        body: None,
-        ok: 200,
-    },
-    Probe {
-        method: "POST",
-        path: "/admin/v1/models",
-        call: "/admin/v1/models",
-        body: Some("{}"),
-        ok: 400,
-    },
-    Probe {
-        method: "DELETE",
-        path: "/admin/v1/models/{name}",
-        call: "/admin/v1/models/bulkhead-demo-tiny",
-        body: None,
-        ok: 409,
-    },
-    Probe {
-        method: "GET",
-        path: "/admin/v1/partitions",
-        call: "/admin/v1/partitions",
-        body: None,
-        ok: 200,
-    },
-    Probe {
-        method: "GET",
-        path: "/admin/v1/tenants",
-        call: "/admin/v1/tenants",
-        body: None,
-        ok: 200,
-    },
-    Probe {
-        method: "GET",
-        path: "/admin/v1/usage",
-        call: "/admin/v1/usage",
-        body: None,
-        ok: 200,
-    },
-    Probe {
-        method: "GET",
-        path: "/admin/v1/audit/checkpoint",
-        call: "/admin/v1/audit/checkpoint",
-        body: None,
-        ok: 200,
-    },
-    Probe {
-        method: "GET",
-        path: "/admin/v1/audit/entries",
-        call: "/admin/v1/audit/entries",
-        body: None,
-        ok: 200,
-    },
-    Probe {
-        method: "GET",
-        path: "/admin/v1/audit/proof/inclusion",
-        call: "/admin/v1/audit/proof/inclusion?index=0",
-        body: None,
-        ok: 200,
-    },
-    Probe {
-        method: "GET",
-        path: "/admin/v1/audit/proof/consistency",
-        call: "/admin/v1/audit/proof/consistency?from=1",
-        body: None,
-        ok: 200,
-    },
+    probe("GET",    "/healthz",                           "/healthz",                                   None,                    200),
+    probe("GET",    "/readyz",                            "/readyz",                                    None,                    200),
+    probe("GET",    "/metrics",                           "/metrics",                                   None,                    200),
+    probe("POST",   "/v1/chat/completions",               "/v1/chat/completions",                       Some(CHAT),              200),
+    probe("POST",   "/v1/completions",                    "/v1/completions",                            Some(COMPLETION),        200),
+    probe("GET",    "/v1/models",                         "/v1/models",                                 None,                    200),
+    probe("GET",    "/v1/usage",                          "/v1/usage",                                  None,                    200),
+    probe("GET",    "/v1/plugins",                        "/v1/plugins",                                None,                    200),
+    probe("GET",    "/v1/plugins/{name}",                 "/v1/plugins/guard",                          None,                    200),
+    probe("PUT",    "/v1/plugins/{name}",                 "/v1/plugins/guard",                          Some("not a component"), 400),
+    probe("DELETE", "/v1/plugins/{name}",                 "/v1/plugins/missing",                        None,                    404),
+    probe("GET",    "/v1/audit/entries",                  "/v1/audit/entries",                          None,                    200),
+    probe("GET",    "/admin/v1/models",                   "/admin/v1/models",                           None,                    200),
+    probe("POST",   "/admin/v1/models",                   "/admin/v1/models",                           Some("{}"),              400),
+    probe("DELETE", "/admin/v1/models/{name}",            "/admin/v1/models/bulkhead-demo-tiny",        None,                    409),
+    probe("GET",    "/admin/v1/partitions",               "/admin/v1/partitions",                       None,                    200),
+    probe("GET",    "/admin/v1/tenants",                  "/admin/v1/tenants",                          None,                    200),
+    probe("GET",    "/admin/v1/usage",                    "/admin/v1/usage",                            None,                    200),
+    probe("GET",    "/admin/v1/audit/checkpoint",         "/admin/v1/audit/checkpoint",                 None,                    200),
+    probe("GET",    "/admin/v1/audit/entries",            "/admin/v1/audit/entries",                    None,                    200),
+    probe("GET",    "/admin/v1/audit/proof/inclusion",    "/admin/v1/audit/proof/inclusion?index=0",    None,                    200),
+    probe("GET",    "/admin/v1/audit/proof/consistency",  "/admin/v1/audit/proof/consistency?from=1",   None,                    200),
 ];
 
 /// Every file of the plugin store and registry, and the audit log's

@@ -91,6 +91,12 @@ pub async fn entries(
         Ok::<_, ApiError>(body)
     }
     .await;
+    raw_json(result)
+}
+
+/// A JSON body assembled by hand around stored entries (so their bytes
+/// reach the client as they were hashed), or the error.
+pub fn raw_json(result: Result<Vec<u8>, ApiError>) -> Response {
     match result {
         Ok(body) => (
             StatusCode::OK,

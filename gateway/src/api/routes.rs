@@ -126,144 +126,38 @@ const fn route(
     }
 }
 
-/// The authorization table: every route either router serves.
+/// The authorization table: every route either router serves. One row a
+/// route, kept as a table (rustfmt would spread each over seven lines).
+#[rustfmt::skip]
 pub const ROUTES: &[Route] = &[
-    // Health, on both listeners (load balancers probe the public one,
-    // the orchestrator may probe either).
-    route(Get, "/healthz", Public, Anonymous, |m| {
-        on(m, super::healthz)
-    }),
-    route(Get, "/readyz", Public, Anonymous, |m| on(m, super::readyz)),
-    route(Get, "/healthz", Admin, Anonymous, |m| on(m, super::healthz)),
-    route(Get, "/readyz", Admin, Anonymous, |m| on(m, super::readyz)),
+    // Health, on both listeners (load balancers probe the public one, the
+    // orchestrator may probe either).
+    route(Get,    "/healthz",                           Public, Anonymous,                    |m| on(m, super::healthz)),
+    route(Get,    "/readyz",                            Public, Anonymous,                    |m| on(m, super::readyz)),
+    route(Get,    "/healthz",                           Admin,  Anonymous,                    |m| on(m, super::healthz)),
+    route(Get,    "/readyz",                            Admin,  Anonymous,                    |m| on(m, super::readyz)),
     // Tenants.
-    route(
-        Post,
-        "/v1/chat/completions",
-        Public,
-        Tenant(Scope::Inference),
-        |m| on(m, inference::chat),
-    ),
-    route(
-        Post,
-        "/v1/completions",
-        Public,
-        Tenant(Scope::Inference),
-        |m| on(m, inference::completions),
-    ),
-    route(Get, "/v1/models", Public, Tenant(Scope::Inference), |m| {
-        on(m, super::models)
-    }),
-    route(Get, "/v1/usage", Public, Tenant(Scope::Inference), |m| {
-        on(m, self_service::usage)
-    }),
-    route(
-        Get,
-        "/v1/plugins",
-        Public,
-        Tenant(Scope::PluginsWrite),
-        |m| on(m, plugins::list),
-    ),
-    route(
-        Get,
-        "/v1/plugins/{name}",
-        Public,
-        Tenant(Scope::PluginsWrite),
-        |m| on(m, plugins::get),
-    ),
-    route(
-        Put,
-        "/v1/plugins/{name}",
-        Public,
-        Tenant(Scope::PluginsWrite),
-        |m| on(m, plugins::put),
-    ),
-    route(
-        Delete,
-        "/v1/plugins/{name}",
-        Public,
-        Tenant(Scope::PluginsWrite),
-        |m| on(m, plugins::delete),
-    ),
-    route(
-        Get,
-        "/v1/audit/entries",
-        Public,
-        Tenant(Scope::PluginsWrite),
-        |m| on(m, self_service::audit_entries),
-    ),
+    route(Post,   "/v1/chat/completions",               Public, Tenant(Scope::Inference),     |m| on(m, inference::chat)),
+    route(Post,   "/v1/completions",                    Public, Tenant(Scope::Inference),     |m| on(m, inference::completions)),
+    route(Get,    "/v1/models",                         Public, Tenant(Scope::Inference),     |m| on(m, super::models)),
+    route(Get,    "/v1/usage",                          Public, Tenant(Scope::Inference),     |m| on(m, self_service::usage)),
+    route(Get,    "/v1/plugins",                        Public, Tenant(Scope::PluginsWrite),  |m| on(m, plugins::list)),
+    route(Get,    "/v1/plugins/{name}",                 Public, Tenant(Scope::PluginsWrite),  |m| on(m, plugins::get)),
+    route(Put,    "/v1/plugins/{name}",                 Public, Tenant(Scope::PluginsWrite),  |m| on(m, plugins::put)),
+    route(Delete, "/v1/plugins/{name}",                 Public, Tenant(Scope::PluginsWrite),  |m| on(m, plugins::delete)),
+    route(Get,    "/v1/audit/entries",                  Public, Tenant(Scope::PluginsWrite),  |m| on(m, self_service::audit_entries)),
     // Operators.
-    route(Get, "/metrics", Admin, Anonymous, |m| on(m, super::metrics)),
-    route(
-        Get,
-        "/admin/v1/models",
-        Admin,
-        Operator(Scope::ModelsRead),
-        |m| on(m, registrations::list),
-    ),
-    route(
-        Post,
-        "/admin/v1/models",
-        Admin,
-        Operator(Scope::ModelsWrite),
-        |m| on(m, registrations::register),
-    ),
-    route(
-        Delete,
-        "/admin/v1/models/{name}",
-        Admin,
-        Operator(Scope::ModelsWrite),
-        |m| on(m, registrations::unregister),
-    ),
-    route(
-        Get,
-        "/admin/v1/partitions",
-        Admin,
-        Operator(Scope::PartitionsRead),
-        |m| on(m, partitions::list),
-    ),
-    route(
-        Get,
-        "/admin/v1/tenants",
-        Admin,
-        Operator(Scope::TenantsRead),
-        |m| on(m, self_service::tenants),
-    ),
-    route(
-        Get,
-        "/admin/v1/usage",
-        Admin,
-        Operator(Scope::UsageRead),
-        |m| on(m, self_service::all_usage),
-    ),
-    route(
-        Get,
-        "/admin/v1/audit/checkpoint",
-        Admin,
-        Operator(Scope::AuditRead),
-        |m| on(m, audit::checkpoint),
-    ),
-    route(
-        Get,
-        "/admin/v1/audit/entries",
-        Admin,
-        Operator(Scope::AuditRead),
-        |m| on(m, audit::entries),
-    ),
-    route(
-        Get,
-        "/admin/v1/audit/proof/inclusion",
-        Admin,
-        Operator(Scope::AuditRead),
-        |m| on(m, audit::inclusion),
-    ),
-    route(
-        Get,
-        "/admin/v1/audit/proof/consistency",
-        Admin,
-        Operator(Scope::AuditRead),
-        |m| on(m, audit::consistency),
-    ),
+    route(Get,    "/metrics",                           Admin,  Anonymous,                    |m| on(m, super::metrics)),
+    route(Get,    "/admin/v1/models",                   Admin,  Operator(Scope::ModelsRead),  |m| on(m, registrations::list)),
+    route(Post,   "/admin/v1/models",                   Admin,  Operator(Scope::ModelsWrite), |m| on(m, registrations::register)),
+    route(Delete, "/admin/v1/models/{name}",            Admin,  Operator(Scope::ModelsWrite), |m| on(m, registrations::unregister)),
+    route(Get,    "/admin/v1/partitions",               Admin,  Operator(Scope::PartitionsRead), |m| on(m, partitions::list)),
+    route(Get,    "/admin/v1/tenants",                  Admin,  Operator(Scope::TenantsRead), |m| on(m, self_service::tenants)),
+    route(Get,    "/admin/v1/usage",                    Admin,  Operator(Scope::UsageRead),   |m| on(m, self_service::all_usage)),
+    route(Get,    "/admin/v1/audit/checkpoint",         Admin,  Operator(Scope::AuditRead),   |m| on(m, audit::checkpoint)),
+    route(Get,    "/admin/v1/audit/entries",            Admin,  Operator(Scope::AuditRead),   |m| on(m, audit::entries)),
+    route(Get,    "/admin/v1/audit/proof/inclusion",    Admin,  Operator(Scope::AuditRead),   |m| on(m, audit::inclusion)),
+    route(Get,    "/admin/v1/audit/proof/consistency",  Admin,  Operator(Scope::AuditRead),   |m| on(m, audit::consistency)),
 ];
 
 /// The router of `listener`: its routes from [`ROUTES`], each behind the

@@ -17,7 +17,6 @@ use std::time::SystemTime;
 
 use axum::Json;
 use axum::extract::{Extension, State};
-use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -25,7 +24,7 @@ use bulkhead_partition::{Compute, Isolation};
 use serde_json::{Value, json};
 
 use super::App;
-use super::audit::{Params, QueryParams, audit_error, audit_log, encode, range_error};
+use super::audit::{Params, QueryParams, audit_error, audit_log, encode, range_error, raw_json};
 use super::error::ApiError;
 use super::routes::{OperatorCall, TenantCall};
 use crate::limits::{KEPT_DAYS, Totals, day_of, day_text};
@@ -180,15 +179,7 @@ pub async fn audit_entries(
         .map_err(ApiError::internal)?
     }
     .await;
-    match result {
-        Ok(body) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/json")],
-            body,
-        )
-            .into_response(),
-        Err(error) => error.into_response(),
-    }
+    raw_json(result)
 }
 
 /// The tree size a checkpoint note commits to (its second line).

@@ -224,15 +224,17 @@ mod tests {
         }
     }
 
+    /// `bulkhead token issue --policies p ARGS...`, parsed.
+    fn parse_issue(args: &[&str]) -> Result<crate::cli::Args, clap::Error> {
+        use clap::Parser;
+        let mut argv = vec!["bulkhead", "token", "issue", "--policies", "p"];
+        argv.extend_from_slice(args);
+        crate::cli::Args::try_parse_from(argv)
+    }
+
     #[test]
     fn issue_arguments_parse() {
-        use clap::Parser;
-        let args = crate::cli::Args::try_parse_from([
-            "bulkhead",
-            "token",
-            "issue",
-            "--policies",
-            "p",
+        let args = parse_issue(&[
             "--tenant",
             "demo",
             "--ttl",
@@ -247,54 +249,19 @@ mod tests {
             text.contains("ttl: 900s") && text.contains("[Inference, PluginsWrite]"),
             "{text}"
         );
-        let operator = crate::cli::Args::try_parse_from([
-            "bulkhead",
-            "token",
-            "issue",
-            "--policies",
-            "p",
-            "--operator",
-            "--scope",
-            "models:read",
-            "audit:read",
-        ])
-        .unwrap();
+        let operator =
+            parse_issue(&["--operator", "--scope", "models:read", "audit:read"]).unwrap();
         let text = format!("{operator:?}");
         assert!(
             text.contains("operator: true") && text.contains("[ModelsRead, AuditRead]"),
             "{text}"
         );
-        for both_or_neither in [&["--tenant", "demo", "--operator"][..], &[][..]] {
-            let mut argv = vec!["bulkhead", "token", "issue", "--policies", "p"];
-            argv.extend_from_slice(both_or_neither);
-            assert!(
-                crate::cli::Args::try_parse_from(argv).is_err(),
-                "{both_or_neither:?}"
-            );
-        }
-        let admin = crate::cli::Args::try_parse_from([
-            "bulkhead",
-            "token",
-            "issue",
-            "--policies",
-            "p",
-            "--tenant",
-            "demo",
-            "--scope",
-            "admin",
-        ]);
+        // A tenant or the operator, not both, not neither.
+        assert!(parse_issue(&["--tenant", "demo", "--operator"]).is_err());
+        assert!(parse_issue(&[]).is_err());
+        let admin = parse_issue(&["--tenant", "demo", "--scope", "admin"]);
         assert!(admin.unwrap_err().to_string().contains("`admin` is gone"));
-        let bad = crate::cli::Args::try_parse_from([
-            "bulkhead",
-            "token",
-            "issue",
-            "--policies",
-            "p",
-            "--tenant",
-            "demo",
-            "--scope",
-            "root",
-        ]);
+        let bad = parse_issue(&["--tenant", "demo", "--scope", "root"]);
         assert!(
             bad.unwrap_err()
                 .to_string()

@@ -213,6 +213,15 @@ fn issuers_are_unique_across_tenants() {
     );
 }
 
+/// The errors of `tenants` with this `gateway.toml`, as `file:line:col: message`.
+fn operator_errors(dir: &TempDir, tenants: Vec<TenantPolicy>, gateway: &str) -> Vec<String> {
+    Verifiers::build(&policy_with_operator(dir, tenants, gateway))
+        .unwrap_err()
+        .iter()
+        .map(PolicyError::to_string)
+        .collect()
+}
+
 #[test]
 fn no_tenant_may_use_the_operators_issuer() {
     let dir = TempDir::new();
@@ -222,16 +231,11 @@ fn no_tenant_may_use_the_operators_issuer() {
         "listen = \"127.0.0.1:8080\"\n\n[[operator.issuers]]\nissuer = \"https://ops/\"\n\
          audience = [\"admin\"]\n{lines}"
     );
-    let policy = policy_with_operator(
+    let errors = operator_errors(
         &dir,
         vec![tenant("a", &tenant_toml("a", "https://ops/", lines))],
         &gateway,
     );
-    let errors: Vec<String> = Verifiers::build(&policy)
-        .unwrap_err()
-        .iter()
-        .map(PolicyError::to_string)
-        .collect();
     assert_eq!(
         errors,
         [
@@ -252,13 +256,8 @@ fn operator_issuers_are_checked_like_tenants_and_keep_their_own_tokens() {
     // An empty audience list is reported inside the operator's table.
     let broken = "[[operator.issuers]]\nissuer = \"https://ops/\"\naudience = []\n\
                   algorithms = [\"EdDSA\"]\npublic_keys = [\"keys/ops.pub.pem\"]\n";
-    let errors: Vec<String> = Verifiers::build(&policy_with_operator(&dir, vec![], broken))
-        .unwrap_err()
-        .iter()
-        .map(PolicyError::to_string)
-        .collect();
     assert_eq!(
-        errors,
+        operator_errors(&dir, vec![], broken),
         ["gateway.toml:3:1: `audience` must name at least one audience"]
     );
 

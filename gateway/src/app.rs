@@ -21,7 +21,7 @@ use crate::plugins::{
 };
 use crate::policy::{self, GatewayPlugins, ListenAddr, PolicyErrors, UpstreamSettings};
 use crate::registration::{ModelRegistry, RegistrationError};
-use crate::serving::{AdminListener, serve_admin, serve_http};
+use crate::serving::{AdminListener, ConnectionGate, serve_admin, serve_http};
 use crate::upstream::{
     ChildConfig, DEFAULT_READY_WAIT, Supervised, Supervisor, SupervisorError, Upstream,
     UpstreamError, UpstreamState,
@@ -228,12 +228,13 @@ pub async fn serve(
         plugin_gate: HookGate::new(gateway.plugins.max_concurrent_calls),
         audit,
         usage: crate::limits::UsageBook::new(),
+        plugin_changes: crate::limits::ChangeLimiter::new(crate::limits::LimitClock::monotonic()),
     };
     let max_body_bytes = usize::try_from(gateway.max_body_bytes).unwrap_or(usize::MAX);
     let lanes = lane_host.map(|host| Lanes::new(app.clone(), max_body_bytes, host));
     let partition_watch = {
         let lanes = lanes.clone();
-        crate::upstream::watch_partitions(upstream, metrics, move |report| {
+        crate::upstream::watch_partitions(upstream, Arc::clone(&metrics), move |report| {
             if let Some(lanes) = &lanes {
                 lanes.update(report);
             }
@@ -262,6 +263,14 @@ pub async fn serve(
         admin: admin_bound,
     });
     // One shutdown for both listeners.
+    let open_files = crate::serving::raise_open_file_limit();
+    tracing::info!(
+        open_files = open_files.map_or("unlimited".into(), |n| n.to_string()),
+        max_connections = gateway.connections.max_connections,
+        "connection limits"
+    );
+    let public_gate = ConnectionGate::new(gateway.connections, Arc::clone(&metrics), "public");
+    let admin_gate = ConnectionGate::new(gateway.connections, Arc::clone(&metrics), "admin");
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
@@ -271,8 +280,14 @@ pub async fn serve(
         let _ = rx.wait_for(|stop| *stop).await;
     };
     tokio::join!(
-        serve_http(listener, router, lanes.clone(), stopped(stop_rx.clone())),
-        serve_admin(admin_listener, admin_router, stopped(stop_rx)),
+        serve_http(
+            listener,
+            router,
+            lanes.clone(),
+            public_gate,
+            stopped(stop_rx.clone())
+        ),
+        serve_admin(admin_listener, admin_router, admin_gate, stopped(stop_rx)),
     );
     drop(reloads);
     model_watch.abort();

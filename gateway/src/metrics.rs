@@ -17,6 +17,16 @@ pub struct RequestLabels {
     pub status: u16,
 }
 
+/// `bulkhead_connections_refused_total`: a connection closed at accept
+/// because a cap (`[connections]`) was reached.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectionRefusalLabels {
+    /// `public` or `admin`.
+    pub listener: &'static str,
+    /// `max_connections` or `max_connections_per_ip`.
+    pub reason: &'static str,
+}
+
 /// `bulkhead_admin_refusals_total`: an operator route refused a call.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AdminRefusalLabels {
@@ -140,6 +150,11 @@ pub struct Metrics {
     pub partition_preemptions: Family<PartitionLabels, Counter>,
     pub lane_connections: Family<TenantLabels, Counter>,
     pub admin_refusals: Family<AdminRefusalLabels, Counter>,
+    pub connections_refused: Family<ConnectionRefusalLabels, Counter>,
+    pub lane_foreign_requests: Family<TenantLabels, Counter>,
+    pub audit_entries: Gauge,
+    pub audit_bytes: Gauge,
+    pub audit_failed: Gauge,
 }
 
 impl Default for Metrics {
@@ -311,6 +326,37 @@ impl Metrics {
             "Operator API calls refused before their handler, by reason",
             admin_refusals.clone(),
         );
+        let connections_refused = Family::<ConnectionRefusalLabels, Counter>::default();
+        registry.register(
+            "connections_refused",
+            "Client connections closed at accept because a [connections] cap was reached",
+            connections_refused.clone(),
+        );
+        let lane_foreign_requests = Family::<TenantLabels, Counter>::default();
+        registry.register(
+            "lane_foreign_requests",
+            "Requests not of the lane's tenant that came on a connection its lane serves; \
+             each was answered with Connection: close",
+            lane_foreign_requests.clone(),
+        );
+        let audit_entries = Gauge::default();
+        registry.register(
+            "audit_entries",
+            "Entries in the audit log (acknowledged)",
+            audit_entries.clone(),
+        );
+        let audit_bytes = Gauge::default();
+        registry.register(
+            "audit_bytes",
+            "Size of the audit log's entries file, in bytes",
+            audit_bytes.clone(),
+        );
+        let audit_failed = Gauge::default();
+        registry.register(
+            "audit_failed",
+            "1 once an audit append failed: the log takes no more entries until a restart",
+            audit_failed.clone(),
+        );
         let lane_connections = Family::<TenantLabels, Counter>::default();
         registry.register(
             "lane_connections",
@@ -347,6 +393,11 @@ impl Metrics {
             partition_preemptions,
             lane_connections,
             admin_refusals,
+            connections_refused,
+            lane_foreign_requests,
+            audit_entries,
+            audit_bytes,
+            audit_failed,
         }
     }
 

@@ -241,7 +241,7 @@ def issue(bulkhead: Path, policies: Path, tenant: str | None, scopes: list[str])
     """A token for `tenant`, or an operator token when `tenant` is None."""
     who = ["--tenant", tenant] if tenant else ["--operator"]
     done = subprocess.run([str(bulkhead), "token", "issue", "--policies", str(policies),
-                           *who, "--ttl", "7d", "--scope", *scopes],
+                           *who, "--ttl", "1d", "--scope", *scopes],
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise Failure(f"bulkhead token issue failed:\n{done.stderr}")

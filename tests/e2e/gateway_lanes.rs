@@ -6,6 +6,8 @@
 //! serves the partition on its own lane thread pinned alike; and shutdown
 //! lets a stream on a lane finish.
 
+use std::io::{Read, Write};
+
 use bulkhead_tests::{ALL_OPERATOR_SCOPES, Gateway, PolicyDir, gateway_toml};
 use serde_json::{Value, json};
 
@@ -140,11 +142,69 @@ fn a_dedicated_tenants_connections_are_served_on_its_partitions_cpus() {
     assert_eq!(r.status, 401, "{}", r.body);
     assert_eq!(lane_connections(), before + 1.0);
 
+    // A keep-alive connection the lane took for demo, then used for a
+    // request that is not demo's (a pooling proxy does this): that answer
+    // closes the connection, so the next request is routed afresh.
+    let mut tcp = std::net::TcpStream::connect(gateway.addr).unwrap();
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let owner =
+        format!("GET /v1/models HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\r\n");
+    tcp.write_all(owner.as_bytes()).unwrap();
+    let first = read_one_response(&mut tcp);
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    assert!(
+        !first.to_ascii_lowercase().contains("connection: close"),
+        "{first}"
+    );
+    assert_eq!(lane_connections(), before + 2.0, "the lane took it");
+    let foreign = || {
+        gateway.metric(
+            "bulkhead_lane_foreign_requests_total",
+            &[("tenant", "demo")],
+        )
+    };
+    let foreign_before = foreign();
+    tcp.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+        .unwrap();
+    let mut rest = String::new();
+    tcp.read_to_string(&mut rest)
+        .expect("the lane closes the connection");
+    assert!(rest.starts_with("HTTP/1.1 401"), "{rest}");
+    assert!(
+        rest.to_ascii_lowercase().contains("connection: close"),
+        "{rest}"
+    );
+    assert_eq!(foreign(), foreign_before + 1.0);
+
     // SIGTERM with a stream open on the lane: the stream finishes.
     let body = json!({"model": MODEL, "prompt": "Emma was", "max_tokens": 64, "stream": true, "temperature": 0});
     let mut stream = gateway.stream("/v1/completions", &token, &body.to_string());
     assert_eq!(stream.status, 200);
     stream.next_event().expect("a first chunk");
-    assert_eq!(lane_connections(), before + 2.0);
+    assert_eq!(lane_connections(), before + 3.0);
     gateway.terminate_during(&mut stream);
+}
+
+/// One whole response with a `content-length` body from a keep-alive
+/// connection, leaving the connection open.
+fn read_one_response(tcp: &mut std::net::TcpStream) -> String {
+    let mut raw = Vec::new();
+    let mut byte = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        tcp.read_exact(&mut byte).unwrap();
+        raw.push(byte[0]);
+    }
+    let head = String::from_utf8(raw).unwrap();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().unwrap())
+        })
+        .expect("a content-length");
+    let mut body = vec![0; length];
+    tcp.read_exact(&mut body).unwrap();
+    head + &String::from_utf8_lossy(&body)
 }

@@ -377,8 +377,15 @@ fn json_guard_passes_json_with_the_required_keys_and_refuses_the_rest() {
     assert_eq!(last["error"]["code"], "plugin_rejected", "{last}");
 }
 
-/// `bulkhead plugin sign FILE --key KEY`: the signature an upload needs.
-fn sign(policies: &PolicyDir, wasm: &[u8], key: &str) -> String {
+/// `bulkhead plugin sign FILE --key KEY --tenant T --name N --version V`:
+/// the two headers an upload needs, as printed.
+fn sign(
+    policies: &PolicyDir,
+    wasm: &[u8],
+    key: &str,
+    name: &str,
+    version: u64,
+) -> Vec<(String, String)> {
     let file = policies.store.with_extension("sign-me.wasm");
     std::fs::write(&file, wasm).unwrap();
     let out = std::process::Command::new(bulkhead_tests::bin("bulkhead"))
@@ -386,6 +393,8 @@ fn sign(policies: &PolicyDir, wasm: &[u8], key: &str) -> String {
         .arg(&file)
         .arg("--key")
         .arg(policies.path.join(key))
+        .args(["--tenant", "demo", "--name", name, "--version"])
+        .arg(version.to_string())
         .output()
         .unwrap();
     let _ = std::fs::remove_file(&file);
@@ -394,11 +403,18 @@ fn sign(policies: &PolicyDir, wasm: &[u8], key: &str) -> String {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let (name, value) = line.split_once(": ").expect("NAME: VALUE");
+            (name.to_owned(), value.to_owned())
+        })
+        .collect()
 }
 
 #[test]
-fn a_tenant_that_requires_signed_plugins_refuses_unsigned_and_foreign_ones() {
+fn a_tenant_that_requires_signed_plugins_refuses_unsigned_foreign_replayed_and_older_ones() {
     let policies = PolicyDir::new("chain-signed");
     // A second key pair: a key the tenant does not trust.
     let out = std::process::Command::new(bulkhead_tests::bin("bulkhead"))
@@ -420,15 +436,23 @@ fn a_tenant_that_requires_signed_plugins_refuses_unsigned_and_foreign_ones() {
     let gateway = Gateway::start(&policies);
     let admin = policies.token("demo", &["--scope", "plugins:write"]);
     let wasm = example("system-prompt");
-    let put = |signature: Option<&str>| {
-        let headers: Vec<(&str, &str)> = signature
-            .map(|s| ("x-bulkhead-signature", s))
-            .into_iter()
+    let put_as = |name: &str, headers: &[(String, String)], bytes: &[u8]| {
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
-        gateway.request_bytes_with("PUT", "/v1/plugins/system-prompt", &admin, &headers, &wasm)
+        gateway.request_bytes_with(
+            "PUT",
+            &format!("/v1/plugins/{name}"),
+            &admin,
+            &headers,
+            bytes,
+        )
     };
+    let put = |headers: &[(String, String)]| put_as("system-prompt", headers, &wasm);
+    let demo_key = "dev-keys/demo.key.pem";
 
-    let unsigned = put(None);
+    let unsigned = put(&[]);
     assert_eq!(unsigned.status, 403, "{}", unsigned.body);
     assert_eq!(unsigned.error_code(), "plugin_unsigned");
     assert!(
@@ -437,21 +461,61 @@ fn a_tenant_that_requires_signed_plugins_refuses_unsigned_and_foreign_ones() {
         unsigned.body
     );
 
-    let foreign = put(Some(&sign(&policies, &wasm, "dev-keys/stranger.key.pem")));
+    let foreign = put(&sign(
+        &policies,
+        &wasm,
+        "dev-keys/stranger.key.pem",
+        "system-prompt",
+        1,
+    ));
     assert_eq!(foreign.status, 403, "{}", foreign.body);
     assert_eq!(foreign.error_code(), "plugin_signature_invalid");
 
     // A signature of other bytes does not carry over.
-    let other = put(Some(&sign(
+    let other = put(&sign(
         &policies,
         &example("pii-redact"),
-        "dev-keys/demo.key.pem",
-    )));
+        demo_key,
+        "system-prompt",
+        1,
+    ));
     assert_eq!(other.status, 403, "{}", other.body);
 
-    let garbage = put(Some("not base64!"));
+    let garbage = put(&[
+        ("x-bulkhead-signature".into(), "not base64!".into()),
+        ("x-bulkhead-plugin-version".into(), "1".into()),
+    ]);
     assert_eq!(garbage.status, 400, "{}", garbage.body);
 
-    let signed = put(Some(&sign(&policies, &wasm, "dev-keys/demo.key.pem")));
+    let v2 = sign(&policies, &wasm, demo_key, "system-prompt", 2);
+    let signed = put(&v2);
     assert_eq!(signed.status, 201, "{}", signed.body);
+    assert_eq!(signed.json()["version"], 2);
+
+    // The same signed component replayed under another name: refused.
+    let replayed = put_as("guard", &v2, &wasm);
+    assert_eq!(replayed.status, 403, "{}", replayed.body);
+    assert_eq!(replayed.error_code(), "plugin_signature_invalid");
+    // A lower or equal version under its own name (a rollback): refused.
+    let older = sign(
+        &policies,
+        &example("pii-redact"),
+        demo_key,
+        "system-prompt",
+        1,
+    );
+    let rolled_back = put_as("system-prompt", &older, &example("pii-redact"));
+    assert_eq!(rolled_back.status, 409, "{}", rolled_back.body);
+    assert_eq!(rolled_back.error_code(), "plugin_version_not_newer");
+    // A newer one replaces it.
+    let v3 = sign(
+        &policies,
+        &example("pii-redact"),
+        demo_key,
+        "system-prompt",
+        3,
+    );
+    let newer = put_as("system-prompt", &v3, &example("pii-redact"));
+    assert_eq!(newer.status, 200, "{}", newer.body);
+    assert_eq!(newer.json()["version"], 3);
 }

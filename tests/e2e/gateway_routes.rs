@@ -8,8 +8,11 @@
 //! plugin store, the model registry or the audit log.
 
 use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
@@ -140,7 +143,7 @@ fn callers(policies: &PolicyDir) -> Vec<Caller> {
             token: Some(signed_by_demo(
                 policies,
                 &json!({"iss": "bulkhead-dev", "aud": ["bulkhead", "bulkhead-admin"],
-                        "sub": "mallory", "exp": now() + 600, "scope": all_claimed}),
+                        "sub": "mallory", "iat": now(), "exp": now() + 600, "scope": all_claimed}),
             )),
             // Its own issuer: only the tenant scopes among the claims count.
             kind: CallerKind::Tenant("demo", &["inference", "plugins:write"]),
@@ -150,7 +153,7 @@ fn callers(policies: &PolicyDir) -> Vec<Caller> {
             token: Some(signed_by_demo(
                 policies,
                 &json!({"iss": OPERATOR_ISSUER, "aud": "bulkhead-admin", "sub": "mallory",
-                        "exp": now() + 600, "scope": all_claimed}),
+                        "iat": now(), "exp": now() + 600, "scope": all_claimed}),
             )),
             kind: CallerKind::Invalid,
         },
@@ -519,6 +522,23 @@ fn the_listeners_serve_exactly_the_table() {
             served, table,
             "{listener:?} serves routes the table does not list, or misses some"
         );
+    }
+
+    // The check comes before the body: a request announcing a 1 MB body
+    // and sending 1 KB of it is answered 401 without the rest ever coming.
+    for (method, path) in [("POST", "/v1/completions"), ("PUT", "/v1/plugins/x")] {
+        let mut tcp = TcpStream::connect(gateway.addr).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             content-length: 1000000\r\n\r\n"
+        );
+        tcp.write_all(head.as_bytes()).unwrap();
+        tcp.write_all(&[b' '; 1024]).unwrap();
+        let mut status = [0u8; 12];
+        tcp.read_exact(&mut status)
+            .expect("an answer before the body is complete");
+        assert_eq!(&status, b"HTTP/1.1 401", "{path}");
     }
 }
 

@@ -184,13 +184,28 @@ impl ApiError {
     }
 }
 
+/// A gpu-host failure as a tenant sees it: in the gateway's words, not the
+/// host's, except where the host's text is about the caller's own request
+/// (its parameters, its KV budget, the model it asked for being out of
+/// service). The host's own text, which can name other tenants' models or
+/// its internals, goes to the gateway's log only.
 impl From<UpstreamError> for ApiError {
     fn from(e: UpstreamError) -> ApiError {
         match e {
-            UpstreamError::Unavailable(_) => {
-                ApiError::unavailable("upstream_unavailable", e.to_string())
+            UpstreamError::Unavailable(m) => {
+                tracing::warn!(host = %m, "the gpu-host is unavailable");
+                ApiError::unavailable(
+                    "upstream_unavailable",
+                    "the GPU host is unavailable (restarting or unreachable); retry shortly",
+                )
             }
-            UpstreamError::Overloaded(_) => ApiError::unavailable("overloaded", e.to_string()),
+            UpstreamError::Overloaded(m) => {
+                tracing::warn!(host = %m, "the gpu-host is overloaded");
+                ApiError::unavailable(
+                    "overloaded",
+                    "the GPU host has no room for this request now; retry shortly",
+                )
+            }
             // The host's two refusals (gpu-host `SequenceError`): one that
             // waited its tenant's `kv_wait_ms` for room its other requests
             // held is worth retrying once one of them ends; one that can
@@ -205,7 +220,14 @@ impl From<UpstreamError> for ApiError {
                 error.code = "kv_budget_exceeded";
                 error
             }
-            UpstreamError::ModelNotFound(m) => ApiError::not_found("model_not_found", m),
+            UpstreamError::ModelNotFound(m) => {
+                tracing::warn!(host = %m, "the gpu-host does not serve a registered model");
+                ApiError::not_found(
+                    "model_not_found",
+                    "the GPU host does not serve this model right now (it may be loading); \
+                     retry shortly",
+                )
+            }
             UpstreamError::ModelUnavailable(m) => ApiError::unavailable("model_unavailable", m),
             UpstreamError::InvalidArgument(m) => {
                 let mut e = ApiError::invalid_param("", m);
@@ -331,6 +353,16 @@ mod tests {
         let error = ApiError::from(never);
         assert_eq!(error.code, "kv_budget_exceeded");
         assert_eq!(retry_after(error), (400, None));
+        // The host's words about other models never reach the tenant.
+        let not_found = ApiError::from(UpstreamError::ModelNotFound(
+            "model `x` is not served here (serving: acme-secret-model)".into(),
+        ));
+        assert!(!not_found.message.contains("acme-secret-model"));
+        assert_eq!(not_found.status, StatusCode::NOT_FOUND);
+        let busy = ApiError::from(UpstreamError::Overloaded(
+            "the request queue is full (64 waiting)".into(),
+        ));
+        assert!(!busy.message.contains("64"), "{}", busy.message);
         // Other statuses get none.
         assert_eq!(
             retry_after(ApiError::unavailable("overloaded", "busy")),

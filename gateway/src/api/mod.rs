@@ -71,6 +71,8 @@ pub struct App {
     pub audit: crate::audit::Audit,
     /// Every tenant's usage by model and day (`GET /v1/usage`).
     pub usage: UsageBook,
+    /// Each tenant's budget of plugin uploads and deletes.
+    pub plugin_changes: crate::limits::ChangeLimiter,
 }
 
 /// The public listener's router: tenants' routes and health. Every
@@ -87,34 +89,45 @@ pub fn admin_router(app: App, max_body_bytes: usize) -> Router {
     routes::router(app, Listener::Admin, max_body_bytes)
 }
 
-/// A unique, unpredictable-enough id for a request (24 hex chars) and a
-/// sampling seed for requests that bring none. Neither needs to be secret:
-/// one OS random draw per process, then SplitMix64 over a counter (a
-/// `getrandom` syscall per request showed up in the gateway's profile).
+/// A request's id: 128 random bits as 32 hex digits. Random, never a
+/// counter: ids go back to tenants, and a counter would let one tenant
+/// count the others' traffic.
 fn request_id() -> String {
-    let n = next_draw();
-    format!("{:016x}{:08x}", splitmix64(n), n as u32)
+    let bytes: [u8; 16] = random_bytes();
+    let mut id = String::with_capacity(32);
+    for byte in bytes {
+        id.push_str(&format!("{byte:02x}"));
+    }
+    id
 }
 
-/// A seed for a request without one.
+/// A sampling seed for a request that brings none: random, so no output
+/// can be reproduced from anything the gateway tells the client.
 fn random_seed() -> u64 {
-    splitmix64(next_draw() ^ 0x5eed_5eed_5eed_5eed)
+    u64::from_le_bytes(random_bytes())
 }
 
-fn next_draw() -> u64 {
-    use std::sync::OnceLock;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: OnceLock<AtomicU64> = OnceLock::new();
-    COUNTER
-        .get_or_init(|| AtomicU64::new(rand_core::RngCore::next_u64(&mut rand_core::OsRng)))
-        .fetch_add(1, Ordering::Relaxed)
-}
-
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+/// `N` bytes from the OS's CSPRNG, drawn 4 KiB at a time per thread: a
+/// `getrandom` syscall for every request showed up in the gateway's
+/// profile, one per ~170 requests does not.
+fn random_bytes<const N: usize>() -> [u8; N] {
+    use std::cell::RefCell;
+    const POOL_BYTES: usize = 4096;
+    thread_local! {
+        static POOL: RefCell<([u8; POOL_BYTES], usize)> = const { RefCell::new(([0; POOL_BYTES], POOL_BYTES)) };
+    }
+    POOL.with_borrow_mut(|(pool, used)| {
+        if *used + N > POOL_BYTES {
+            rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, pool);
+            *used = 0;
+        }
+        let mut out = [0; N];
+        out.copy_from_slice(&pool[*used..*used + N]);
+        // Handed out once: wipe what was given.
+        pool[*used..*used + N].fill(0);
+        *used += N;
+        out
+    })
 }
 
 /// `GET /v1/models`: the models this tenant may use that are registered
@@ -161,6 +174,14 @@ async fn metrics(State(app): State<App>) -> Response {
     app.metrics
         .upstream_ready
         .set(i64::from(app.upstream.state() == UpstreamState::Ready));
+    if let Some(log) = app.audit.log() {
+        let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        app.metrics.audit_entries.set(gauge(log.size()));
+        app.metrics.audit_bytes.set(gauge(log.bytes()));
+        app.metrics
+            .audit_failed
+            .set(i64::from(log.failure().is_some()));
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -178,13 +199,37 @@ async fn not_found() -> ApiError {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn request_ids_are_unique_and_fixed_width() {
-        let ids: std::collections::BTreeSet<String> =
-            (0..1000).map(|_| super::request_id()).collect();
-        assert_eq!(ids.len(), 1000);
+    fn request_ids_are_unique_random_and_fixed_width() {
+        let ids: Vec<String> = (0..2000).map(|_| super::request_id()).collect();
+        let unique: std::collections::BTreeSet<&String> = ids.iter().collect();
+        assert_eq!(unique.len(), ids.len());
         assert!(
             ids.iter()
-                .all(|id| id.len() == 24 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+                .all(|id| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
         );
+        // No counter inside: consecutive ids share no more leading hex
+        // digits than chance gives (a counter shares ~28 of 32).
+        let shared =
+            |a: &str, b: &str| a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+        let total: usize = ids.windows(2).map(|w| shared(&w[0], &w[1])).sum();
+        assert!(
+            total < ids.len() / 4,
+            "consecutive ids share {total} leading digits"
+        );
+        // Every bit position is set in about half the ids.
+        for bit in 0..128 {
+            let ones = ids
+                .iter()
+                .filter(|id| u128::from_str_radix(id, 16).unwrap() >> bit & 1 == 1)
+                .count();
+            assert!((800..1200).contains(&ones), "bit {bit}: {ones} of 2000");
+        }
+    }
+
+    #[test]
+    fn seeds_are_random() {
+        let seeds: std::collections::BTreeSet<u64> =
+            (0..1000).map(|_| super::random_seed()).collect();
+        assert_eq!(seeds.len(), 1000);
     }
 }

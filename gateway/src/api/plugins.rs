@@ -68,16 +68,24 @@ async fn upload(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(PluginInfo, crate::plugins::UploadOutcome), ApiError> {
-    let identity = store_enabled(app, call)?;
+    let identity = store_enabled(app, call.clone())?;
     let tenant = identity.tenant.clone();
     let name = plugin_name(name)?;
+    // Before the body is read: a tenant over its budget costs nothing more.
+    take_change(app, &call)?;
     let bytes = read_body(headers, body).await?;
-    check_signature(app, &identity.tenant, headers, &bytes)?;
+    let version = check_signature(app, &identity.tenant, &name, headers, &bytes)?;
     app.audit.ready().map_err(super::audit::unrecorded)?;
     let registry = app.plugins.clone();
     let audit = app.audit.clone();
     let uploaded = tokio::task::spawn_blocking(move || {
-        let stored = registry.upload(&identity.tenant, &name, &bytes, identity.sub.as_deref());
+        let stored = registry.upload_version(
+            &identity.tenant,
+            &name,
+            &bytes,
+            identity.sub.as_deref(),
+            version,
+        );
         // Recorded after the store committed it: the entry says what is
         // on disk. A failed append fails the call (the log then refuses
         // every further change until the gateway restarts).
@@ -112,22 +120,21 @@ async fn upload(
     Ok((info, outcome))
 }
 
-/// The header an upload's signature comes in: base64 of the Ed25519
-/// signature over the upload's SHA-256 digest (the 32 raw bytes), as
-/// `bulkhead plugin sign` prints it.
-pub const SIGNATURE_HEADER: &str = "x-bulkhead-signature";
+pub use crate::plugins::signature::{SIGNATURE_HEADER, VERSION_HEADER};
 
 /// When the tenant's policy lists `signing_keys`, the upload must be signed
-/// by one of them (403 otherwise); without keys, a signature is not needed
-/// and not checked.
+/// by one of them (403 otherwise) over the statement binding the tenant,
+/// this plugin name, the version in [`VERSION_HEADER`] and the bytes
+/// (`plugins::signature`); returns that version. Without keys, nothing is
+/// needed or checked.
 fn check_signature(
     app: &App,
     tenant: &str,
+    name: &PluginName,
     headers: &HeaderMap,
     bytes: &[u8],
-) -> Result<(), ApiError> {
+) -> Result<Option<u64>, ApiError> {
     use base64::Engine as _;
-    use sha2::{Digest as _, Sha256};
     let snapshot = app.snapshot.load();
     let Some(policy) = snapshot.policy.tenants.get(tenant) else {
         return Err(ApiError::internal(
@@ -136,18 +143,31 @@ fn check_signature(
     };
     let keys = &policy.plugins.signing_keys;
     if keys.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
-    let Some(value) = headers.get(SIGNATURE_HEADER) else {
+    let (Some(value), Some(version)) = (headers.get(SIGNATURE_HEADER), headers.get(VERSION_HEADER))
+    else {
         return Err(ApiError::forbidden(
             "plugin_unsigned",
             format!(
                 "tenant `{tenant}` accepts only signed plugins: send the base64 Ed25519 \
-                 signature of the upload's SHA-256 digest in {SIGNATURE_HEADER} \
-                 (`bulkhead plugin sign FILE --key KEY.pem` prints it)"
+                 signature in {SIGNATURE_HEADER} and its version in {VERSION_HEADER} \
+                 (`bulkhead plugin sign FILE --key KEY.pem --tenant {tenant} --name {name} \
+                 --version N` prints both)"
             ),
         ));
     };
+    let version = version
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|v| *v >= 1)
+        .ok_or_else(|| {
+            ApiError::invalid_param(
+                VERSION_HEADER,
+                format!("{VERSION_HEADER} must be a whole number of at least 1"),
+            )
+        })?;
     let signature = value
         .to_str()
         .ok()
@@ -163,22 +183,21 @@ fn check_signature(
                 format!("{SIGNATURE_HEADER} must be a base64 Ed25519 signature (64 bytes)"),
             )
         })?;
-    let digest = Sha256::digest(bytes);
+    let digest = crate::plugins::PluginDigest::of(bytes);
+    let statement = crate::plugins::signature::signed_statement(tenant, name, version, &digest);
     if keys
         .iter()
-        .any(|key| key.verify_strict(&digest, &signature).is_ok())
+        .any(|key| key.verify_strict(&statement, &signature).is_ok())
     {
-        Ok(())
+        Ok(Some(version))
     } else {
         Err(ApiError::forbidden(
             "plugin_signature_invalid",
             format!(
                 "the signature does not verify against any of tenant `{tenant}`'s \
-                 signing_keys for these bytes (sha256:{})",
-                digest
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect::<String>()
+                 signing_keys for plugin `{name}` version {version} with these bytes \
+                 (sha256:{digest}): a signature binds the tenant, the name, the version and \
+                 the bytes"
             ),
         ))
     }
@@ -229,8 +248,9 @@ pub async fn delete(
     name: Result<Path<String>, PathRejection>,
 ) -> Response {
     let deleted = async {
-        let identity = store_enabled(&app, call)?;
+        let identity = store_enabled(&app, call.clone())?;
         let name = plugin_name(name)?;
+        take_change(&app, &call)?;
         app.audit.ready().map_err(super::audit::unrecorded)?;
         let registry = app.plugins.clone();
         let audit = app.audit.clone();
@@ -266,6 +286,33 @@ pub async fn delete(
         .into_response(),
         Err(error) => error.into_response(),
     }
+}
+
+/// One change (upload or delete) from the caller's tenant's budget
+/// (`[plugins] changes_per_min`), or 429 saying when the next is allowed.
+fn take_change(app: &App, call: &TenantCall) -> Result<(), ApiError> {
+    let tenant = &call.identity.tenant;
+    let per_min = call
+        .snapshot
+        .policy
+        .tenants
+        .get(tenant)
+        .and_then(|t| t.plugins.changes_per_min)
+        .unwrap_or(crate::policy::DEFAULT_PLUGIN_CHANGES_PER_MIN);
+    app.plugin_changes.take(tenant, per_min).map_err(|retry| {
+        let seconds = crate::limits::retry_after_secs(retry);
+        ApiError::rate_limited(
+            "rate_limit_plugin_changes",
+            format!(
+                "tenant `{tenant}` may change its plugins {per_min} times a minute \
+                 (`[plugins] changes_per_min`); retry in {seconds}s"
+            ),
+        )
+        .with_headers(super::error::header_map(vec![(
+            "retry-after",
+            seconds.to_string(),
+        )]))
+    })
 }
 
 /// The caller (its token checked by the route), on a gateway with a store.
@@ -328,6 +375,7 @@ fn plugin_json(info: &PluginInfo) -> Value {
         "size_bytes": info.size_bytes,
         "imports": info.imports,
         "created_at": info.created_at,
+        "version": info.version,
     })
 }
 
@@ -348,6 +396,12 @@ fn store_error(e: StoreError) -> ApiError {
         }
         StoreError::TooManyPlugins { .. } => ApiError::forbidden("too_many_plugins", e.to_string()),
         StoreError::NotFound { .. } => ApiError::not_found("plugin_not_found", e.to_string()),
+        StoreError::VersionNotNewer { .. } => {
+            let mut error = ApiError::invalid_param(VERSION_HEADER, e.to_string());
+            error.status = StatusCode::CONFLICT;
+            error.code = "plugin_version_not_newer";
+            error
+        }
         StoreError::Refused(e) => refused(e),
         StoreError::InvalidTenant { .. } | StoreError::InUse { .. } | StoreError::Io { .. } => {
             ApiError::internal(e)
@@ -360,6 +414,8 @@ fn store_error(e: StoreError) -> ApiError {
 fn refused(e: PluginError) -> ApiError {
     match e {
         PluginError::TooLarge { .. } => too_large(),
+        // The tenant's own upload in progress: its limit, not the gateway's.
+        PluginError::TenantCompileBusy { .. } => ApiError::rate_limited(e.code(), e.to_string()),
         PluginError::CompileBusy { .. } => {
             let mut error = ApiError::unavailable(e.code(), e.to_string());
             error

@@ -72,6 +72,37 @@ pub enum Actor {
     Gateway,
 }
 
+/// Longest `sub` an entry keeps as it came. A token's `sub` is the
+/// caller's to choose (up to the token's size); every entry is fsync'd and
+/// kept forever, so a longer one is cut and its SHA-256 kept instead of the
+/// rest, which still tells two long subjects apart.
+pub const MAX_SUB_BYTES: usize = 128;
+
+impl Actor {
+    /// The actor with a `sub` over [`MAX_SUB_BYTES`] cut: its first 64
+    /// bytes (at a character boundary), `…sha256:`, and the first 16 hex
+    /// digits of the SHA-256 of the whole `sub`.
+    pub fn bounded(mut self) -> Actor {
+        if let Actor::Tenant { sub, .. } | Actor::Operator { sub, .. } = &mut self
+            && let Some(long) = sub.as_mut().filter(|s| s.len() > MAX_SUB_BYTES)
+        {
+            use sha2::{Digest, Sha256};
+            let digest = Sha256::digest(long.as_bytes());
+            let mut cut = 64;
+            while !long.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let mut short = long[..cut].to_owned();
+            short.push_str("…sha256:");
+            for byte in &digest[..8] {
+                short.push_str(&format!("{byte:02x}"));
+            }
+            *long = short;
+        }
+        self
+    }
+}
+
 /// Accepted, or refused with the reason.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "lowercase", deny_unknown_fields)]
@@ -313,6 +344,39 @@ mod tests {
             value["outcome"],
             json!({"result": "refused", "reason": "gateway.toml:3:1: bad"})
         );
+    }
+
+    #[test]
+    fn long_subjects_are_cut_and_hashed() {
+        let short = Actor::Tenant {
+            tenant: "t".into(),
+            sub: Some("ci-bot".into()),
+        };
+        assert_eq!(short.clone().bounded(), short);
+        let long = |fill: &str| Actor::Tenant {
+            tenant: "t".into(),
+            sub: Some(fill.repeat(6000 / fill.len())),
+        };
+        let Actor::Tenant { sub: Some(a), .. } = long("x").bounded() else {
+            panic!()
+        };
+        let Actor::Tenant { sub: Some(b), .. } = long("xy").bounded() else {
+            panic!()
+        };
+        assert!(
+            a.len() <= MAX_SUB_BYTES && b.len() <= MAX_SUB_BYTES,
+            "{a} {b}"
+        );
+        assert!(
+            a.starts_with(&"x".repeat(64)) && a.contains("…sha256:"),
+            "{a}"
+        );
+        assert_ne!(a, b, "different subjects stay different");
+        // Never split inside a character.
+        let Actor::Tenant { sub: Some(c), .. } = long("é").bounded() else {
+            panic!()
+        };
+        assert!(c.starts_with(&"é".repeat(32)), "{c}");
     }
 
     #[test]

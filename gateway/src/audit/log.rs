@@ -384,6 +384,11 @@ impl AuditLog {
         lock(&self.inner.failure).clone()
     }
 
+    /// Bytes of the entries file that hold acknowledged entries.
+    pub fn bytes(&self) -> u64 {
+        self.read_state().end
+    }
+
     /// Acknowledged entries.
     pub fn size(&self) -> u64 {
         self.read_state().tree.size()
@@ -445,7 +450,8 @@ impl AuditLog {
             let entry = Entry {
                 index: next,
                 time: Timestamp::now(),
-                actor: pending.actor,
+                // A caller-chosen `sub` is kept bounded (see `Actor::bounded`).
+                actor: pending.actor.bounded(),
                 event: pending.event,
             };
             let bytes = entry.to_bytes();

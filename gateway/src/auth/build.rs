@@ -18,6 +18,11 @@ use crate::policy::{JwtFile, Policy, PolicyError, SourceFile};
 const KNOWN_ALGORITHMS: &str = "RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA, \
                                 HS256, HS384, HS512";
 
+/// A token's longest life unless its issuer says otherwise: a day.
+pub const DEFAULT_MAX_LIFETIME_S: u64 = 86_400;
+/// The most `max_lifetime_s` may say (a year).
+const MAX_MAX_LIFETIME_S: u64 = 365 * 86_400;
+
 /// `path` as written in a policy file, resolved against the policy folder.
 pub(super) fn resolve(dir: &Path, path: &Path) -> PathBuf {
     if path.is_absolute() {
@@ -229,8 +234,28 @@ fn issuer_verifier(
     if errors.len() != errors_before {
         return None;
     }
+    let max_lifetime_s = match jwt
+        .max_lifetime_s
+        .as_ref()
+        .map(|m| (*m.get_ref(), m.span()))
+    {
+        None => Some(DEFAULT_MAX_LIFETIME_S),
+        Some((0, _)) => None,
+        Some((s, span)) if s > MAX_MAX_LIFETIME_S => {
+            errors.push(at(
+                span,
+                format!(
+                    "`max_lifetime_s` is {s}; at most {MAX_MAX_LIFETIME_S} (a year), or 0 for \
+                     no limit"
+                ),
+            ));
+            return None;
+        }
+        Some((s, _)) => Some(s),
+    };
     let verifier = IssuerVerifier {
         owner,
+        max_lifetime_s,
         issuer: jwt.issuer.get_ref().clone(),
         audiences: jwt.audience.iter().map(|a| a.get_ref().clone()).collect(),
         algorithms: algorithms.into_iter().map(|(a, _)| a).collect(),

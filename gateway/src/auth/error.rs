@@ -50,6 +50,11 @@ pub enum AuthError {
     NotYetValid { nbf: u64, now: u64 },
     #[error("token was issued in the future, at {iat} (unix seconds; now {now})")]
     IssuedInFuture { iat: u64, now: u64 },
+    #[error(
+        "token lives {lifetime_s} s (exp - nbf, or exp - iat), longer than its issuer allows \
+         ({max_s} s, `max_lifetime_s`)"
+    )]
+    LifetimeTooLong { lifetime_s: u64, max_s: u64 },
     #[error("token audience does not name this service")]
     WrongAudience,
     #[error("token lacks the `{scope}` scope")]
@@ -84,6 +89,7 @@ impl AuthError {
             AuthError::Expired { .. } => "token_expired",
             AuthError::NotYetValid { .. } => "token_not_yet_valid",
             AuthError::IssuedInFuture { .. } => "token_issued_in_future",
+            AuthError::LifetimeTooLong { .. } => "token_lifetime_too_long",
             AuthError::WrongAudience => "invalid_audience",
             AuthError::MissingScope { .. } => "insufficient_scope",
         }

@@ -46,6 +46,8 @@ pub(super) struct Verified {
 pub(super) struct IssuerVerifier {
     pub owner: Owner,
     pub issuer: String,
+    /// `max_lifetime_s`; `None`: no limit.
+    pub max_lifetime_s: Option<u64>,
     pub audiences: Vec<String>,
     pub algorithms: Vec<Algorithm>,
     pub keys: Vec<VerifyKey>,
@@ -202,15 +204,28 @@ impl IssuerVerifier {
         if now >= exp.saturating_add(leeway_s) {
             return Err(AuthError::Expired { exp, now });
         }
-        if let Some(nbf) = numeric_date(claims.nbf.as_ref(), "nbf")?
+        let nbf = numeric_date(claims.nbf.as_ref(), "nbf")?;
+        if let Some(nbf) = nbf
             && nbf > now.saturating_add(leeway_s)
         {
             return Err(AuthError::NotYetValid { nbf, now });
         }
-        if let Some(iat) = numeric_date(claims.iat.as_ref(), "iat")?
+        let iat = numeric_date(claims.iat.as_ref(), "iat")?;
+        if let Some(iat) = iat
             && iat > now.saturating_add(leeway_s)
         {
             return Err(AuthError::IssuedInFuture { iat, now });
+        }
+        // A token may not live longer than its issuer's maximum, from when
+        // it became valid (`nbf`, else `iat`); `iat` is then required, so
+        // a token cannot dodge the limit by leaving it out. (`iat` is no
+        // later than now, so `exp` is at most now + leeway + the maximum.)
+        if let Some(max_s) = self.max_lifetime_s {
+            let iat = iat.ok_or(AuthError::MissingClaim { claim: "iat" })?;
+            let lifetime_s = exp.saturating_sub(nbf.unwrap_or(iat));
+            if lifetime_s > max_s {
+                return Err(AuthError::LifetimeTooLong { lifetime_s, max_s });
+            }
         }
         self.check_audience(claims.aud.as_ref())?;
         let sub = string_claim(claims.sub.as_ref(), "sub")?.map(str::to_owned);

@@ -30,18 +30,30 @@ enum PluginCommand {
         /// The `.wasm` component.
         file: PathBuf,
     },
-    /// Print the signature an upload to a tenant with `signing_keys` needs
+    /// Print the headers an upload to a tenant with `signing_keys` needs
     ///
-    /// The base64 Ed25519 signature of the file's SHA-256 digest, made with
-    /// a PKCS#8 PEM private key (`openssl genpkey -algorithm ed25519`,
-    /// `bulkhead token keygen`); send it in the `X-Bulkhead-Signature`
-    /// header of `PUT /v1/plugins/{name}`.
+    /// Signs, with a PKCS#8 PEM Ed25519 private key (`openssl genpkey
+    /// -algorithm ed25519`, `bulkhead token keygen`), the statement that
+    /// binds the tenant, the plugin name, the version and the file's
+    /// SHA-256, and prints the two headers `PUT /v1/plugins/{name}` needs:
+    /// `x-bulkhead-signature: BASE64` and `x-bulkhead-plugin-version: N`.
+    /// The signature is good for that tenant and name only, and the
+    /// version must be above the stored one's.
     Sign {
         /// The `.wasm` component.
         file: PathBuf,
         /// The Ed25519 private key (PKCS#8 PEM).
         #[arg(long, value_name = "KEY.pem")]
         key: PathBuf,
+        /// The tenant it is uploaded to.
+        #[arg(long)]
+        tenant: String,
+        /// The plugin name it is uploaded as.
+        #[arg(long)]
+        name: String,
+        /// Its version: a whole number above the one stored under the name.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        version: u64,
     },
     /// Run a plugin's hooks over a request (and a response) on this machine
     ///
@@ -88,7 +100,13 @@ pub(super) fn run(args: PluginArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         PluginCommand::Check { file } => check(&file),
         PluginCommand::Run(args) => run_hooks(args),
-        PluginCommand::Sign { file, key } => sign(&file, &key),
+        PluginCommand::Sign {
+            file,
+            key,
+            tenant,
+            name,
+            version,
+        } => sign(&file, &key, &tenant, &name, version),
     }
 }
 
@@ -147,11 +165,21 @@ fn check(file: &Path) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn sign(file: &Path, key: &Path) -> anyhow::Result<ExitCode> {
+fn sign(
+    file: &Path,
+    key: &Path,
+    tenant: &str,
+    name: &str,
+    version: u64,
+) -> anyhow::Result<ExitCode> {
     use base64::Engine as _;
+    use bulkhead_gateway::plugins::signature::{
+        SIGNATURE_HEADER, VERSION_HEADER, signed_statement,
+    };
+    use bulkhead_gateway::plugins::{PluginDigest, PluginName};
     use ed25519_dalek::Signer as _;
     use ed25519_dalek::pkcs8::DecodePrivateKey;
-    use sha2::{Digest as _, Sha256};
+    let name = PluginName::parse(name).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
     let bytes = read_component(file)?;
     let pem = std::fs::read_to_string(key).with_context(|| format!("reading {}", key.display()))?;
     let signing = ed25519_dalek::SigningKey::from_pkcs8_pem(&pem).map_err(|e| {
@@ -160,11 +188,13 @@ fn sign(file: &Path, key: &Path) -> anyhow::Result<ExitCode> {
             key.display()
         )
     })?;
-    let signature = signing.sign(&Sha256::digest(&bytes));
+    let statement = signed_statement(tenant, &name, version, &PluginDigest::of(&bytes));
+    let signature = signing.sign(&statement);
     println!(
-        "{}",
+        "{SIGNATURE_HEADER}: {}",
         base64::engine::general_purpose::STANDARD.encode(signature.to_bytes())
     );
+    println!("{VERSION_HEADER}: {version}");
     Ok(ExitCode::SUCCESS)
 }
 

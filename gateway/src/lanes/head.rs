@@ -55,6 +55,15 @@ pub enum Unroutable {
 
 /// The bearer token of the first request head on `tcp`, looked at without
 /// consuming a byte (hyper then reads the request as if nobody had).
+/// The bearer token of a parsed request's headers, if well formed.
+pub fn bearer_of(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let value = headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok();
+    bearer_token(value).ok()
+}
+
 pub async fn peek_bearer(tcp: &TcpStream) -> Result<String, Unroutable> {
     let mut buf = vec![0; MAX_HEAD_BYTES];
     let mut seen = 0;

@@ -36,7 +36,7 @@ use tokio::sync::mpsc;
 
 use crate::api::{self, App};
 use crate::metrics::TenantLabels;
-use crate::serving::serve_connection;
+use crate::serving::{ConnectionSlot, serve_connection};
 
 /// The connection lanes of one gateway. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -64,8 +64,8 @@ struct Inner {
 
 /// What a lane's thread is asked to do.
 enum Command {
-    /// Serve this accepted connection.
-    Serve(StdTcpStream, Watcher),
+    /// Serve this accepted connection (holding its place under the caps).
+    Serve(StdTcpStream, Watcher, ConnectionSlot),
     /// Send new connections' requests to this gpu-host listener.
     Connect(Target),
 }
@@ -84,7 +84,7 @@ struct Lane {
 impl std::fmt::Debug for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Command::Serve(tcp, _) => f.debug_tuple("Serve").field(tcp).finish(),
+            Command::Serve(tcp, ..) => f.debug_tuple("Serve").field(tcp).finish(),
             Command::Connect(target) => f.debug_tuple("Connect").field(target).finish(),
         }
     }
@@ -112,23 +112,28 @@ impl Lanes {
     /// Hands `tcp` to its tenant's lane, or gives it back to be served on
     /// the main runtime: no tenant has a lane, or the first request head
     /// names none (no valid bearer token, HTTP/2, too large or too slow).
-    pub async fn hand_off(&self, tcp: TcpStream, watcher: Watcher) -> Option<(TcpStream, Watcher)> {
+    pub async fn hand_off(
+        &self,
+        tcp: TcpStream,
+        watcher: Watcher,
+        slot: ConnectionSlot,
+    ) -> Option<(TcpStream, Watcher, ConnectionSlot)> {
         if self.inner.routes.load().is_empty() {
-            return Some((tcp, watcher));
+            return Some((tcp, watcher, slot));
         }
         let token = match head::peek_bearer(&tcp).await {
             Ok(token) => token,
             Err(why) => {
                 tracing::trace!(?why, "a connection is served on the main runtime");
-                return Some((tcp, watcher));
+                return Some((tcp, watcher, slot));
             }
         };
         let snapshot = self.inner.app.snapshot.load();
         let Ok(identity) = snapshot.verifiers.verify(&token, SystemTime::now()) else {
-            return Some((tcp, watcher));
+            return Some((tcp, watcher, slot));
         };
         let Some(lane) = self.inner.routes.load().get(&identity.tenant).cloned() else {
-            return Some((tcp, watcher));
+            return Some((tcp, watcher, slot));
         };
         let std_tcp = match tcp.into_std() {
             Ok(std_tcp) => std_tcp,
@@ -149,11 +154,13 @@ impl Lanes {
                 tenant: identity.tenant,
             })
             .inc();
-        match lane.send(Command::Serve(std_tcp, watcher)) {
+        match lane.send(Command::Serve(std_tcp, watcher, slot)) {
             Ok(()) => None,
             // The lane stopped (shutdown): serve it here.
-            Err(mpsc::error::SendError(Command::Serve(std_tcp, watcher))) => {
-                TcpStream::from_std(std_tcp).ok().map(|tcp| (tcp, watcher))
+            Err(mpsc::error::SendError(Command::Serve(std_tcp, watcher, slot))) => {
+                TcpStream::from_std(std_tcp)
+                    .ok()
+                    .map(|tcp| (tcp, watcher, slot))
             }
             Err(_) => None,
         }
@@ -244,6 +251,7 @@ impl Lane {
             let target = target.clone();
             let app = inner.app.clone();
             let max_body_bytes = inner.max_body_bytes;
+            let owner: Arc<str> = tenant.into();
             std::thread::Builder::new()
                 // The kernel keeps 15 bytes: `lane:` and the tenant's first ten.
                 .name(format!("lane:{tenant}"))
@@ -263,7 +271,7 @@ impl Lane {
                             return;
                         }
                     };
-                    runtime.block_on(run(received, app, max_body_bytes, target));
+                    runtime.block_on(run(received, app, max_body_bytes, target, owner));
                 })?
         };
         let tid = started
@@ -349,38 +357,82 @@ async fn run(
     app: App,
     max_body_bytes: usize,
     target: Target,
+    owner: Arc<str>,
 ) {
-    let mut router = lane_router(&app, max_body_bytes, &target);
+    let mut router = lane_router(&app, max_body_bytes, &target, &owner);
     while let Some(command) = commands.recv().await {
         match command {
-            Command::Serve(std_tcp, watcher) => {
+            Command::Serve(std_tcp, watcher, slot) => {
                 // `into_std` left it non-blocking, as tokio needs.
                 match TcpStream::from_std(std_tcp) {
                     Ok(tcp) => {
-                        tokio::spawn(serve_connection(tcp, router.clone(), watcher));
+                        tokio::spawn(serve_connection(tcp, router.clone(), watcher, slot));
                     }
                     Err(e) => tracing::warn!("a lane could not take a connection: {e}"),
                 }
             }
-            Command::Connect(target) => router = lane_router(&app, max_body_bytes, &target),
+            Command::Connect(target) => {
+                router = lane_router(&app, max_body_bytes, &target, &owner);
+            }
         }
     }
 }
 
 /// The gateway's router, calling the gpu-host through a client whose
-/// connection runs on this (the lane's) runtime.
-fn lane_router(app: &App, max_body_bytes: usize, target: &Target) -> axum::Router {
+/// connection runs on this (the lane's) runtime. A connection is routed by
+/// its first request, but a keep-alive connection (a pooling proxy's)
+/// may carry other tenants' requests after it: each of those is answered
+/// with `Connection: close`, so the client's next request opens a new
+/// connection, which the accept loop routes by its own token. So another
+/// tenant gets at most one request onto this lane per connection.
+fn lane_router(
+    app: &App,
+    max_body_bytes: usize,
+    target: &Target,
+    owner: &Arc<str>,
+) -> axum::Router {
     let upstream = app.upstream.for_target(target).unwrap_or_else(|e| {
         tracing::warn!(?target, "a lane keeps the main gpu-host client: {e}");
         app.upstream.clone()
     });
-    api::router(
-        App {
-            upstream,
-            ..app.clone()
-        },
-        max_body_bytes,
-    )
+    let app = App {
+        upstream,
+        ..app.clone()
+    };
+    let guard = (app.clone(), Arc::clone(owner));
+    api::router(app, max_body_bytes).layer(axum::middleware::from_fn_with_state(guard, owners_only))
+}
+
+/// Marks the answer to a request that is not the lane owner's (another
+/// tenant's token, or none that verifies) `Connection: close`.
+async fn owners_only(
+    axum::extract::State((app, owner)): axum::extract::State<(App, Arc<str>)>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let owners = head::bearer_of(request.headers())
+        .and_then(|token| {
+            app.snapshot
+                .load()
+                .verifiers
+                .verify(token, SystemTime::now())
+                .ok()
+        })
+        .is_some_and(|identity| *identity.tenant == *owner);
+    let mut response = next.run(request).await;
+    if !owners {
+        app.metrics
+            .lane_foreign_requests
+            .get_or_create(&TenantLabels {
+                tenant: owner.to_string(),
+            })
+            .inc();
+        response.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    response
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@
 //! [`Admission`] from the old table releases into the counter the new table
 //! reads.
 
+mod changes;
 mod clock;
 mod concurrency;
 mod headers;
@@ -48,6 +49,7 @@ use std::time::Duration;
 use crate::policy::{Limits, Policy};
 use tenant::TenantLimiter;
 
+pub use changes::ChangeLimiter;
 pub use clock::LimitClock;
 pub use concurrency::ConcurrencyGuard;
 pub use headers::{RateLimitHeaders, format_reset, retry_after_secs};

@@ -369,6 +369,7 @@ fn builds_from_a_policy() {
                     .parse()
                     .expect("address"),
             ),
+            connections: crate::policy::ConnectionLimits::DEFAULT,
             max_body_bytes: 1 << 20,
             request_timeout: Duration::from_secs(60),
             jwt_leeway: Duration::from_secs(30),

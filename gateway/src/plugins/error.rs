@@ -70,6 +70,12 @@ pub enum PluginError {
     #[error("{in_flight} plugin compiles are already running; try again later")]
     CompileBusy { in_flight: usize },
 
+    #[error(
+        "tenant `{tenant}` already has an upload compiling (one at a time per tenant); retry \
+         when it is done"
+    )]
+    TenantCompileBusy { tenant: String },
+
     #[error("compiling the component failed: {reason}")]
     Compile { reason: String },
 
@@ -134,7 +140,9 @@ impl PluginError {
             PluginError::MissingExport { .. } => "plugin_missing_export",
             PluginError::Incompatible { .. } => "plugin_incompatible",
             PluginError::CompileTimeout { .. } => "plugin_compile_timeout",
-            PluginError::CompileBusy { .. } => "plugin_compile_busy",
+            PluginError::CompileBusy { .. } | PluginError::TenantCompileBusy { .. } => {
+                "plugin_compile_busy"
+            }
             PluginError::Compile { .. } => "plugin_compile_failed",
             PluginError::Engine { .. } => "plugin_engine",
             PluginError::Busy { .. } => "plugin_busy",
@@ -151,7 +159,9 @@ impl PluginError {
     pub fn retryable(&self) -> bool {
         matches!(
             self,
-            PluginError::Busy { .. } | PluginError::CompileBusy { .. }
+            PluginError::Busy { .. }
+                | PluginError::CompileBusy { .. }
+                | PluginError::TenantCompileBusy { .. }
         )
     }
 }

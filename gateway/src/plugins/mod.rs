@@ -27,6 +27,7 @@ mod error;
 mod gate;
 mod host;
 mod limits;
+pub mod signature;
 mod store;
 mod ticker;
 mod types;

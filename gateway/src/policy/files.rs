@@ -36,6 +36,26 @@ pub struct GatewayFile {
     pub admin: Option<AdminFile>,
     /// Who may call the operator API (`[operator]`).
     pub operator: Option<OperatorFile>,
+    /// Limits on client connections (`[connections]`).
+    pub connections: Option<ConnectionsFile>,
+}
+
+/// `[connections]` in `gateway.toml`: what one client connection may hold,
+/// so no anonymous client can take the listeners from everyone else. Read
+/// at start only.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectionsFile {
+    /// Time a client has to send a whole request head, in milliseconds; a
+    /// connection that has not by then is closed (default 10000).
+    pub header_read_timeout_ms: Option<Spanned<u64>>,
+    /// Client connections open at once on the tenants' listener (default
+    /// 8192); past it new ones are closed at once.
+    pub max_connections: Option<Spanned<u64>>,
+    /// Client connections open at once from one IP address (default 512).
+    pub max_connections_per_ip: Option<Spanned<u64>>,
+    /// Requests in flight at once on one HTTP/2 connection (default 64).
+    pub http2_max_concurrent_streams: Option<Spanned<u32>>,
 }
 
 /// `[admin]` in `gateway.toml`: the listener of the operator API and
@@ -260,6 +280,10 @@ pub struct TenantPluginsFile {
     /// signature by one of them over its SHA-256 digest.
     #[serde(default)]
     pub signing_keys: Vec<Spanned<PathBuf>>,
+    /// Plugin uploads and deletes allowed per minute (default 10, refilled
+    /// continuously; at most 1000): each is compiled and fsync'd into the
+    /// audit log, so a tenant cannot flood either.
+    pub changes_per_min: Option<Spanned<u32>>,
 }
 
 /// `[plugins.limits.NAME]` in a tenant file; unset fields take the defaults.
@@ -298,6 +322,10 @@ pub struct JwtFile {
     pub jwks: Option<Spanned<PathBuf>>,
     /// A shared HMAC secret (at least 32 bytes) for `HS*` algorithms.
     pub hs_secret_file: Option<Spanned<PathBuf>>,
+    /// Longest a token may live, in seconds: `exp` minus `nbf` (or `iat`
+    /// without `nbf`); tokens must then carry `iat`. Default 86400 (a
+    /// day); 0: no limit (then `exp` alone bounds a token).
+    pub max_lifetime_s: Option<Spanned<u64>>,
     /// DEVELOPMENT ONLY: a private key `bulkhead token issue` signs with.
     /// Real deployments leave this out; their identity provider mints tokens.
     pub dev_signing_key: Option<Spanned<PathBuf>>,

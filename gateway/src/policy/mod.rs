@@ -27,9 +27,10 @@ use bulkhead_protocol::Target;
 use crate::plugins::{PluginConfig, PluginLimits};
 
 pub use files::{
-    AdminFile, AuditGatewayFile, ClassFile, GatewayFile, GpuFile, IsolationFile, JwtFile,
-    LimitsFile, LocalGpuHostFile, ModelFile, ModelsGatewayFile, OperatorFile, PluginLimitsFile,
-    PluginsGatewayFile, PublisherFile, TenantFile, TenantPluginsFile, TrustFile, UpstreamFile,
+    AdminFile, AuditGatewayFile, ClassFile, ConnectionsFile, GatewayFile, GpuFile, IsolationFile,
+    JwtFile, LimitsFile, LocalGpuHostFile, ModelFile, ModelsGatewayFile, OperatorFile,
+    PluginLimitsFile, PluginsGatewayFile, PublisherFile, TenantFile, TenantPluginsFile, TrustFile,
+    UpstreamFile,
 };
 pub use load::{MAX_CLASS_FILES, MAX_FILE_BYTES, MAX_TENANT_FILES, file_digests, load};
 pub use models::MAX_CONFIGURED_MODELS;
@@ -92,6 +93,30 @@ impl std::str::FromStr for ListenAddr {
     }
 }
 
+/// `[connections]` with defaults applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// A request head must arrive within this, or the connection closes.
+    pub header_read_timeout: Duration,
+    /// Open client connections on the tenants' listener.
+    pub max_connections: usize,
+    /// Open client connections from one IP address.
+    pub max_connections_per_ip: usize,
+    /// Requests at once on one HTTP/2 connection.
+    pub http2_max_concurrent_streams: u32,
+}
+
+impl ConnectionLimits {
+    /// A slowloris client holds a connection at most this long without a
+    /// whole request head; real clients send theirs in one packet.
+    pub const DEFAULT: ConnectionLimits = ConnectionLimits {
+        header_read_timeout: Duration::from_secs(10),
+        max_connections: 8192,
+        max_connections_per_ip: 512,
+        http2_max_concurrent_streams: 64,
+    };
+}
+
 /// `[operator]` of `gateway.toml`: the issuers whose tokens the operator
 /// API accepts.
 #[derive(Clone, Debug)]
@@ -144,6 +169,8 @@ pub struct GatewaySettings {
     pub listen: SocketAddr,
     /// `[admin] listen`: the operator API and `/metrics`.
     pub admin_listen: ListenAddr,
+    /// `[connections]`.
+    pub connections: ConnectionLimits,
     pub max_body_bytes: u64,
     pub request_timeout: Duration,
     pub jwt_leeway: Duration,
@@ -257,7 +284,12 @@ pub struct TenantPlugins {
     /// Keys one of which must have signed an upload; empty: unsigned
     /// uploads are accepted.
     pub signing_keys: Vec<ed25519_dalek::VerifyingKey>,
+    /// `changes_per_min`; `None`: [`DEFAULT_PLUGIN_CHANGES_PER_MIN`].
+    pub changes_per_min: Option<u32>,
 }
+
+/// Plugin uploads and deletes a tenant may make per minute by default.
+pub const DEFAULT_PLUGIN_CHANGES_PER_MIN: u32 = 10;
 
 impl TenantPlugins {
     /// Whether any plugin runs for this tenant.

@@ -138,13 +138,30 @@ pub(super) fn check(
             (Arc::clone(name), settings)
         })
         .collect();
+    let changes_per_min = file.changes_per_min.as_ref().map(|n| {
+        let value = *n.get_ref();
+        if !(1..=MAX_PLUGIN_CHANGES_PER_MIN).contains(&value) {
+            errors.push(source.error_at(
+                n.span(),
+                format!(
+                    "`changes_per_min` is {value}; it must be from 1 to \
+                     {MAX_PLUGIN_CHANGES_PER_MIN} (every change is compiled and audited)"
+                ),
+            ));
+        }
+        value
+    });
     TenantPlugins {
         on_request,
         on_response,
         settings,
         signing_keys,
+        changes_per_min,
     }
 }
+
+/// Most plugin uploads and deletes per minute a tenant may be allowed.
+pub const MAX_PLUGIN_CHANGES_PER_MIN: u32 = 1000;
 
 /// A key file is a few hundred bytes; anything bigger is the wrong file.
 const MAX_KEY_FILE_BYTES: u64 = 16 << 10;

@@ -19,16 +19,16 @@ use bulkhead_protocol::Target;
 use toml::Spanned;
 
 use super::files::{
-    AdminFile, AuditGatewayFile, GatewayFile, LimitsFile, LocalGpuHostFile, ModelsGatewayFile,
-    PluginsGatewayFile, UpstreamFile,
+    AdminFile, AuditGatewayFile, ConnectionsFile, GatewayFile, LimitsFile, LocalGpuHostFile,
+    ModelsGatewayFile, PluginsGatewayFile, UpstreamFile,
 };
 use super::load::{Folder, Parsed, io_reason};
 use super::models::{HostKind, check_models};
 use super::trust::{Trust, check_trust};
 use super::{
-    ClassFile, DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, GatewayPlugins, GatewaySettings, Limits,
-    ListenAddr, LocalGpuHost, OperatorPolicy, Policy, PolicyError, SourceFile, TenantFile,
-    TenantPolicy, UpstreamSettings,
+    ClassFile, ConnectionLimits, DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, GatewayPlugins,
+    GatewaySettings, Limits, ListenAddr, LocalGpuHost, OperatorPolicy, Policy, PolicyError,
+    SourceFile, TenantFile, TenantPolicy, UpstreamSettings,
 };
 use crate::registration::{MODEL_NAME_RULE, Registration, valid_model_name};
 
@@ -145,6 +145,7 @@ fn check_gateway(
         })
     });
     let admin_listen = check_admin_listen(dir, source, file.admin.as_ref(), listen, errors);
+    let connections = check_connections(source, file.connections.as_ref(), errors);
     let operator = OperatorPolicy {
         issuers: file
             .operator
@@ -240,6 +241,7 @@ fn check_gateway(
         settings: GatewaySettings {
             listen,
             admin_listen,
+            connections,
             max_body_bytes,
             request_timeout: Duration::from_millis(request_timeout_ms),
             jwt_leeway: Duration::from_secs(jwt_leeway_s),
@@ -257,6 +259,77 @@ fn check_gateway(
         },
         device: device.filter(|_| known),
         operator,
+    }
+}
+
+/// `[connections]`: every value at least 1, the per-IP cap at most the
+/// total, the header timeout at most a minute.
+fn check_connections(
+    source: &SourceFile,
+    file: Option<&ConnectionsFile>,
+    errors: &mut Vec<PolicyError>,
+) -> ConnectionLimits {
+    let defaults = ConnectionLimits::DEFAULT;
+    let Some(file) = file else {
+        return defaults;
+    };
+    const MAX_HEADER_READ_TIMEOUT_MS: u64 = 60_000;
+    let header_ms = at_least_one(
+        source,
+        "header_read_timeout_ms",
+        &file.header_read_timeout_ms,
+        errors,
+    );
+    if let (Some(ms), Some(field)) = (header_ms, &file.header_read_timeout_ms)
+        && ms > MAX_HEADER_READ_TIMEOUT_MS
+    {
+        errors.push(source.error_at(
+            field.span(),
+            format!(
+                "`header_read_timeout_ms` is {ms}; at most {MAX_HEADER_READ_TIMEOUT_MS} \
+                 (a long one lets idle clients hold connections)"
+            ),
+        ));
+    }
+    let count =
+        |key, value: &Option<Spanned<u64>>, default: usize, errors: &mut Vec<PolicyError>| {
+            at_least_one(source, key, value, errors)
+                .map_or(default, |n| usize::try_from(n).unwrap_or(usize::MAX))
+        };
+    let max_connections = count(
+        "max_connections",
+        &file.max_connections,
+        defaults.max_connections,
+        errors,
+    );
+    let max_connections_per_ip = count(
+        "max_connections_per_ip",
+        &file.max_connections_per_ip,
+        defaults.max_connections_per_ip.min(max_connections),
+        errors,
+    );
+    if let Some(field) = &file.max_connections_per_ip
+        && max_connections_per_ip > max_connections
+    {
+        errors.push(source.error_at(
+            field.span(),
+            format!(
+                "`max_connections_per_ip` is {max_connections_per_ip}, more than \
+                 `max_connections` ({max_connections})"
+            ),
+        ));
+    }
+    let streams = at_least_one(
+        source,
+        "http2_max_concurrent_streams",
+        &file.http2_max_concurrent_streams,
+        errors,
+    );
+    ConnectionLimits {
+        header_read_timeout: header_ms.map_or(defaults.header_read_timeout, Duration::from_millis),
+        max_connections,
+        max_connections_per_ip,
+        http2_max_concurrent_streams: streams.unwrap_or(defaults.http2_max_concurrent_streams),
     }
 }
 

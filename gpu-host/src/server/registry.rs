@@ -206,10 +206,6 @@ impl ModelRegistry {
         self.models.load().get(name).cloned()
     }
 
-    pub(crate) fn names(&self) -> Vec<String> {
-        self.models.load().keys().cloned().collect()
-    }
-
     /// Every model, in name order.
     pub(crate) fn all(&self) -> Vec<Arc<LoadedModel>> {
         self.models.load().values().cloned().collect()

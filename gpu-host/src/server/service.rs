@@ -69,13 +69,11 @@ impl GpuHostService {
     }
 
     fn model(&self, name: &str) -> Result<Arc<LoadedModel>, Status> {
-        self.registry.get(name).ok_or_else(|| {
-            let served = self.registry.names();
-            Status::not_found(format!(
-                "model `{name}` is not served here (serving: {})",
-                served.join(", ")
-            ))
-        })
+        // Not the list of what is served: a caller learns about its own
+        // request only (`ListModels` lists the models).
+        self.registry
+            .get(name)
+            .ok_or_else(|| Status::not_found(format!("model `{name}` is not served here")))
     }
 }
 

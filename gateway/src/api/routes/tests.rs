@@ -80,6 +80,9 @@ fn no_route_is_added_outside_the_table() {
                 continue;
             }
             let text = std::fs::read_to_string(&path).unwrap();
+            // Unit tests (an inline `mod tests` ends its file) may build
+            // routers of their own.
+            let code = text.split("mod tests {").next().unwrap_or_default();
             for needle in [
                 "Router::new",
                 ".route(",
@@ -88,7 +91,7 @@ fn no_route_is_added_outside_the_table() {
                 ".route_service(",
             ] {
                 // This file names the needles itself.
-                if text.contains(needle) && !path.ends_with("api/routes/tests.rs") {
+                if code.contains(needle) && !path.ends_with("api/routes/tests.rs") {
                     offenders.push(format!("{} uses {needle}", path.display()));
                 }
             }

@@ -126,13 +126,28 @@ fn options_reach_the_claims() {
         ttl: MAX_DEV_TOKEN_TTL,
         ..options()
     };
-    let identity = issue_and_verify(
+    // (A tenant that allows tokens that long: the default is a day.)
+    let unlimited = tenant(
+        "t",
+        &tenant_toml(
+            "t",
+            ISS,
+            "algorithms = [\"EdDSA\"]\npublic_keys = [\"keys/ed.pub.pem\"]\n\
+             dev_signing_key = \"keys/ed.key.pem\"\nmax_lifetime_s = 0\n",
+        ),
+    );
+    let identity = issue_and_verify(&dir, unlimited, longest.clone(), Algorithm::EdDSA);
+    assert_eq!(identity.unwrap().expires_at, NOW + 30 * 24 * 3600);
+    let refused = issue_and_verify(
         &dir,
         dev_tenant("\"EdDSA\"", "ed"),
         longest,
         Algorithm::EdDSA,
     );
-    assert_eq!(identity.unwrap().expires_at, NOW + 30 * 24 * 3600);
+    assert!(
+        matches!(refused, Err(AuthError::LifetimeTooLong { .. })),
+        "{refused:?}"
+    );
 
     for ttl in [Duration::ZERO, MAX_DEV_TOKEN_TTL + Duration::from_secs(1)] {
         let err = issue_dev_token(

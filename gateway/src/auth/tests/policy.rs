@@ -271,7 +271,7 @@ fn operator_issuers_are_checked_like_tenants_and_keep_their_own_tokens() {
     .unwrap();
     let now = at(NOW);
     let claims = |iss: &str, aud: &str| {
-        json!({"iss": iss, "aud": aud, "sub": "x", "exp": NOW + 60,
+        json!({"iss": iss, "aud": aud, "sub": "x", "iat": NOW, "exp": NOW + 60,
                "scope": "admin inference plugins:write models:read audit:read"})
     };
     // The operator's token: operator scopes only, and no tenant route takes it.
@@ -432,4 +432,32 @@ fn jwks_problems_are_reported_per_key() {
         errors[0].starts_with(&format!("{prefix}it is not a JWKS")),
         "{errors:?}"
     );
+}
+
+#[test]
+fn a_token_lifetime_limit_is_at_most_a_year() {
+    let dir = TempDir::new();
+    let signer = Signer::ed25519(&dir, "ed");
+    let lines = "algorithms = [\"EdDSA\"]\npublic_keys = [\"keys/ed.pub.pem\"]\n";
+    assert_eq!(
+        errors_for(&dir, &format!("{lines}max_lifetime_s = 99999999\n")),
+        [
+            "tenants/t.toml:8:18: `max_lifetime_s` is 99999999; at most 31536000 (a year), or \
+             0 for no limit"
+        ]
+    );
+    // 0 turns the limit off: `exp` alone bounds the token.
+    let policy = policy(
+        &dir,
+        vec![tenant(
+            "t",
+            &tenant_toml("t", "https://t/", &format!("{lines}max_lifetime_s = 0\n")),
+        )],
+    );
+    let verifiers = Verifiers::build(&policy).unwrap();
+    let long = signer.sign(&claims_with(
+        "https://t/",
+        json!({ "iat": null, "exp": NOW + 10 * 86_400 }),
+    ));
+    assert!(verifiers.verify(&long, at(NOW)).is_ok());
 }

@@ -165,6 +165,34 @@ fn time_claims_are_checked_with_the_leeway() {
 }
 
 #[test]
+fn tokens_live_at_most_a_day_by_default_and_must_say_when_they_began() {
+    let f = fixture();
+    let token = |changes: Value| f.ed.sign(&claims_with(ED_ISS, changes));
+    // From `nbf` (here NOW - 10) to `exp`: a day is allowed, a second more is not.
+    let day = 86_400;
+    assert!(f.verify(&token(json!({ "exp": NOW - 10 + day }))).is_ok());
+    let err = f.reject(&token(json!({ "exp": NOW - 10 + day + 1 })));
+    assert_eq!(
+        err,
+        AuthError::LifetimeTooLong {
+            lifetime_s: day + 1,
+            max_s: day
+        }
+    );
+    assert_eq!(err.code(), "token_lifetime_too_long");
+    // The token from the issue: valid until 1e300.
+    let err = f.reject(&token(json!({ "exp": 1e300 })));
+    assert!(matches!(err, AuthError::LifetimeTooLong { .. }), "{err:?}");
+    // Without `nbf`, from `iat`; without `iat`, refused.
+    assert!(
+        f.verify(&token(json!({ "nbf": null, "exp": NOW - 10 + day })))
+            .is_ok()
+    );
+    let err = f.reject(&token(json!({ "iat": null })));
+    assert_eq!(err, AuthError::MissingClaim { claim: "iat" });
+}
+
+#[test]
 fn exp_is_required_and_must_be_a_number() {
     let f = fixture();
     let err = f.reject(&f.ed.sign(&claims_with(ED_ISS, json!({ "exp": null }))));

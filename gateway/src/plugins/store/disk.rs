@@ -66,6 +66,10 @@ struct EntryFile {
     created_at: u64,
     /// The `sub` of the token that uploaded it.
     uploaded_by: Option<String>,
+    /// The signed version, for a tenant that signs its plugins (absent in
+    /// entries written before versions, and for unsigned uploads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    version: Option<u64>,
 }
 
 impl StoreDir {
@@ -202,6 +206,7 @@ impl StoreDir {
             size_bytes: meta.size_bytes,
             created_at: meta.created_at,
             uploaded_by: meta.uploaded_by.clone(),
+            version: meta.version,
         };
         let mut json = serde_json::to_vec_pretty(&file).expect("an entry serializes");
         json.push(b'\n');
@@ -297,6 +302,7 @@ fn read_entry(path: &Path, name: &PluginName) -> Result<EntryMeta, String> {
                 size_bytes: file.size_bytes,
                 created_at: file.created_at,
                 uploaded_by: file.uploaded_by,
+                version: file.version,
             })
         }
         _ => Err(format!(

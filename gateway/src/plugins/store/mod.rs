@@ -71,6 +71,16 @@ pub enum StoreError {
     #[error("no plugin named `{name}`")]
     NotFound { name: String },
 
+    #[error(
+        "plugin `{name}` is at signed version {stored}; an upload must be signed with a higher \
+         version, not {offered} (a signed component cannot be rolled back)"
+    )]
+    VersionNotNewer {
+        name: String,
+        stored: u64,
+        offered: u64,
+    },
+
     #[error(transparent)]
     Refused(#[from] PluginError),
 
@@ -99,6 +109,8 @@ pub(crate) struct EntryMeta {
     /// Unix seconds.
     created_at: u64,
     uploaded_by: Option<String>,
+    /// The signed version (see [`super::signature`]); `None`: unsigned.
+    version: Option<u64>,
 }
 
 /// A stored plugin as the API shows it.
@@ -113,6 +125,8 @@ pub struct PluginInfo {
     pub created_at: u64,
     /// The `sub` of the token that uploaded it.
     pub uploaded_by: Option<String>,
+    /// The signed version, when the upload was signed.
+    pub version: Option<u64>,
 }
 
 /// What an upload did.
@@ -186,6 +200,25 @@ struct RegistryInner {
     index: ArcSwap<Index>,
     /// `None`: no store configured, uploads are off.
     store: Option<Store>,
+    /// Tenants with an upload compiling now: one each, so a tenant that
+    /// uploads in a loop holds at most one of the engine's compile slots
+    /// and the others stay free for other tenants.
+    compiling: Mutex<BTreeSet<String>>,
+}
+
+/// A tenant's one compile at a time; ends when dropped.
+pub(crate) struct TenantCompile<'a> {
+    compiling: &'a Mutex<BTreeSet<String>>,
+    tenant: String,
+}
+
+impl Drop for TenantCompile<'_> {
+    fn drop(&mut self) {
+        self.compiling
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.tenant);
+    }
 }
 
 struct Store {
@@ -220,6 +253,7 @@ impl PluginRegistry {
             inner: Arc::new(RegistryInner {
                 index: ArcSwap::from_pointee(Index::new()),
                 store: None,
+                compiling: Mutex::default(),
             }),
         }
     }
@@ -309,6 +343,7 @@ impl PluginRegistry {
             inner: Arc::new(RegistryInner {
                 index: ArcSwap::from_pointee(index),
                 store: Some(store),
+                compiling: Mutex::default(),
             }),
         };
         Ok((registry, report))
@@ -361,6 +396,20 @@ impl PluginRegistry {
         bytes: &[u8],
         uploaded_by: Option<&str>,
     ) -> Result<(PluginInfo, UploadOutcome), StoreError> {
+        self.upload_version(tenant, name, bytes, uploaded_by, None)
+    }
+
+    /// [`upload`](Self::upload) of a signed `version`, which must be above
+    /// the stored one's (a signed component cannot be rolled back under
+    /// its name).
+    pub fn upload_version(
+        &self,
+        tenant: &str,
+        name: &PluginName,
+        bytes: &[u8],
+        uploaded_by: Option<&str>,
+        version: Option<u64>,
+    ) -> Result<(PluginInfo, UploadOutcome), StoreError> {
         let store = self.store()?;
         if !name::is_valid_tenant(tenant) {
             return Err(StoreError::InvalidTenant {
@@ -379,12 +428,24 @@ impl PluginRegistry {
         });
         let compiled = match reused {
             Some(compiled) => compiled,
-            None => store.engine.validate_and_compile(bytes)?,
+            None => {
+                let _turn = self.compile_turn(tenant)?;
+                store.engine.validate_and_compile(bytes)?
+            }
         };
 
         let mut entries = store.entries.lock().unwrap_or_else(PoisonError::into_inner);
         let key = (tenant.to_string(), name.clone());
         let previous = entries.get(&key).cloned();
+        if let (Some(offered), Some(stored)) = (version, previous.as_ref().and_then(|p| p.version))
+            && offered <= stored
+        {
+            return Err(StoreError::VersionNotNewer {
+                name: name.to_string(),
+                stored,
+                offered,
+            });
+        }
         let outcome = match &previous {
             None => UploadOutcome::Created,
             Some(previous)
@@ -418,6 +479,7 @@ impl PluginRegistry {
             size_bytes: bytes.len() as u64,
             created_at: unix_now(),
             uploaded_by: disk::uploaded_by(uploaded_by),
+            version,
         };
         store.dir.write_entry(tenant, name, &meta)?;
         entries.insert(key, meta.clone());
@@ -451,6 +513,22 @@ impl PluginRegistry {
         });
         store.collect(&entries, meta.digest)?;
         Ok(meta.digest)
+    }
+
+    /// `tenant`'s turn to compile, or [`PluginError::TenantCompileBusy`]
+    /// while another of its uploads compiles.
+    pub(crate) fn compile_turn(&self, tenant: &str) -> Result<TenantCompile<'_>, PluginError> {
+        let compiling = &self.inner.compiling;
+        let mut set = compiling.lock().unwrap_or_else(PoisonError::into_inner);
+        if !set.insert(tenant.to_owned()) {
+            return Err(PluginError::TenantCompileBusy {
+                tenant: tenant.to_owned(),
+            });
+        }
+        Ok(TenantCompile {
+            compiling,
+            tenant: tenant.to_owned(),
+        })
     }
 
     fn store(&self) -> Result<&Store, StoreError> {
@@ -536,6 +614,7 @@ fn info(name: &str, loaded: &Loaded) -> PluginInfo {
         imports: loaded.compiled.imports().to_vec(),
         created_at: loaded.meta.created_at,
         uploaded_by: loaded.meta.uploaded_by.clone(),
+        version: loaded.meta.version,
     }
 }
 

@@ -436,7 +436,17 @@ fn racing_uploads_of_one_name_leave_index_and_disk_agreeing() {
                 let (registry, barrier) = (&registry, &barrier);
                 scope.spawn(move || {
                     barrier.wait();
-                    upload(registry, "acme", "racy", bytes).1
+                    // The tenant compiles one upload at a time: the other
+                    // is told it is busy, and tries again.
+                    loop {
+                        match registry.upload("acme", &name("racy"), bytes, None) {
+                            Ok((_, outcome)) => break outcome,
+                            Err(StoreError::Refused(PluginError::TenantCompileBusy { .. })) => {
+                                std::thread::yield_now();
+                            }
+                            Err(e) => panic!("uploading racy: {e}"),
+                        }
+                    }
                 })
             })
             .collect();
@@ -466,4 +476,54 @@ fn a_plugin_held_by_a_request_outlives_its_deletion() {
     registry.delete("acme", &name("shout")).unwrap();
     assert!(registry.get("acme", "shout").is_none());
     assert_runs(&held, true);
+}
+
+#[test]
+fn a_tenant_compiles_one_upload_at_a_time_and_leaves_the_others_theirs() {
+    let store = TempStore::new();
+    let (registry, _) = store.open();
+    // acme's upload is compiling (its turn is taken)...
+    let turn = registry.compile_turn("acme").expect("acme's turn");
+    let e = registry
+        .upload("acme", &name("x"), &guests::guest("echo"), None)
+        .unwrap_err();
+    assert!(
+        matches!(e, StoreError::Refused(PluginError::TenantCompileBusy { ref tenant }) if tenant == "acme"),
+        "{e:?}"
+    );
+    // ...while beta compiles its own.
+    upload(&registry, "beta", "x", &guests::guest("echo"));
+    drop(turn);
+    upload(&registry, "acme", "x", &guests::guest("echo"));
+}
+
+#[test]
+fn a_signed_version_only_grows_and_survives_a_restart() {
+    let store = TempStore::new();
+    let (registry, _) = store.open();
+    let (echo, rewrite) = (guests::guest("echo"), guests::guest("rewrite"));
+    let (info, _) = registry
+        .upload_version("acme", &name("x"), &echo, None, Some(5))
+        .unwrap();
+    assert_eq!(info.version, Some(5));
+    for stale in [5, 4] {
+        let e = registry
+            .upload_version("acme", &name("x"), &rewrite, None, Some(stale))
+            .unwrap_err();
+        assert!(
+            matches!(e, StoreError::VersionNotNewer { stored: 5, offered, .. } if offered == stale),
+            "{e:?}"
+        );
+    }
+    drop(registry);
+    let (reopened, _) = store.open();
+    assert_eq!(reopened.info("acme", "x").unwrap().version, Some(5));
+    let e = reopened
+        .upload_version("acme", &name("x"), &rewrite, None, Some(3))
+        .unwrap_err();
+    assert!(matches!(e, StoreError::VersionNotNewer { .. }), "{e:?}");
+    let (info, outcome) = reopened
+        .upload_version("acme", &name("x"), &rewrite, None, Some(6))
+        .unwrap();
+    assert_eq!((info.version, outcome), (Some(6), UploadOutcome::Replaced));
 }

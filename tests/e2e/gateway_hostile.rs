@@ -1,0 +1,193 @@
+//! Hostile clients, run as an attacker would run them against the real
+//! binary on loopback (the attacker on 127.0.0.2, everyone else on
+//! 127.0.0.1), each checked to leave everyone else served.
+
+use std::time::Duration;
+
+use bulkhead_tests::{Gateway, PolicyDir};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const COMPLETION: &str = r#"{"model":"bulkhead-demo-tiny","prompt":"Emma","max_tokens":2}"#;
+
+#[test]
+fn slowloris_connections_are_capped_per_address_and_closed_and_others_are_served() {
+    let policies = PolicyDir::new("slowloris");
+    let toml = policies.read("gateway.toml");
+    policies.write(
+        "gateway.toml",
+        &format!(
+            "{toml}\n[connections]\nheader_read_timeout_ms = 1000\nmax_connections_per_ip = 64\n"
+        ),
+    );
+    let gateway = Gateway::start(&policies);
+    let token = policies.token("demo", &[]);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // 200 connections from another address, each with half a request head.
+    let attackers: Vec<tokio::net::TcpStream> = runtime.block_on(async {
+        let mut open = Vec::new();
+        for _ in 0..200 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+            let mut tcp = socket.connect(gateway.addr).await.unwrap();
+            // A refused connection may already be closed: the write may fail.
+            let _ = tcp.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n").await;
+            open.push(tcp);
+        }
+        open
+    });
+    // Meanwhile a tenant is served as usual.
+    let r = gateway.request("POST", "/v1/completions", Some(&token), Some(COMPLETION));
+    assert_eq!(r.status, 200, "{}", r.body);
+    // The attacker's address hit its cap...
+    gateway.eventually("connections refused at the per-address cap", || {
+        gateway.metric(
+            "bulkhead_connections_refused_total",
+            &[("listener", "public"), ("reason", "max_connections_per_ip")],
+        ) > 0.0
+    });
+    // ...and every connection it holds is closed without an answer, by
+    // the cap at once or by the header timeout.
+    runtime.block_on(async {
+        for mut tcp in attackers {
+            let mut answer = Vec::new();
+            let read = tokio::time::timeout(Duration::from_secs(30), tcp.read_to_end(&mut answer));
+            assert!(
+                read.await.is_ok(),
+                "a half-sent request head still held its connection after 30 s"
+            );
+            assert!(
+                !answer.starts_with(b"HTTP/1.1 200"),
+                "a half-sent head was answered"
+            );
+        }
+    });
+    // And nothing was lost for the others.
+    let r = gateway.request("POST", "/v1/completions", Some(&token), Some(COMPLETION));
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+/// The audit-flood attempt: one tenant uploading in a loop with a long
+/// `sub` meets its change budget, and what it does get in is bounded.
+#[test]
+fn plugin_changes_are_rate_limited_per_tenant_and_audited_subjects_bounded() {
+    let policies = PolicyDir::new("audit-flood");
+    let audit_dir = policies.path.with_file_name(format!(
+        "bulkhead-e2e-audit-flood-{}-audit",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&audit_dir);
+    let toml = policies.read("gateway.toml");
+    policies.write(
+        "gateway.toml",
+        &format!("{toml}\n[audit]\ndir = \"{}\"\n", audit_dir.display()),
+    );
+    let demo = policies.read("tenants/demo.toml");
+    policies.write(
+        "tenants/demo.toml",
+        &format!("{demo}\n[plugins]\nchanges_per_min = 3\n"),
+    );
+    let gateway = Gateway::start(&policies);
+    let long_sub = "m".repeat(4000);
+    let flooder = policies.token("demo", &["--scope", "plugins:write", "--sub", &long_sub]);
+    let component = bulkhead_tests::plugin_wasm("guest-sdk", "prompt-guard");
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        let r = gateway.request_bytes(
+            "PUT",
+            &format!("/v1/plugins/p{i}"),
+            Some(&flooder),
+            "application/wasm",
+            &component,
+        );
+        statuses.push(r.status);
+        if r.status == 429 {
+            assert_eq!(r.error_code(), "rate_limit_plugin_changes");
+            let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+            assert!((1..=20).contains(&retry), "{retry}");
+        }
+    }
+    assert_eq!(statuses, [201, 201, 201, 429, 429, 429], "3 a minute");
+    // The audit log holds the three, each with the subject cut short.
+    let ops = policies.operator_token(&["audit:read"], &[]);
+    let r = gateway
+        .admin
+        .request("GET", "/admin/v1/audit/entries", Some(&ops), None);
+    let uploads: Vec<serde_json::Value> = r.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == "plugin.upload")
+        .cloned()
+        .collect();
+    assert_eq!(uploads.len(), 3);
+    for entry in &uploads {
+        let sub = entry["actor"]["sub"].as_str().unwrap();
+        assert!(sub.len() <= 128 && sub.contains("sha256:"), "{sub}");
+    }
+    // The log's size is in the metrics, and nothing failed.
+    let log_bytes = std::fs::metadata(audit_dir.join("entries.log"))
+        .unwrap()
+        .len();
+    assert_eq!(
+        gateway.metric("bulkhead_audit_bytes", &[]),
+        log_bytes as f64
+    );
+    assert_eq!(
+        gateway.metric("bulkhead_audit_entries", &[]),
+        r.json()["tree_size"].as_f64().unwrap()
+    );
+    assert_eq!(gateway.metric("bulkhead_audit_failed", &[]), 0.0);
+    let _ = std::fs::remove_dir_all(&audit_dir);
+}
+
+/// What a response tells a tenant: ids that count nothing, and no token
+/// that lives longer than its issuer allows.
+#[test]
+fn request_ids_are_random_and_long_lived_tokens_are_refused() {
+    let policies = PolicyDir::new("hostile-ids");
+    let gateway = Gateway::start(&policies);
+    let token = policies.token("demo", &[]);
+    let ids: Vec<String> = (0..3)
+        .map(|_| {
+            let r = gateway.request("POST", "/v1/completions", Some(&token), Some(COMPLETION));
+            assert_eq!(r.status, 200, "{}", r.body);
+            let id = r.header("x-request-id").unwrap().to_string();
+            assert_eq!(r.json()["id"], format!("cmpl-{id}"));
+            id
+        })
+        .collect();
+    for pair in ids.windows(2) {
+        assert_eq!(pair[0].len(), 32, "{pair:?}");
+        assert!(pair[0].bytes().all(|b| b.is_ascii_hexdigit()));
+        // A counter's consecutive ids share most leading digits.
+        let shared = pair[0]
+            .bytes()
+            .zip(pair[1].bytes())
+            .take_while(|(a, b)| a == b)
+            .count();
+        assert!(shared < 8, "{pair:?}");
+    }
+    // A token the tenant's own key signed, valid for ten days: over the
+    // default day.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = serde_json::json!({"iss": "bulkhead-dev", "aud": "bulkhead", "sub": "x",
+        "iat": now, "exp": now + 10 * 86_400, "scope": "inference"});
+    let pem = policies.read("dev-keys/demo.key.pem");
+    let long = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::EdDSA),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_ed_pem(pem.as_bytes()).unwrap(),
+    )
+    .unwrap();
+    let r = gateway.request("GET", "/v1/models", Some(&long), None);
+    assert_eq!(
+        (r.status, r.error_code().as_str()),
+        (401, "token_lifetime_too_long")
+    );
+}

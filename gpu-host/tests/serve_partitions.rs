@@ -35,6 +35,11 @@ impl Drop for Host {
 /// A host with the llama fixture on a 2-core CPU device with 4 MiB of KV
 /// memory (2 KiB a token for this model: 2,048 tokens).
 fn start(name: &str) -> Host {
+    start_with(name, &[])
+}
+
+/// [`start`] with more `serve` arguments.
+fn start_with(name: &str, extra: &[&str]) -> Host {
     let dir = std::env::temp_dir().join(format!("bulkhead-part-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -48,6 +53,7 @@ fn start(name: &str) -> Host {
         .arg("--model")
         .arg(format!("llama={}", model.display()))
         .args(["--threads", "2", "--kv-memory", "4MiB"])
+        .args(extra)
         .stdout(Stdio::null())
         .spawn()
         .expect("binary starts");
@@ -249,6 +255,91 @@ async fn dedicated_tenants_run_on_their_own_pinned_cores() {
         .collect();
     worker_cpus.sort();
     assert_eq!(worker_cpus, [&vec![cpu_a], &vec![cpu_b]], "{threads:?}");
+}
+
+fn shared(tenant: &str) -> v1::TenantGpu {
+    v1::TenantGpu {
+        tenant: tenant.into(),
+        isolation: v1::Isolation::Shared.into(),
+        ..Default::default()
+    }
+}
+
+/// Runs `request` to its end: its completion tokens, or the host's refusal.
+async fn generate(
+    mut client: GpuHostClient<Channel>,
+    request: v1::GenerateRequest,
+) -> Result<u32, tonic::Status> {
+    let stream = client.generate(request).await?;
+    Ok(finish(stream.into_inner()).await)
+}
+
+/// A queue per partition, and in the shared pool a guaranteed part per
+/// tenant: `acme` floods the shared pool without pause, keeping its queue
+/// full, yet every request of `demo` (dedicated) and of `beta` (shared,
+/// within its guaranteed part) is served. With one queue for the host,
+/// `acme` holds every place and both are refused.
+#[tokio::test]
+async fn a_flood_in_the_shared_pool_refuses_no_dedicated_or_guaranteed_request() {
+    // 4 places a partition, and a step of one row (each batch holds two).
+    let mut host = start_with("flood", &["--queue-capacity", "4", "--max-batch", "1"]);
+    let mut client = host.client().await;
+    let tenants = vec![dedicated("demo", 1, MIB), shared("acme"), shared("beta")];
+    set(&mut client, tenants).await.unwrap();
+    until(&mut client, "replaced the first layout", no_draining).await;
+    // Eight of acme's clients, each sending again as soon as it is
+    // answered, refused or not.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood: Vec<_> = (0..8)
+        .map(|_| {
+            let (client, stop) = (client.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut refused = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    if let Err(e) = generate(client.clone(), request("acme", 300)).await {
+                        assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+                        refused += 1;
+                        tokio::task::yield_now().await;
+                    }
+                }
+                refused
+            })
+        })
+        .collect();
+    let full = until(&mut client, "acme filled the shared queue", |r| {
+        r.partitions.iter().any(|p| {
+            p.id == "shared"
+                && p.tenants
+                    .iter()
+                    .any(|t| t.tenant == "acme" && t.queued == 4 && t.queue_refusals > 0)
+        })
+    })
+    .await;
+    let shared_pool = full.partitions.iter().find(|p| p.id == "shared").unwrap();
+    let guaranteed: BTreeMap<&str, u32> = shared_pool
+        .tenants
+        .iter()
+        .map(|t| (t.tenant.as_str(), t.queue_guaranteed))
+        .collect();
+    assert_eq!(guaranteed, BTreeMap::from([("acme", 2), ("beta", 2)]));
+    // demo's 4 places and beta's 2, all at once, into a queue acme keeps full.
+    let victims: Vec<_> = std::iter::repeat_n("demo", 4)
+        .chain(std::iter::repeat_n("beta", 2))
+        .map(|tenant| {
+            let client = client.clone();
+            tokio::spawn(async move { (tenant, generate(client, request(tenant, 8)).await) })
+        })
+        .collect();
+    for victim in victims {
+        let (tenant, result) = victim.await.unwrap();
+        assert_eq!(result.map_err(|e| format!("{tenant}: {e}")), Ok(8));
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut refused = 0;
+    for f in flood {
+        refused += f.await.unwrap();
+    }
+    assert!(refused > 0, "acme's flood never met its limit");
 }
 
 /// Tokens of the stream kept in flight across a layout change.

@@ -45,6 +45,9 @@ pub fn report_json(report: &v1::PartitionsResponse) -> Value {
                         "budget_bytes": t.budget_bytes,
                         "preemptions": t.preemptions,
                         "kv_refusals": t.kv_refusals,
+                        "queued": t.queued,
+                        "queue_guaranteed": t.queue_guaranteed,
+                        "queue_refusals": t.queue_refusals,
                     })
                 })
                 .collect();

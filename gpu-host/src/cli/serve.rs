@@ -50,7 +50,9 @@ pub struct ServeArgs {
     /// is the model reservation the weights are charged to.
     #[arg(long, value_parser = parse_kv_memory)]
     kv_memory: Option<u64>,
-    /// Requests that may wait to join a batch; more get RESOURCE_EXHAUSTED.
+    /// Requests that may wait to join a batch in each partition (a shared
+    /// pool's tenants are each guaranteed their weighted part and borrow the
+    /// free room); more get RESOURCE_EXHAUSTED.
     #[arg(long, default_value_t = 64)]
     queue_capacity: usize,
     /// File holding the bearer secret clients must send (`authorization: Bearer ...`):

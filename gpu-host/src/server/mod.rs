@@ -21,6 +21,7 @@ mod registry;
 mod request;
 mod scheduler;
 mod service;
+mod shares;
 mod sink;
 
 use std::future::Future;
@@ -67,7 +68,8 @@ pub struct ServeConfig {
     /// device the partitions are planned with the `PartitionedDevice`'s
     /// own memory split instead (made from this same setting by `serve`).
     pub kv_memory_bytes: u64,
-    /// Requests that may wait to join a batch before new ones get RESOURCE_EXHAUSTED.
+    /// Requests that may wait to join a batch in each partition; past a
+    /// tenant's part of it and the free room, RESOURCE_EXHAUSTED.
     pub queue_capacity: usize,
     /// Bearer secret required from clients (mandatory on TCP).
     pub auth_secret: Option<AuthSecret>,

@@ -32,7 +32,7 @@ use bulkhead_protocol::v1;
 use tonic::Status;
 
 use super::affinity::CpuMap;
-use super::queue::{Job, Scheduler, SchedulerView};
+use super::queue::{Job, Scheduler, SchedulerSettings, SchedulerView};
 use super::registry::ModelRegistry;
 use super::scheduler::{PartitionLoad, PartitionSpec, PlannedTenant};
 use super::sink::Counters;
@@ -65,7 +65,8 @@ pub(crate) struct PartitionSettings {
     pub cpus: CpuMap,
     /// Sequences one model's batch holds at once.
     pub max_running: usize,
-    /// Requests that may wait host-wide.
+    /// Requests that may wait in each partition's queue (shared among its
+    /// tenants as [`super::shares`] says).
     pub capacity: usize,
     /// What each partition's scheduler computes with.
     pub compute: ComputeBackend,
@@ -169,7 +170,7 @@ impl Partitions {
                     job.tenant
                 ))
             })?;
-        generation.schedulers[at].submit(job, self.settings.capacity)
+        generation.schedulers[at].submit(job)
     }
 
     /// Plans `tenants`; a new layout replaces the current one (true), the
@@ -360,6 +361,7 @@ fn partition_info(view: &SchedulerView, draining: bool) -> v1::PartitionInfo {
         .map(|tenant| {
             let planned = spec.tenants.iter().find(|t| t.slot.tenant == tenant);
             let used = load.tenants.get(tenant).copied().unwrap_or_default();
+            let queue = view.queue.of(tenant);
             v1::TenantUsage {
                 tenant: tenant.to_string(),
                 weight: planned.map_or(1, |t| t.slot.weight),
@@ -369,6 +371,9 @@ fn partition_info(view: &SchedulerView, draining: bool) -> v1::PartitionInfo {
                 budget_bytes: planned.map_or(0, |t| t.slot.budget_bytes),
                 preemptions: used.preemptions,
                 kv_refusals: used.kv_refusals,
+                queued: small(queue.queued.load(Ordering::SeqCst)),
+                queue_guaranteed: small(queue.guaranteed),
+                queue_refusals: queue.refusals.load(Ordering::Relaxed),
             }
         })
         .collect();
@@ -444,8 +449,11 @@ fn start_generation(
         // Dropping what started so far stops it (its queue closes empty).
         let (scheduler, handle) = Scheduler::start(
             Arc::new(spec),
-            settings.max_running,
-            settings.compute.clone(),
+            SchedulerSettings {
+                max_running: settings.max_running,
+                queue_capacity: settings.capacity,
+                compute: settings.compute.clone(),
+            },
             Arc::clone(registry),
             Arc::clone(host),
         )?;

@@ -1,7 +1,8 @@
 //! One partition's scheduler and the queue in front of it: the router
-//! ([`super::partitions`]) submits validated jobs; the host as a whole
-//! refuses one at once (RESOURCE_EXHAUSTED) when `capacity` requests already
-//! wait to join a batch. The engine is synchronous and CPU-bound, so each
+//! ([`super::partitions`]) submits validated jobs; the partition refuses one
+//! at once (RESOURCE_EXHAUSTED) when its tenant has used its part of the
+//! partition's queue and the rest is full ([`super::shares`]): a queue is
+//! never shared across partitions, so a dedicated tenant's is its own. The engine is synchronous and CPU-bound, so each
 //! partition runs on its own thread ([`super::scheduler`]), off the async
 //! runtime, and streams events back through each request's channel.
 
@@ -19,6 +20,7 @@ use tonic::Status;
 use super::affinity::pin_current_thread;
 use super::registry::{LoadedModel, ModelRegistry};
 use super::scheduler::{self, PartitionLoad, PartitionSpec, SchedulerConfig, Shared};
+use super::shares::QueueShares;
 use super::sink::{Counted, Counters};
 use crate::engine::{Backend, ComputeBackend, CpuBackend, GenerateRequest};
 
@@ -35,6 +37,14 @@ pub(crate) struct Job {
     pub events: EventSender,
 }
 
+/// A job in a partition's queue, with the counts it settles when it starts
+/// running or leaves.
+#[derive(Debug)]
+pub(crate) struct Queued {
+    pub job: Job,
+    pub counted: Counted,
+}
+
 /// What the rest of the host sees of a partition's scheduler, kept while
 /// its thread runs (also after its layout was replaced, while it drains).
 #[derive(Debug)]
@@ -42,6 +52,8 @@ pub(crate) struct SchedulerView {
     pub spec: Arc<PartitionSpec>,
     pub counters: Arc<Counters>,
     pub load: Arc<ArcSwap<PartitionLoad>>,
+    /// Its queue, shared among its tenants.
+    pub queue: QueueShares,
     /// Set by the thread as it exits (every stream drained).
     pub exited: Arc<AtomicBool>,
 }
@@ -50,9 +62,19 @@ pub(crate) struct SchedulerView {
 /// shutdown) lets the scheduler finish what it has and exit.
 #[derive(Debug)]
 pub(crate) struct Scheduler {
-    sender: Sender<Job>,
+    sender: Sender<Queued>,
     host: Arc<Counters>,
     pub view: Arc<SchedulerView>,
+}
+
+/// What every partition's scheduler starts with.
+#[derive(Clone, Debug)]
+pub(crate) struct SchedulerSettings {
+    /// Decode rows of one model's step.
+    pub max_running: usize,
+    /// Requests that may wait in the partition's queue ([`QueueShares`]).
+    pub queue_capacity: usize,
+    pub compute: ComputeBackend,
 }
 
 /// Sets its flag when dropped, however the thread ends.
@@ -74,25 +96,25 @@ impl Scheduler {
     /// and budget go when it has drained.
     pub(crate) fn start(
         spec: Arc<PartitionSpec>,
-        max_running: usize,
-        compute: ComputeBackend,
+        settings: SchedulerSettings,
         registry: Arc<ModelRegistry>,
         host: Arc<Counters>,
     ) -> Result<(Scheduler, JoinHandle<()>), String> {
+        let SchedulerSettings {
+            max_running,
+            queue_capacity,
+            compute,
+        } = settings;
         let (sender, receiver) = channel();
-        let counters = Arc::new(Counters::default());
         let view = Arc::new(SchedulerView {
             spec: Arc::clone(&spec),
-            counters: Arc::clone(&counters),
+            counters: Arc::new(Counters::default()),
             load: Arc::new(ArcSwap::default()),
+            queue: QueueShares::new(&spec, queue_capacity),
             exited: Arc::new(AtomicBool::new(false)),
         });
         let shared = Shared {
             registry,
-            counters: Counted {
-                host: Arc::clone(&host),
-                partition: counters,
-            },
             load: Arc::clone(&view.load),
         };
         let exit = ExitFlag(Arc::clone(&view.exited));
@@ -156,23 +178,21 @@ impl Scheduler {
         }
     }
 
-    /// Queues a job, or refuses it at once when `capacity` requests already
-    /// wait host-wide.
-    pub(crate) fn submit(&self, job: Job, capacity: usize) -> Result<(), Status> {
+    /// Queues a job, or refuses it at once when its tenant has used its
+    /// part of this partition's queue and the rest is full.
+    pub(crate) fn submit(&self, job: Job) -> Result<(), Status> {
+        let tenant_queued = self
+            .view
+            .queue
+            .enter(&job.tenant, &self.view.counters.queued)?;
+        self.host.queued.fetch_add(1, Ordering::SeqCst);
         let counted = Counted {
             host: Arc::clone(&self.host),
             partition: Arc::clone(&self.view.counters),
+            tenant_queued,
         };
-        let before = self.host.queued.fetch_add(1, Ordering::SeqCst);
-        if before >= capacity {
-            self.host.queued.fetch_sub(1, Ordering::SeqCst);
-            return Err(Status::resource_exhausted(format!(
-                "the request queue is full ({capacity} waiting); retry later"
-            )));
-        }
-        self.view.counters.queued.fetch_add(1, Ordering::SeqCst);
-        if self.sender.send(job).is_err() {
-            counted.unqueue();
+        if let Err(refused) = self.sender.send(Queued { job, counted }) {
+            refused.0.counted.unqueue();
             return Err(Status::unavailable("the host is shutting down"));
         }
         Ok(())

@@ -26,9 +26,9 @@ use arc_swap::ArcSwap;
 use bulkhead_partition::{PartitionKind, TenantSlot};
 use tonic::Status;
 
-use super::queue::Job;
+use super::queue::{Job, Queued};
 use super::registry::{LoadedModel, ModelRegistry};
-use super::sink::{Counted, Outbox, StreamSink};
+use super::sink::{Outbox, StreamSink};
 use crate::engine::{
     Backend, BatchLimits, Batcher, NewSequence, PartitionKv, SequenceSink, TenantCounts,
     TenantShare,
@@ -110,7 +110,6 @@ pub(crate) struct TenantLoad {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub registry: Arc<ModelRegistry>,
-    pub counters: Counted,
     pub load: Arc<ArcSwap<PartitionLoad>>,
 }
 
@@ -122,12 +121,11 @@ struct ModelBatch {
 
 /// Runs until the queue's sender is gone and every stream has drained.
 pub(crate) fn run(
-    receiver: &Receiver<Job>,
+    receiver: &Receiver<Queued>,
     backend: &dyn Backend,
     config: &SchedulerConfig,
     shared: &Shared,
 ) {
-    let counters = &shared.counters;
     let mut batches: Vec<ModelBatch> = Vec::new();
     // One KV budget for all the partition's models.
     let kv = PartitionKv::new(config.partition.memory_bytes);
@@ -146,14 +144,14 @@ pub(crate) fn run(
                 receiver.recv_timeout(FLUSH_INTERVAL)
             };
             match next {
-                Ok(job) => accept(job, &mut batches, &mut outboxes, config, &kv, counters),
+                Ok(job) => accept(job, &mut batches, &mut outboxes, config, &kv),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => open = false,
             }
         }
         while open {
             match receiver.try_recv() {
-                Ok(job) => accept(job, &mut batches, &mut outboxes, config, &kv, counters),
+                Ok(job) => accept(job, &mut batches, &mut outboxes, config, &kv),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => open = false,
             }
@@ -268,28 +266,26 @@ fn add(t: &mut TenantLoad, c: TenantCounts, block_bytes: u64) {
 
 /// Puts a job in its model's batch (creating the batch on first use).
 fn accept(
-    job: Job,
+    queued: Queued,
     batches: &mut Vec<ModelBatch>,
     outboxes: &mut Vec<Rc<RefCell<Outbox>>>,
     config: &SchedulerConfig,
     kv: &PartitionKv,
-    counters: &Counted,
 ) {
-    let Job {
-        model,
-        request,
-        tenant,
-        priority,
-        events,
-    } = job;
+    let Queued {
+        job:
+            Job {
+                model,
+                request,
+                tenant,
+                priority,
+                events,
+            },
+        counted,
+    } = queued;
     let outbox = Outbox::new(events);
     outboxes.push(outbox.clone());
-    let mut sink = StreamSink::new(
-        model.clone(),
-        request.prompt_tokens.len(),
-        outbox,
-        counters.clone(),
-    );
+    let mut sink = StreamSink::new(model.clone(), request.prompt_tokens.len(), outbox, counted);
     if sink.check().is_break() {
         return; // client gone or model out of service while queued
     }

@@ -34,12 +34,13 @@ pub(crate) struct Counters {
     pub running: AtomicUsize,
 }
 
-/// The host's counters and those of the partition a request was routed to,
-/// moved together.
+/// The host's counters, those of the partition a request was routed to and
+/// its tenant's waiting count there ([`super::shares`]), moved together.
 #[derive(Clone, Debug)]
 pub(crate) struct Counted {
     pub host: Arc<Counters>,
     pub partition: Arc<Counters>,
+    pub tenant_queued: Arc<AtomicUsize>,
 }
 
 impl Counted {
@@ -52,6 +53,7 @@ impl Counted {
         for c in self.each() {
             c.queued.fetch_sub(1, Ordering::SeqCst);
         }
+        self.tenant_queued.fetch_sub(1, Ordering::SeqCst);
     }
 
     fn start(&self) {
@@ -59,6 +61,7 @@ impl Counted {
             c.queued.fetch_sub(1, Ordering::SeqCst);
             c.running.fetch_add(1, Ordering::SeqCst);
         }
+        self.tenant_queued.fetch_sub(1, Ordering::SeqCst);
     }
 
     fn stop(&self) {

@@ -11,7 +11,7 @@ use minijinja::{Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 
 use crate::gguf::{GgufError, Metadata};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{LITERAL_END, LITERAL_START, Tokenizer};
 
 /// Largest template source accepted. Real templates are under 20 KiB.
 pub const MAX_TEMPLATE_BYTES: usize = 256 * 1024;
@@ -144,6 +144,36 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatTemplateError> {
+        self.render_messages(messages.to_vec(), add_generation_prompt)
+    }
+
+    /// Renders the conversation for [`Tokenizer::encode_marked`]: each
+    /// message's content (less the whitespace at its ends, which templates
+    /// often `trim`) is enclosed in literal marks, so a control token's
+    /// spelling written in a message stays text and only the template's
+    /// own control tokens steer the model. The marks are taken out of the
+    /// content first (they are Unicode noncharacters). Otherwise the same
+    /// text as [`ChatTemplate::render`].
+    pub fn render_marked(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
+        let marked = messages
+            .iter()
+            .map(|m| ChatMessage {
+                role: m.role.clone(),
+                content: mark_literal(&m.content),
+            })
+            .collect();
+        self.render_messages(marked, add_generation_prompt)
+    }
+
+    fn render_messages(
+        &self,
+        messages: Vec<ChatMessage>,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
@@ -151,8 +181,8 @@ impl ChatTemplate {
         // Messages go in as objects so that iteration and `tojson` see the
         // keys in Python's order (role, content), not sorted.
         let messages: Vec<Value> = messages
-            .iter()
-            .map(|m| Value::from_object(MessageObject(m.clone())))
+            .into_iter()
+            .map(|m| Value::from_object(MessageObject(m)))
             .collect();
         let ctx = minijinja::context! {
             messages => messages,
@@ -170,6 +200,28 @@ impl ChatTemplate {
         String::from_utf8(out.buf)
             .map_err(|_| ChatTemplateError::Render("output is not UTF-8".to_owned()))
     }
+}
+
+/// `content` with its whitespace-trimmed core between literal marks (none
+/// around empty or all-whitespace content); marks already in it dropped.
+fn mark_literal(content: &str) -> String {
+    let content: String = content
+        .chars()
+        .filter(|&c| c != LITERAL_START && c != LITERAL_END)
+        .collect();
+    let core = content.trim();
+    if core.is_empty() {
+        return content;
+    }
+    let start = content.len() - content.trim_start().len();
+    let end = start + core.len();
+    let mut marked = String::with_capacity(content.len() + 6);
+    marked.push_str(&content[..start]);
+    marked.push(LITERAL_START);
+    marked.push_str(core);
+    marked.push(LITERAL_END);
+    marked.push_str(&content[end..]);
+    marked
 }
 
 /// The message of a `raise_exception` call somewhere in the error chain.

@@ -21,6 +21,6 @@ pub use chat::{
     MAX_TEMPLATE_RECURSION, RENDER_FUEL,
 };
 pub use tokenizer::{
-    MAX_MERGES, MAX_TOKEN_BYTES, MAX_VOCAB_TOKENS, StreamDecoder, TokenType, Tokenizer,
-    TokenizerConfig, TokenizerError,
+    LITERAL_END, LITERAL_START, MAX_MERGES, MAX_TOKEN_BYTES, MAX_VOCAB_TOKENS, StreamDecoder,
+    TokenType, Tokenizer, TokenizerConfig, TokenizerError,
 };

@@ -30,7 +30,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 import numpy as np
-import torch
+try:
+    import torch
+except ModuleNotFoundError:  # literal_specials.py trains the tokenizers only
+    torch = None
 import gguf
 from gguf import GGUFWriter, GGUFReader
 
@@ -820,6 +823,7 @@ def main():
     ap.add_argument("--only", default="tok,chat,models")
     ap.add_argument("--summary", default=None, help="also write a JSON summary here")
     a = ap.parse_args()
+    assert torch is not None, "make_fixtures.py needs torch: run tests/reference/setup.sh"
     random.seed(SEED); np.random.seed(SEED); torch.manual_seed(SEED)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(2)

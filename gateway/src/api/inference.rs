@@ -256,7 +256,7 @@ async fn run(
     })?;
     let meta = ResponseMeta::new(request.endpoint, request_id, &request.model);
     let (stream, include_usage) = (request.stream, request.include_usage);
-    let upstream_request = to_upstream(request, max_tokens, &tenant.id, request_id);
+    let upstream_request = to_upstream(request, max_tokens, tenant, request_id);
     // Wait for Started before answering: a host that fails before
     // generating still gets an honest HTTP status.
     let (started, events) =
@@ -339,7 +339,7 @@ fn weights_headers(weights: &VerifiedWeights) -> HeaderMap {
 fn to_upstream(
     request: InferenceRequest,
     max_tokens: u32,
-    tenant: &str,
+    tenant: &TenantPolicy,
     request_id: &str,
 ) -> v1::GenerateRequest {
     let prompt = match request.prompt {
@@ -372,8 +372,9 @@ fn to_upstream(
         repetition_penalty: request.repetition_penalty,
         seed: Some(seed),
         stop: request.stop,
-        tenant: tenant.to_string(),
+        tenant: tenant.id.clone(),
         request_id: request_id.to_string(),
         priority: request.priority,
+        parse_special: tenant.parse_special,
     }
 }

@@ -354,6 +354,7 @@ fn builds_from_a_policy() {
         plugins: Default::default(),
         gpu: Default::default(),
         kv_wait_ms: None,
+        parse_special: false,
         source: Arc::new(SourceFile::new("tenants/acme.toml", "")),
     };
     let mut policy = Policy {

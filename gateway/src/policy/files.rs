@@ -219,6 +219,19 @@ pub struct TenantFile {
     /// The tenant's compute and memory on the gpu-host (`[gpu]`); absent:
     /// the shared pool with weight 1.
     pub gpu: Option<Spanned<GpuFile>>,
+    /// How its prompts are tokenized (`[prompts]`).
+    #[serde(default)]
+    pub prompts: PromptsFile,
+}
+
+/// `[prompts]` in a tenant file.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromptsFile {
+    /// Whether a control token spelled in a raw `/v1/completions` prompt
+    /// (`<|eot_id|>`, `<|im_start|>`, …) becomes that control token
+    /// (default false: it is text). Chat message content is always text.
+    pub parse_special: Option<bool>,
 }
 
 /// `[gpu]` in a tenant file. Checked against the device (over-subscription

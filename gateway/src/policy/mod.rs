@@ -266,13 +266,16 @@ pub struct TenantPolicy {
     pub gpu: GpuRequest,
     /// `[gpu] kv_wait_ms` (`None`: the gpu-host's default).
     pub kv_wait_ms: Option<u32>,
+    /// `[prompts] parse_special`: control tokens spelled in a raw prompt
+    /// are control tokens (default: text).
+    pub parse_special: bool,
     /// The tenant file, for error locations.
     pub source: Arc<SourceFile>,
 }
 
 /// A tenant's `[plugins]`: the chains, and the settings of every plugin in
 /// them.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct TenantPlugins {
     /// `on-request` hooks, in the order they run.
     pub on_request: Vec<Arc<str>>,

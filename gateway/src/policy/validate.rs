@@ -852,6 +852,7 @@ fn check_tenants(
                 plugins,
                 gpu: gpu.unwrap_or_default(),
                 kv_wait_ms,
+                parse_special: doc.prompts.parse_special.unwrap_or(false),
                 source,
             },
         );

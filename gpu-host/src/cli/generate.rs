@@ -70,10 +70,11 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
             let messages = read_chat(path)?;
             let template = ChatTemplate::from_metadata(model.gguf().metadata(), &tokenizer)
                 .context("loading the chat template")?;
+            // As `serve` does: a control token spelled in a message is text.
             let rendered = template
-                .render(&messages, true)
+                .render_marked(&messages, true)
                 .context("rendering the chat")?;
-            tokenizer.encode(&rendered, false)
+            tokenizer.encode_marked(&rendered, false)
         }
         (None, None) => bail!("give --prompt or --chat"),
     };

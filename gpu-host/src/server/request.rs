@@ -13,7 +13,12 @@ pub(crate) fn to_engine(
     model: &LoadedModel,
     req: &v1::GenerateRequest,
 ) -> Result<GenerateRequest, Status> {
-    let prompt_tokens = prompt_tokens(model, req.prompt.as_ref())?;
+    let specials = if req.parse_special {
+        Specials::Parse
+    } else {
+        Specials::AsText
+    };
+    let prompt_tokens = prompt_tokens(model, req.prompt.as_ref(), specials)?;
     let defaults = SamplingParams::default();
     let sampling = SamplingParams {
         temperature: req.temperature.unwrap_or(defaults.temperature),
@@ -76,14 +81,28 @@ pub(crate) fn to_engine(
     })
 }
 
-fn prompt_tokens(model: &LoadedModel, prompt: Option<&Prompt>) -> Result<Vec<u32>, Status> {
+/// Whether a text prompt's control-token spellings are control tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Specials {
+    Parse,
+    AsText,
+}
+
+fn prompt_tokens(
+    model: &LoadedModel,
+    prompt: Option<&Prompt>,
+    specials: Specials,
+) -> Result<Vec<u32>, Status> {
     let tokens = match prompt {
         None => {
             return Err(Status::invalid_argument(
                 "prompt: give one of text, chat or tokens",
             ));
         }
-        Some(Prompt::Text(text)) => model.tokenizer.encode(text, true),
+        Some(Prompt::Text(text)) => match specials {
+            Specials::Parse => model.tokenizer.encode(text, true),
+            Specials::AsText => model.tokenizer.encode_literal(text, true),
+        },
         Some(Prompt::Chat(chat)) => {
             if chat.messages.is_empty() {
                 return Err(Status::invalid_argument("prompt.chat: no messages"));
@@ -103,9 +122,9 @@ fn prompt_tokens(model: &LoadedModel, prompt: Option<&Prompt>) -> Result<Vec<u32
                 })
                 .collect();
             let rendered = template
-                .render(&messages, true)
+                .render_marked(&messages, true)
                 .map_err(|e| Status::invalid_argument(format!("prompt.chat: {e}")))?;
-            model.tokenizer.encode(&rendered, false)
+            model.tokenizer.encode_marked(&rendered, false)
         }
         Some(Prompt::Tokens(ids)) => {
             let vocab = model.tokenizer.vocab_size();

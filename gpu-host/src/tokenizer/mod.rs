@@ -11,9 +11,10 @@ mod stream;
 mod unicode;
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use pretokenize::PreTokenizer;
-use special::{Fragment, SpecialMatcher};
+use special::{Fragment, Kind, SpecialMatcher};
 pub use stream::{StreamDecoder, TextStream};
 use unicode_normalization::{IsNormalized, UnicodeNormalization, is_nfc_quick};
 
@@ -40,6 +41,41 @@ const END_OF_GENERATION_TEXTS: &[&str] = &[
     "_<EOT>",
     "<|end_of_text|>",
 ];
+
+/// Marks the start of user-written text in a rendered prompt
+/// ([`Tokenizer::encode_marked`]); a Unicode noncharacter, which no
+/// vocabulary spells and no client needs to send.
+pub const LITERAL_START: char = '\u{FDD0}';
+/// Marks the end of user-written text in a rendered prompt.
+pub const LITERAL_END: char = '\u{FDD1}';
+
+/// `text` without its literal marks, and the byte ranges of the result
+/// they enclosed (sorted, disjoint; see [`Tokenizer::encode_marked`]).
+fn unmark(text: &str) -> (String, Vec<Range<usize>>) {
+    let mut plain = String::with_capacity(text.len());
+    let mut ranges: Vec<Range<usize>> = Vec::new();
+    let mut open: Option<usize> = None;
+    for c in text.chars() {
+        match c {
+            LITERAL_START => {
+                open.get_or_insert(plain.len());
+            }
+            LITERAL_END => {
+                // Unopened: literal back to the last range (or the start).
+                let start = open
+                    .take()
+                    .unwrap_or_else(|| ranges.last().map_or(0, |r| r.end));
+                ranges.push(start..plain.len());
+            }
+            c => plain.push(c),
+        }
+    }
+    if let Some(start) = open {
+        ranges.push(start..plain.len());
+    }
+    ranges.retain(|r| !r.is_empty());
+    (plain, ranges)
+}
 
 /// Tokenizer settings, named after the GGUF `tokenizer.ggml.*` keys.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -160,9 +196,15 @@ impl TokenType {
         })
     }
 
-    /// Whether text containing this token's spelling yields the token itself.
-    fn is_matched_literally(self) -> bool {
-        matches!(self, Self::Control | Self::UserDefined | Self::Unknown)
+    /// How text containing this token's spelling yields the token itself:
+    /// as a control token (only where special-token parsing is on) or as an
+    /// added one (always); `None`: never.
+    fn matched_as(self) -> Option<Kind> {
+        match self {
+            Self::Control | Self::Unknown => Some(Kind::Control),
+            Self::UserDefined => Some(Kind::Added),
+            _ => None,
+        }
     }
 }
 
@@ -328,8 +370,7 @@ impl Tokenizer {
                 .iter()
                 .zip(&types)
                 .enumerate()
-                .filter(|(_, (_, ty))| ty.is_matched_literally())
-                .map(|(id, (text, _))| (id as u32, text.as_str())),
+                .filter_map(|(id, (text, ty))| Some((id as u32, text.as_str(), ty.matched_as()?))),
         );
 
         let mut end_of_generation: Vec<u32> = END_OF_GENERATION_TEXTS
@@ -365,12 +406,36 @@ impl Tokenizer {
     /// Tokenizes `text`. Special tokens written literally are recognised;
     /// `add_special` adds BOS/EOS as the model's config asks.
     pub fn encode(&self, text: &str, add_special: bool) -> Vec<u32> {
+        self.encode_outside(text, add_special, &[])
+    }
+
+    /// Tokenizes `text` with special-token parsing off: a control token's
+    /// spelling is text like any other (user-defined added tokens still
+    /// tokenize whole, as in llama.cpp and Hugging Face); `add_special`
+    /// adds BOS/EOS as the model's config asks.
+    pub fn encode_literal(&self, text: &str, add_special: bool) -> Vec<u32> {
+        let whole = 0..text.len();
+        self.encode_outside(text, add_special, std::slice::from_ref(&whole))
+    }
+
+    /// Tokenizes a rendered prompt whose user-written parts are marked
+    /// ([`LITERAL_START`] … [`LITERAL_END`], as the chat template renders
+    /// message content): control tokens are recognised only outside the
+    /// marks, and the marks themselves are dropped. A start mark without an
+    /// end keeps the rest literal, an end mark without a start everything
+    /// before it: an unbalanced mark never leaves user text parsed.
+    pub fn encode_marked(&self, text: &str, add_special: bool) -> Vec<u32> {
+        let (plain, literal) = unmark(text);
+        self.encode_outside(&plain, add_special, &literal)
+    }
+
+    fn encode_outside(&self, text: &str, add_special: bool, literal: &[Range<usize>]) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && self.add_bos {
             out.extend(self.bos_id);
         }
         let mut after_special = true;
-        for fragment in self.specials.split(text) {
+        for fragment in self.specials.split_outside(text, literal) {
             match fragment {
                 Fragment::Token(id) => {
                     out.push(id);

@@ -12,11 +12,23 @@ pub(crate) enum Fragment {
     Token(u32),
 }
 
+/// What a matched token is to the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A control token (or the unknown token): it steers the model, so text
+    /// a user wrote (a literal range) never becomes one.
+    Control,
+    /// A user-defined added token: ordinary vocabulary that tokenizes as a
+    /// whole, matched wherever it is written (llama.cpp and Hugging Face
+    /// match these even with special-token parsing off).
+    Added,
+}
+
 #[derive(Debug, Default)]
 struct Node {
     /// (byte, child index), kept sorted by byte.
     children: Vec<(u8, u32)>,
-    token: Option<u32>,
+    token: Option<(u32, Kind)>,
 }
 
 /// A byte trie over the special tokens' texts.
@@ -27,9 +39,9 @@ pub(crate) struct SpecialMatcher {
 
 impl SpecialMatcher {
     /// Builds the matcher; empty strings are ignored.
-    pub(crate) fn new<'a>(tokens: impl IntoIterator<Item = (u32, &'a str)>) -> Self {
+    pub(crate) fn new<'a>(tokens: impl IntoIterator<Item = (u32, &'a str, Kind)>) -> Self {
         let mut nodes = vec![Node::default()];
-        for (id, text) in tokens {
+        for (id, text, kind) in tokens {
             if text.is_empty() {
                 continue;
             }
@@ -46,7 +58,7 @@ impl SpecialMatcher {
                 };
             }
             // With duplicate texts the later id wins, as in llama.cpp's map.
-            nodes[at].token = Some(id);
+            nodes[at].token = Some((id, kind));
         }
         Self { nodes }
     }
@@ -56,8 +68,13 @@ impl SpecialMatcher {
         self.nodes[0].children.is_empty()
     }
 
-    /// The longest special token starting at the beginning of `bytes`.
-    fn longest_at(&self, bytes: &[u8]) -> Option<(u32, usize)> {
+    /// The longest token starting at the beginning of `bytes` that `allowed`
+    /// accepts given its kind and length.
+    fn longest_at(
+        &self,
+        bytes: &[u8],
+        allowed: impl Fn(Kind, usize) -> bool,
+    ) -> Option<(u32, usize)> {
         let mut at = 0usize;
         let mut best = None;
         for (i, &b) in bytes.iter().enumerate() {
@@ -66,15 +83,27 @@ impl SpecialMatcher {
                 Ok(pos) => at = node.children[pos].1 as usize,
                 Err(_) => break,
             }
-            if let Some(id) = self.nodes[at].token {
+            if let Some((id, kind)) = self.nodes[at].token
+                && allowed(kind, i + 1)
+            {
                 best = Some((id, i + 1));
             }
         }
         best
     }
 
-    /// Splits `text` into text fragments and special tokens.
+    /// Splits `text` into text fragments and special tokens, every token
+    /// spelled in it recognised.
+    #[cfg(test)]
     pub(crate) fn split(&self, text: &str) -> Vec<Fragment> {
+        self.split_outside(text, &[])
+    }
+
+    /// Splits `text` into text fragments and special tokens, except that no
+    /// control token is recognised where its spelling overlaps one of
+    /// `literal` (sorted, disjoint byte ranges of `text`): there it stays
+    /// text. Added tokens are recognised everywhere.
+    pub(crate) fn split_outside(&self, text: &str, literal: &[Range<usize>]) -> Vec<Fragment> {
         let mut out = Vec::new();
         if self.is_empty() {
             if !text.is_empty() {
@@ -86,13 +115,21 @@ impl SpecialMatcher {
         let root = &self.nodes[0];
         let mut text_start = 0;
         let mut i = 0;
+        // The first literal range that does not end before `i`.
+        let mut next_literal = 0;
         while i < bytes.len() {
+            while literal.get(next_literal).is_some_and(|r| r.end <= i) {
+                next_literal += 1;
+            }
             let starts_token = root
                 .children
                 .binary_search_by_key(&bytes[i], |&(k, _)| k)
                 .is_ok();
             let found = if starts_token {
-                self.longest_at(&bytes[i..])
+                let literal_from = literal.get(next_literal).map_or(usize::MAX, |r| r.start);
+                self.longest_at(&bytes[i..], |kind, len| {
+                    kind == Kind::Added || i + len <= literal_from
+                })
             } else {
                 None
             };
@@ -120,7 +157,13 @@ mod tests {
 
     #[test]
     fn leftmost_longest() {
-        let m = SpecialMatcher::new([(1, "<|a|>"), (2, "<|a|><|b|>"), (3, "|>"), (4, "")]);
+        let c = Kind::Control;
+        let m = SpecialMatcher::new([
+            (1, "<|a|>", c),
+            (2, "<|a|><|b|>", c),
+            (3, "|>", c),
+            (4, "", c),
+        ]);
         let text = "x<|a|><|b|>y<|a|>|>";
         assert_eq!(
             m.split(text),
@@ -138,7 +181,7 @@ mod tests {
 
     #[test]
     fn multibyte_text_is_not_cut() {
-        let m = SpecialMatcher::new([(7, "é")]);
+        let m = SpecialMatcher::new([(7, "é", Kind::Control)]);
         let text = "aéb€";
         assert_eq!(
             m.split(text),
@@ -148,5 +191,40 @@ mod tests {
                 Fragment::Text(3..7)
             ]
         );
+    }
+
+    #[test]
+    #[allow(clippy::single_range_in_vec_init)] // one literal range, not a range of numbers
+    fn no_control_token_is_read_where_it_overlaps_a_literal_range() {
+        let m = SpecialMatcher::new([
+            (1, "<|eot|>", Kind::Control),
+            (2, "<|a|><|eot|>", Kind::Control),
+            (3, "<added>", Kind::Added),
+        ]);
+        // "<|eot|>x<|eot|>y<added>" with the middle "x<|eot|>y<added>" literal.
+        let text = "<|eot|>x<|eot|>y<added><|eot|>";
+        assert_eq!(
+            m.split_outside(text, &[7..23]),
+            [
+                Fragment::Token(1),
+                Fragment::Text(7..16),
+                Fragment::Token(3),
+                Fragment::Token(1),
+            ]
+        );
+        // A control token may not reach into a literal range either, and a
+        // shorter one that stops before it is taken instead.
+        let text = "<|a|><|eot|>";
+        assert_eq!(m.split_outside(text, &[5..12]), [Fragment::Text(0..12)]);
+        let m = SpecialMatcher::new([
+            (1, "<|a|>", Kind::Control),
+            (2, "<|a|><|b|>", Kind::Control),
+        ]);
+        assert_eq!(
+            m.split_outside("<|a|><|b|>", &[6..7]),
+            [Fragment::Token(1), Fragment::Text(5..10)]
+        );
+        // Every range literal: only added tokens.
+        assert_eq!(m.split_outside("<|a|>", &[0..5]), [Fragment::Text(0..5)]);
     }
 }

@@ -201,6 +201,7 @@ fn tenant(id: &str, toml_text: &str) -> TenantPolicy {
         plugins: Default::default(),
         gpu: Default::default(),
         kv_wait_ms: None,
+        parse_special: false,
         source: Arc::new(SourceFile::new(format!("tenants/{id}.toml"), toml_text)),
     }
 }

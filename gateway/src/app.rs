@@ -192,7 +192,7 @@ pub async fn serve(
             move |dir| {
                 let previous = current.load();
                 let built = build_snapshot(dir, Some(&previous));
-                let result = audit_reload(&audit, dir, built, &last_audited);
+                let result = audit_reload(&audit, dir, built, &previous, &last_audited, &metrics);
                 let label = ResultLabels {
                     result: if result.is_ok() { "ok" } else { "failed" },
                 };
@@ -323,13 +323,18 @@ async fn open_audit(settings: Option<&AuditSettings>) -> Result<Audit, ServeErro
 
 /// Records a reload in the audit log: accepted (when the files differ from
 /// the last recorded set) or refused, with the digest of every policy file.
-/// An accepted reload whose entry cannot be written is not published: it
-/// fails, and the previous policy keeps serving.
+/// An accepted reload whose entry cannot be written is not published (it
+/// fails, and the previous policy keeps serving) unless it only restricts
+/// tenants ([`only_restricts`]): revoking a tenant never waits for a disk.
+/// Such a reload is logged and counted, and recorded by the next reload
+/// the log can take.
 fn audit_reload(
     audit: &Audit,
     dir: &Path,
     result: Result<Snapshot, PolicyErrors>,
+    previous: &Snapshot,
     last_audited: &std::sync::Mutex<Vec<(PathBuf, [u8; 32])>>,
+    metrics: &Metrics,
 ) -> Result<Snapshot, PolicyErrors> {
     let Some(_) = audit.log() else {
         return result;
@@ -363,17 +368,43 @@ fn audit_reload(
             result
         }
         Ok(_) => result,
-        Err(e) if accepted => Err(PolicyErrors(vec![policy::PolicyError::at_path(
-            Path::new("."),
-            format!(
-                "the reload could not be recorded in the audit log, so it was not applied: {e}"
-            ),
-        )])),
+        Err(e) if accepted => match result.as_ref().map(|next| only_restricts(previous, next)) {
+            Ok(Ok(())) => {
+                tracing::error!(
+                    error = %e,
+                    "the reload could not be recorded in the audit log; it is applied because it \
+                     only restricts tenants"
+                );
+                metrics.policy_reloads_unrecorded.inc();
+                result
+            }
+            Ok(Err(grants)) => Err(PolicyErrors(vec![policy::PolicyError::at_path(
+                Path::new("."),
+                format!(
+                    "the reload could not be recorded in the audit log, so it was not applied \
+                     ({e}); while the log cannot record, only a reload that restricts tenants is \
+                     applied, and in this one {grants}"
+                ),
+            )])),
+            Err(_) => result,
+        },
         Err(e) => {
             tracing::error!(error = %e, "a refused policy reload could not be recorded in the audit log");
             result
         }
     }
+}
+
+/// Whether `next` only takes away from tenants compared with `previous`:
+/// the policy rule ([`policy::only_restricts`]) and, for every tenant kept,
+/// token verification that admits no token it did not
+/// ([`crate::auth::Verifiers::narrows`]).
+fn only_restricts(previous: &Snapshot, next: &Snapshot) -> Result<(), String> {
+    policy::only_restricts(&previous.policy, &next.policy)?;
+    next.policy
+        .tenants
+        .keys()
+        .try_for_each(|tenant| next.verifiers.narrows(&previous.verifiers, tenant))
 }
 
 /// The plugin registry: the store loaded (every plugin compiled or read

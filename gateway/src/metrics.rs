@@ -130,6 +130,8 @@ pub struct Metrics {
     /// Held through [`OpenStream`] guards.
     upstream_streams_open: Family<TenantLabels, Gauge>,
     pub policy_reloads: Family<ResultLabels, Counter>,
+    pub policy_reloads_unrecorded: Counter,
+    pub audit_append_failures: Counter,
     pub plugin_calls: Family<PluginCallLabels, Counter>,
     pub plugin_duration: Histograms<HookLabels>,
     pub plugin_gate_wait: Histograms<TenantLabels>,
@@ -208,6 +210,18 @@ impl Metrics {
             "policy_reloads",
             "Policy reloads; `failed` ones left the previous policy serving",
             policy_reloads.clone(),
+        );
+        let policy_reloads_unrecorded = Counter::default();
+        registry.register(
+            "policy_reloads_unrecorded",
+            "Reloads applied although the audit log could not record them (only reloads that restrict tenants are)",
+            policy_reloads_unrecorded.clone(),
+        );
+        let audit_append_failures = Counter::default();
+        registry.register(
+            "audit_append_failures",
+            "Audit appends that failed (each write or fsync error; the log takes entries again once it could cut its file back)",
+            audit_append_failures.clone(),
         );
         let plugin_calls = Family::<PluginCallLabels, Counter>::default();
         registry.register(
@@ -354,7 +368,7 @@ impl Metrics {
         let audit_failed = Gauge::default();
         registry.register(
             "audit_failed",
-            "1 once an audit append failed: the log takes no more entries until a restart",
+            "1 once the audit log stopped taking entries (a failed append whose file could not be cut back); until a restart",
             audit_failed.clone(),
         );
         let lane_connections = Family::<TenantLabels, Counter>::default();
@@ -373,6 +387,8 @@ impl Metrics {
             time_to_first_token,
             upstream_streams_open,
             policy_reloads,
+            policy_reloads_unrecorded,
+            audit_append_failures,
             plugin_calls,
             plugin_duration,
             plugin_gate_wait,

@@ -191,3 +191,167 @@ fn request_ids_are_random_and_long_lived_tokens_are_refused() {
         (401, "token_lifetime_too_long")
     );
 }
+
+/// A tmpfs of its own, unmounted (and its folder removed) when dropped.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    /// A `bytes`-sized tmpfs, or `None` (said on stderr) where this
+    /// process may not mount one; CI sets BULKHEAD_REQUIRE_FULL_DISK_TEST
+    /// and fails there instead.
+    fn mount(name: &str, bytes: u64) -> Option<SmallDisk> {
+        let dir =
+            std::env::temp_dir().join(format!("bulkhead-e2e-{name}-{}-disk", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let out = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={bytes},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(&dir)
+            .output()
+            .expect("mount runs");
+        if out.status.success() {
+            return Some(SmallDisk(dir));
+        }
+        let why = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            std::env::var_os("BULKHEAD_REQUIRE_FULL_DISK_TEST").is_none(),
+            "cannot mount a tmpfs for the full-disk test: {why}"
+        );
+        eprintln!("SKIPPED: the full-disk test mounts a tmpfs, which needs root: {why}");
+        let _ = std::fs::remove_dir(&dir);
+        None
+    }
+
+    /// Writes zeros to `name` until the disk is full.
+    fn fill(&self, name: &str) {
+        use std::io::Write;
+        let mut file = std::fs::File::create(self.0.join(name)).unwrap();
+        let block = [0u8; 4096];
+        while file.write_all(&block).is_ok() {}
+        let _ = file.sync_all();
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// A full disk under the audit log: a reload that grants anything is not
+/// applied, but the one that removes the attacking tenant is; once there
+/// is room again the log takes entries and still verifies.
+#[test]
+fn a_full_audit_disk_still_lets_the_operator_remove_a_tenant() {
+    let Some(disk) = SmallDisk::mount("full-audit", 1 << 20) else {
+        return;
+    };
+    let audit_dir = disk.0.join("audit");
+    let policies = PolicyDir::new("full-audit");
+    let toml = policies.read("gateway.toml");
+    policies.write(
+        "gateway.toml",
+        &format!("{toml}\n[audit]\ndir = \"{}\"\n", audit_dir.display()),
+    );
+    let demo = policies.read("tenants/demo.toml");
+    let attacker = demo.replace("id = \"demo\"", "id = \"mallory\"").replace(
+        "issuer = \"bulkhead-dev\"",
+        "issuer = \"bulkhead-dev-mallory\"",
+    );
+    policies.write("tenants/mallory.toml", &attacker);
+    let gateway = Gateway::start(&policies);
+    let mallory = policies.token("mallory", &[]);
+    let r = gateway.request("POST", "/v1/completions", Some(&mallory), Some(COMPLETION));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let reloads =
+        |result: &str| gateway.metric("bulkhead_policy_reloads_total", &[("result", result)]);
+    let failed_before = reloads("failed");
+
+    disk.fill("filler");
+    // A reload that grants (mallory's limits raised) waits for the log.
+    // The log's last page may still hold an entry or two: grant until the
+    // log refuses.
+    let mut grants = 0;
+    loop {
+        grants += 1;
+        assert!(grants <= 50, "the full disk never refused an append");
+        let done_before = reloads("ok") + reloads("failed");
+        let failed = reloads("failed");
+        policies.write(
+            "tenants/mallory.toml",
+            &format!("{attacker}\n[limits]\nmax_tokens = {}\n", 1000 + grants),
+        );
+        gateway.eventually("the reload done", || {
+            reloads("ok") + reloads("failed") > done_before
+        });
+        if reloads("failed") > failed {
+            break;
+        }
+    }
+    assert!(reloads("failed") > failed_before);
+    assert_eq!(
+        gateway.metric("bulkhead_policy_reloads_unrecorded_total", &[]),
+        0.0
+    );
+    assert!(gateway.metric("bulkhead_audit_append_failures_total", &[]) >= 1.0);
+    // Removing mallory is applied although the log cannot record it.
+    std::fs::remove_file(policies.path.join("tenants/mallory.toml")).unwrap();
+    gateway.eventually("mallory revoked", || {
+        gateway
+            .request("POST", "/v1/completions", Some(&mallory), Some(COMPLETION))
+            .status
+            == 401
+    });
+    assert_eq!(
+        gateway.metric("bulkhead_policy_reloads_unrecorded_total", &[]),
+        1.0
+    );
+    // The log cut its file back each time and is not broken.
+    assert_eq!(gateway.metric("bulkhead_audit_failed", &[]), 0.0);
+
+    // Room again: the next reload is recorded, and the log verifies.
+    std::fs::remove_file(disk.0.join("filler")).unwrap();
+    let demo_token = policies.token("demo", &[]);
+    policies.write(
+        "tenants/demo.toml",
+        &format!("{demo}\n[limits]\nmax_tokens = 64\n"),
+    );
+    let ops = policies.operator_token(&["audit:read"], &[]);
+    gateway.eventually("the next reload recorded", || {
+        let r = gateway
+            .admin
+            .request("GET", "/admin/v1/audit/entries", Some(&ops), None);
+        r.json()["data"].as_array().unwrap().iter().any(|e| {
+            e["action"] == "policy.reload"
+                && e["outcome"]["result"] == "accepted"
+                && !e.to_string().contains("mallory")
+        })
+    });
+    let r = gateway.request(
+        "POST",
+        "/v1/completions",
+        Some(&demo_token),
+        Some(COMPLETION),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    drop(gateway);
+    let verify = std::process::Command::new(bulkhead_tests::bin("bulkhead"))
+        .args(["audit", "verify"])
+        .arg(&audit_dir)
+        .arg("--key")
+        .arg(audit_dir.join("audit.pub.pem"))
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&verify.stdout),
+        String::from_utf8_lossy(&verify.stderr)
+    );
+}

@@ -181,6 +181,8 @@ async fn metrics(State(app): State<App>) -> Response {
         app.metrics
             .audit_failed
             .set(i64::from(log.failure().is_some()));
+        let failures = &app.metrics.audit_append_failures;
+        failures.inc_by(log.append_failures().saturating_sub(failures.get()));
     }
     (
         [(

@@ -24,6 +24,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{BufReader, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
 
 use super::AuditError;
@@ -110,6 +111,8 @@ struct Inner {
     /// A copy of `Writer::failed`, readable without waiting for a batch's
     /// fsync (the writer lock is held across it).
     failure: Mutex<Option<String>>,
+    /// Batches whose write or fsync failed.
+    append_failures: AtomicU64,
     /// Holds the folder's `flock` while open.
     _lock: File,
 }
@@ -325,6 +328,7 @@ impl AuditLog {
                 reader,
                 signed: Mutex::new(signed),
                 failure: Mutex::new(None),
+                append_failures: AtomicU64::new(0),
                 _lock: lock_file,
             }),
         };
@@ -379,9 +383,16 @@ impl AuditLog {
         lock(&self.inner.writer).split_writes = Some(bytes.max(1));
     }
 
-    /// Why the log stopped taking entries, if it did (a failed write).
+    /// Why the log stopped taking entries, if it did (a write failed and
+    /// the file could not be cut back to its last entry).
     pub fn failure(&self) -> Option<String> {
         lock(&self.inner.failure).clone()
+    }
+
+    /// Appends (batches) that failed since the log was opened, whether or
+    /// not the log recovered from them.
+    pub fn append_failures(&self) -> u64 {
+        self.inner.append_failures.load(Ordering::Relaxed)
     }
 
     /// Bytes of the entries file that hold acknowledged entries.
@@ -482,9 +493,31 @@ impl AuditLog {
         .and_then(|()| writer.file.sync_data());
         if let Err(e) = written {
             let why = format!("{}: {e}", inner.dir.join(ENTRIES_FILE).display());
-            tracing::error!(error = %why, "audit append failed; the log takes no more entries");
-            writer.failed = Some(why.clone());
-            *lock(&inner.failure) = Some(why.clone());
+            inner.append_failures.fetch_add(1, Ordering::Relaxed);
+            // Cut the file back to its last acknowledged record, so what
+            // follows is known again and later appends may succeed (a
+            // disk that was full gets room). Only if that fails too does
+            // the log stop taking entries.
+            let end = writer.end;
+            match writer
+                .file
+                .set_len(end)
+                .and_then(|()| writer.file.sync_data())
+            {
+                Ok(()) => {
+                    tracing::error!(error = %why, "audit append failed; its entries were not written");
+                }
+                Err(cut) => {
+                    tracing::error!(
+                        error = %why,
+                        cut_back = %cut,
+                        "audit append failed and the file could not be cut back to its last \
+                         entry; the log takes no more entries"
+                    );
+                    writer.failed = Some(why.clone());
+                    *lock(&inner.failure) = Some(why.clone());
+                }
+            }
             results.extend(
                 staged
                     .into_iter()

@@ -15,6 +15,7 @@ use p256::pkcs8::der::asn1::UintRef;
 use p256::pkcs8::der::{Decode, Document, Reader, SliceReader};
 use p256::pkcs8::{ObjectIdentifier, SubjectPublicKeyInfoRef};
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 
 /// Largest PEM key or secret file read (a 8192-bit RSA PEM is under 2 KiB).
 pub(super) const MAX_KEY_FILE_BYTES: u64 = 64 * 1024;
@@ -91,15 +92,19 @@ pub(super) struct VerifyKey {
     /// The JWKS `alg`, when the key is restricted to one algorithm.
     pub alg: Option<Algorithm>,
     pub key: DecodingKey,
+    /// SHA-256 of the key's bytes as read (public key or secret): tells
+    /// one key from another across reloads ([`super::Verifiers::narrows`]).
+    pub material: [u8; 32],
 }
 
 impl VerifyKey {
-    fn new(kind: KeyKind, key: DecodingKey) -> VerifyKey {
+    fn new(kind: KeyKind, key: DecodingKey, material: &[u8]) -> VerifyKey {
         VerifyKey {
             kid: None,
             kind,
             alg: None,
             key,
+            material: Sha256::digest(material).into(),
         }
     }
 
@@ -139,9 +144,8 @@ pub(super) fn public_key_from_pem(bytes: &[u8]) -> Result<VerifyKey, String> {
         Document::from_pem(text).map_err(|e| format!("it is not a PEM file ({e})"))?;
     match label {
         "PUBLIC KEY" => public_key_from_spki(der.as_bytes()),
-        "RSA PUBLIC KEY" => {
-            rsa_key_from_pkcs1(der.as_bytes()).map(|k| VerifyKey::new(KeyKind::Rsa, k))
-        }
+        "RSA PUBLIC KEY" => rsa_key_from_pkcs1(der.as_bytes())
+            .map(|k| VerifyKey::new(KeyKind::Rsa, k, der.as_bytes())),
         "CERTIFICATE" => Err(CERTIFICATE_GIVEN.to_owned()),
         l if l.contains("PRIVATE KEY") => Err(PRIVATE_KEY_GIVEN.to_owned()),
         other => Err(format!(
@@ -159,7 +163,7 @@ fn public_key_from_spki(der: &[u8]) -> Result<VerifyKey, String> {
         .ok_or_else(|| "the key bits are malformed".to_owned())?;
     let oid = spki.algorithm.oid;
     if oid == OID_RSA {
-        return rsa_key_from_pkcs1(bits).map(|k| VerifyKey::new(KeyKind::Rsa, k));
+        return rsa_key_from_pkcs1(bits).map(|k| VerifyKey::new(KeyKind::Rsa, k, bits));
     }
     let kind = if oid == OID_ED25519 {
         KeyKind::Ed25519
@@ -197,7 +201,7 @@ fn checked_curve_key(kind: KeyKind, bits: &[u8]) -> Result<VerifyKey, String> {
     // An empty signature never verifies; only a key that fails to parse errs.
     jsonwebtoken::crypto::verify("", b"", &key, alg)
         .map_err(|_| format!("it is not a valid {} public key", kind.name()))?;
-    Ok(VerifyKey::new(kind, key))
+    Ok(VerifyKey::new(kind, key, bits))
 }
 
 /// A PKCS#1 `RSAPublicKey`, checked: the RSA verifier only parses keys when
@@ -262,7 +266,7 @@ pub(super) fn hs_secret(mut bytes: Vec<u8>) -> Result<Vec<u8>, String> {
 
 pub(super) fn hs_key(secret: &[u8]) -> Result<VerifyKey, String> {
     let key = DecodingKey::from_secret(secret).map_err(|e| format!("unusable secret ({e})"))?;
-    Ok(VerifyKey::new(KeyKind::Hmac, key))
+    Ok(VerifyKey::new(KeyKind::Hmac, key, secret))
 }
 
 #[derive(Deserialize)]
@@ -353,7 +357,12 @@ fn jwk_key(jwk: Jwk) -> Result<Option<VerifyKey>, String> {
         ("RSA", _) => {
             let (n, e) = (field(jwk.n, "n")?, field(jwk.e, "e")?);
             check_rsa(&n, &e)?;
-            VerifyKey::new(KeyKind::Rsa, DecodingKey::from_rsa_raw_components(&n, &e))
+            let material = [n.as_slice(), b".", e.as_slice()].concat();
+            VerifyKey::new(
+                KeyKind::Rsa,
+                DecodingKey::from_rsa_raw_components(&n, &e),
+                &material,
+            )
         }
         ("EC", Some(crv @ ("P-256" | "P-384"))) => {
             let (kind, len) = if crv == "P-256" {

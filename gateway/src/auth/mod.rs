@@ -127,6 +127,47 @@ impl Verifiers {
         })
     }
 
+    /// Whether `tenant`'s tokens under `self` verify only where they did
+    /// under `old`: the same issuer, and audiences, algorithms and keys
+    /// (by their bytes) each a subset of the old, with a lifetime limit no
+    /// longer. `Err` names the first thing that would let more tokens in.
+    /// (Used to apply a reload that only takes away; see `app`.)
+    pub fn narrows(&self, old: &Verifiers, tenant: &str) -> Result<(), String> {
+        let (Some(new), Some(old)) = (self.of_tenant(tenant), old.of_tenant(tenant)) else {
+            return Err(format!("tenant `{tenant}` has no verifier before or after"));
+        };
+        if new.issuer != old.issuer {
+            return Err(format!("tenant `{tenant}`: its issuer changed"));
+        }
+        if !new.audiences.iter().all(|a| old.audiences.contains(a)) {
+            return Err(format!("tenant `{tenant}`: an audience was added"));
+        }
+        if !new.algorithms.iter().all(|a| old.algorithms.contains(a)) {
+            return Err(format!("tenant `{tenant}`: an algorithm was added"));
+        }
+        let same = |a: &keys::VerifyKey, b: &keys::VerifyKey| {
+            (a.kind, &a.kid, a.alg, a.material) == (b.kind, &b.kid, b.alg, b.material)
+        };
+        if !new.keys.iter().all(|k| old.keys.iter().any(|o| same(k, o))) {
+            return Err(format!("tenant `{tenant}`: a key was added or changed"));
+        }
+        let longer = match (new.max_lifetime_s, old.max_lifetime_s) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            (Some(new), Some(old)) => new > old,
+        };
+        if longer {
+            return Err(format!("tenant `{tenant}`: its tokens may live longer"));
+        }
+        Ok(())
+    }
+
+    fn of_tenant(&self, tenant: &str) -> Option<&IssuerVerifier> {
+        self.tenants
+            .values()
+            .find(|i| matches!(&i.owner, Owner::Tenant(t) if t == tenant))
+    }
+
     /// Verifies a tenant's `token` (the bare JWT, see [`bearer_token`]) at
     /// time `now`. An operator's token is refused here as an unknown issuer.
     ///

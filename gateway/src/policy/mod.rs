@@ -8,6 +8,7 @@ mod gpu;
 mod load;
 mod models;
 mod plugins;
+mod restrict;
 mod source;
 #[cfg(test)]
 mod test_folder;
@@ -38,6 +39,7 @@ pub use plugins::{
     MAX_CHAIN_PLUGINS, MAX_CONFIG_ENTRIES, MAX_CONFIG_KEY_BYTES, MAX_CONFIG_VALUE_BYTES,
     MAX_PLUGIN_DEADLINE, MAX_PLUGIN_LOG_BYTES, MAX_PLUGIN_OUTPUT_BYTES,
 };
+pub use restrict::only_restricts;
 pub use source::{PolicyError, PolicyErrors, SourceFile};
 pub use trust::{MAX_PUBLISHERS, Publisher, Trust};
 pub use watch::{PolicyWatcher, RELOAD_DEBOUNCE, RELOAD_MAX_DELAY, ReloadStats, watch};

@@ -461,3 +461,36 @@ fn a_token_lifetime_limit_is_at_most_a_year() {
     ));
     assert!(verifiers.verify(&long, at(NOW)).is_ok());
 }
+
+/// Verifiers for tenant `t` with these `[jwt]` lines.
+fn verifiers_for(dir: &TempDir, jwt_lines: &str) -> Verifiers {
+    let tenants = vec![tenant("t", &tenant_toml("t", "https://t/", jwt_lines))];
+    Verifiers::build(&policy(dir, tenants)).unwrap()
+}
+
+#[test]
+fn narrowing_a_tenants_verification_is_told_from_widening_it() {
+    let dir = TempDir::new();
+    Signer::ed25519(&dir, "a");
+    Signer::ed25519(&dir, "b");
+    let both = "algorithms = [\"EdDSA\"]\npublic_keys = [\"keys/a.pub.pem\", \"keys/b.pub.pem\"]\n";
+    let old = verifiers_for(&dir, both);
+    assert_eq!(old.narrows(&old, "t"), Ok(()));
+    // Dropping a key, or a shorter lifetime, narrows.
+    let one = "algorithms = [\"EdDSA\"]\npublic_keys = [\"keys/a.pub.pem\"]\n";
+    assert_eq!(verifiers_for(&dir, one).narrows(&old, "t"), Ok(()));
+    let short = format!("{one}max_lifetime_s = 60\n");
+    assert_eq!(verifiers_for(&dir, &short).narrows(&old, "t"), Ok(()));
+    // A key file whose bytes changed under the same path does not.
+    Signer::ed25519(&dir, "a");
+    assert_eq!(
+        verifiers_for(&dir, one).narrows(&old, "t"),
+        Err("tenant `t`: a key was added or changed".to_string())
+    );
+    let unlimited = format!("{both}max_lifetime_s = 0\n");
+    let old = verifiers_for(&dir, both);
+    assert_eq!(
+        verifiers_for(&dir, &unlimited).narrows(&old, "t"),
+        Err("tenant `t`: its tokens may live longer".to_string())
+    );
+}

@@ -7,7 +7,6 @@
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread;
 use std::time::Duration;
@@ -18,12 +17,13 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllo
 
 use super::bindings::{Plugin, PluginPre};
 use super::call::{CallContext, CallState, PluginCall};
+use super::compile_queue::{CompileQueue, Compiler};
 use super::error::PluginError;
 use super::host::HostState;
 use super::limits::{
-    COMPILE_BUDGET, CORE_INSTANCES_PER_COMPONENT, DEFAULT_MAX_INSTANCES, MAX_COMPILES_IN_FLIGHT,
-    MAX_COMPONENT_BYTES, MAX_MEMORY_BYTES_CEILING, MAX_TABLE_ELEMENTS_CEILING,
-    MAX_WASM_STACK_BYTES, MEMORIES_PER_INSTANCE, TABLES_PER_INSTANCE,
+    COMPILE_BUDGET, COMPILE_WAIT, CORE_INSTANCES_PER_COMPONENT, DEFAULT_MAX_INSTANCES,
+    MAX_COMPILES_IN_FLIGHT, MAX_COMPONENT_BYTES, MAX_MEMORY_BYTES_CEILING,
+    MAX_TABLE_ELEMENTS_CEILING, MAX_WASM_STACK_BYTES, MEMORIES_PER_INSTANCE, TABLES_PER_INSTANCE,
 };
 use super::store::VerifiedArtifact;
 use super::ticker::EpochTicker;
@@ -38,6 +38,8 @@ pub struct PluginEngineConfig {
     pub compile_budget: Duration,
     /// Compiles running at once, including ones past their budget.
     pub max_compiles_in_flight: usize,
+    /// How long a compile waits for a slot before it is refused.
+    pub compile_wait: Duration,
 }
 
 impl Default for PluginEngineConfig {
@@ -46,6 +48,7 @@ impl Default for PluginEngineConfig {
             max_instances: DEFAULT_MAX_INSTANCES,
             compile_budget: COMPILE_BUDGET,
             max_compiles_in_flight: MAX_COMPILES_IN_FLIGHT,
+            compile_wait: COMPILE_WAIT,
         }
     }
 }
@@ -61,7 +64,7 @@ pub(crate) struct EngineInner {
     pub(crate) engine: Engine,
     linker: Linker<CallState>,
     config: PluginEngineConfig,
-    compiles_in_flight: Arc<AtomicUsize>,
+    compiles: Arc<CompileQueue>,
     pub(crate) ticker: EpochTicker,
 }
 
@@ -96,11 +99,21 @@ impl PluginEngine {
             inner: Arc::new(EngineInner {
                 engine,
                 linker,
+                compiles: CompileQueue::new(config.max_compiles_in_flight, config.compile_wait),
                 config,
-                compiles_in_flight: Arc::new(AtomicUsize::new(0)),
                 ticker,
             }),
         })
+    }
+
+    /// Test hook: takes a compile slot for `who` as an upload would, held
+    /// until the returned guard is dropped.
+    #[cfg(test)]
+    pub(crate) fn hold_compile_slot(
+        &self,
+        who: Compiler<'_>,
+    ) -> Result<super::compile_queue::CompileSlot, PluginError> {
+        self.inner.compiles.acquire(who)
     }
 
     /// The settings this engine was started with.
@@ -116,13 +129,25 @@ impl PluginEngine {
     /// Compilation runs on its own thread. When it runs past the budget the
     /// upload is refused (`plugin_compile_timeout`) but the thread cannot be
     /// stopped: it runs to completion in the background and its result is
-    /// dropped. Such threads count toward `max_compiles_in_flight`, so slow
-    /// uploads cannot pile up.
+    /// dropped. Such threads keep their compile slot (and their tenant's
+    /// one place), so slow uploads cannot pile up.
     ///
-    /// Blocks for up to the compile budget: call it from a blocking thread.
+    /// Blocks for up to the wait for a slot plus the compile budget: call it
+    /// from a blocking thread.
     pub fn validate_and_compile(&self, bytes: &[u8]) -> Result<CompiledPlugin, PluginError> {
+        self.validate_and_compile_for(bytes, Compiler::Gateway)
+    }
+
+    /// [`Self::validate_and_compile`] on behalf of `who`, who waits for a
+    /// compile slot in its turn (`compile_queue.rs`): a tenant has one
+    /// compile at a time, and waits behind other tenants' uploads.
+    pub fn validate_and_compile_for(
+        &self,
+        bytes: &[u8],
+        who: Compiler<'_>,
+    ) -> Result<CompiledPlugin, PluginError> {
         let surface = check_upload(bytes)?;
-        let component = self.compile(bytes)?;
+        let component = self.compile(bytes, who)?;
         self.link(bytes, surface, component)
     }
 
@@ -194,11 +219,8 @@ impl PluginEngine {
         &self.inner.linker
     }
 
-    fn compile(&self, bytes: &[u8]) -> Result<Component, PluginError> {
-        let slot = CompileSlot::take(
-            &self.inner.compiles_in_flight,
-            self.inner.config.max_compiles_in_flight,
-        )?;
+    fn compile(&self, bytes: &[u8], who: Compiler<'_>) -> Result<Component, PluginError> {
+        let slot = self.inner.compiles.acquire(who)?;
         let (done, result) = mpsc::sync_channel(1);
         let engine = self.inner.engine.clone();
         let bytes = bytes.to_vec();
@@ -206,9 +228,11 @@ impl PluginEngine {
             .name("plugin-compile".to_string())
             .spawn(move || {
                 let compiled = Component::from_binary(&engine, &bytes);
+                // Free before the waiter hears, so the tenant's next upload
+                // finds its place free.
+                drop(slot);
                 // The waiter may have given up: then nobody reads this.
                 let _ = done.send(compiled);
-                drop(slot);
             })
             .map_err(|e| PluginError::Compile {
                 reason: format!("cannot start the compiler thread: {e}"),
@@ -308,27 +332,6 @@ impl Hasher for Sha256Hasher {
     fn finish(&self) -> u64 {
         let digest = self.0.clone().finalize();
         u64::from_le_bytes(digest[..8].try_into().expect("8 bytes of 32"))
-    }
-}
-
-/// One of the engine's `max_compiles_in_flight` slots, held by a compiler
-/// thread until it finishes.
-struct CompileSlot(Arc<AtomicUsize>);
-
-impl CompileSlot {
-    fn take(in_flight: &Arc<AtomicUsize>, max: usize) -> Result<Self, PluginError> {
-        in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .map_err(|in_flight| PluginError::CompileBusy { in_flight })?;
-        Ok(CompileSlot(Arc::clone(in_flight)))
-    }
-}
-
-impl Drop for CompileSlot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -452,18 +455,6 @@ mod tests {
         // Reserves the default pool's address space (virtual only).
         let engine = PluginEngine::new(PluginEngineConfig::default()).unwrap();
         assert_eq!(engine.config().max_instances, DEFAULT_MAX_INSTANCES);
-    }
-
-    #[test]
-    fn compile_slots_are_returned() {
-        let in_flight = Arc::new(AtomicUsize::new(0));
-        let first = CompileSlot::take(&in_flight, 1).unwrap();
-        assert!(matches!(
-            CompileSlot::take(&in_flight, 1),
-            Err(PluginError::CompileBusy { in_flight: 1 })
-        ));
-        drop(first);
-        assert!(CompileSlot::take(&in_flight, 1).is_ok());
     }
 
     #[test]

@@ -19,6 +19,12 @@ pub const COMPILE_BUDGET: Duration = Duration::from_secs(10);
 /// uploads slow-to-compile components in a loop from taking every core.
 pub const MAX_COMPILES_IN_FLIGHT: usize = 2;
 
+/// How long an upload waits for a compile slot before 503
+/// `plugin_compile_busy`. Tenants queue in arrival order with one place
+/// each (`compile_queue.rs`), so with two slots this covers a few other
+/// tenants' uploads ahead, each at most `COMPILE_BUDGET`.
+pub const COMPILE_WAIT: Duration = Duration::from_secs(20);
+
 /// How often the epoch ticker advances the engine's epoch, the clock plugin
 /// deadlines count in. 1 ms: per-chunk hooks get deadlines of a few
 /// milliseconds, which a 10 ms tick could not express; a deadline is at most

@@ -22,6 +22,7 @@
 
 mod bindings;
 mod call;
+mod compile_queue;
 mod engine;
 mod error;
 mod gate;
@@ -38,6 +39,7 @@ mod wasi;
 pub(crate) mod tests;
 
 pub use call::{CallContext, PluginCall};
+pub use compile_queue::Compiler;
 pub use engine::{CompiledPlugin, PluginDigest, PluginEngine, PluginEngineConfig};
 pub use error::{Hook, PluginError};
 pub use gate::{GatePass, HookGate, MAX_GATE_SLOTS, default_gate_slots};

@@ -43,7 +43,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 
-use super::{CompiledPlugin, PluginDigest, PluginEngine, PluginError};
+use super::{CompiledPlugin, Compiler, PluginDigest, PluginEngine, PluginError};
 use disk::StoreDir;
 
 pub(crate) use artifact::VerifiedArtifact;
@@ -200,25 +200,6 @@ struct RegistryInner {
     index: ArcSwap<Index>,
     /// `None`: no store configured, uploads are off.
     store: Option<Store>,
-    /// Tenants with an upload compiling now: one each, so a tenant that
-    /// uploads in a loop holds at most one of the engine's compile slots
-    /// and the others stay free for other tenants.
-    compiling: Mutex<BTreeSet<String>>,
-}
-
-/// A tenant's one compile at a time; ends when dropped.
-pub(crate) struct TenantCompile<'a> {
-    compiling: &'a Mutex<BTreeSet<String>>,
-    tenant: String,
-}
-
-impl Drop for TenantCompile<'_> {
-    fn drop(&mut self) {
-        self.compiling
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&self.tenant);
-    }
 }
 
 struct Store {
@@ -253,7 +234,6 @@ impl PluginRegistry {
             inner: Arc::new(RegistryInner {
                 index: ArcSwap::from_pointee(Index::new()),
                 store: None,
-                compiling: Mutex::default(),
             }),
         }
     }
@@ -343,7 +323,6 @@ impl PluginRegistry {
             inner: Arc::new(RegistryInner {
                 index: ArcSwap::from_pointee(index),
                 store: Some(store),
-                compiling: Mutex::default(),
             }),
         };
         Ok((registry, report))
@@ -428,10 +407,9 @@ impl PluginRegistry {
         });
         let compiled = match reused {
             Some(compiled) => compiled,
-            None => {
-                let _turn = self.compile_turn(tenant)?;
-                store.engine.validate_and_compile(bytes)?
-            }
+            None => store
+                .engine
+                .validate_and_compile_for(bytes, Compiler::Tenant(tenant))?,
         };
 
         let mut entries = store.entries.lock().unwrap_or_else(PoisonError::into_inner);
@@ -515,20 +493,10 @@ impl PluginRegistry {
         Ok(meta.digest)
     }
 
-    /// `tenant`'s turn to compile, or [`PluginError::TenantCompileBusy`]
-    /// while another of its uploads compiles.
-    pub(crate) fn compile_turn(&self, tenant: &str) -> Result<TenantCompile<'_>, PluginError> {
-        let compiling = &self.inner.compiling;
-        let mut set = compiling.lock().unwrap_or_else(PoisonError::into_inner);
-        if !set.insert(tenant.to_owned()) {
-            return Err(PluginError::TenantCompileBusy {
-                tenant: tenant.to_owned(),
-            });
-        }
-        Ok(TenantCompile {
-            compiling,
-            tenant: tenant.to_owned(),
-        })
+    /// The engine the store compiles with (tests hold its compile slots).
+    #[cfg(test)]
+    pub(crate) fn engine(&self) -> &PluginEngine {
+        &self.inner.store.as_ref().expect("a store").engine
     }
 
     fn store(&self) -> Result<&Store, StoreError> {

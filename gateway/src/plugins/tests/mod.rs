@@ -36,16 +36,20 @@ use super::*;
 /// One engine for the tests that need no special engine settings.
 fn engine() -> &'static PluginEngine {
     static ENGINE: OnceLock<PluginEngine> = OnceLock::new();
-    ENGINE.get_or_init(|| {
-        PluginEngine::new(PluginEngineConfig {
-            max_instances: 32,
-            // Tests compile in parallel on a possibly loaded machine; the
-            // budget and the cap have tests of their own.
-            max_compiles_in_flight: 64,
-            compile_budget: Duration::from_secs(120),
-        })
-        .expect("plugin engine")
+    ENGINE.get_or_init(test_engine)
+}
+
+/// An engine with the settings [`engine`]'s has.
+fn test_engine() -> PluginEngine {
+    PluginEngine::new(PluginEngineConfig {
+        max_instances: 32,
+        // Tests compile in parallel on a possibly loaded machine; the
+        // budget and the cap have tests of their own.
+        max_compiles_in_flight: 64,
+        compile_budget: Duration::from_secs(120),
+        ..PluginEngineConfig::default()
     })
+    .expect("plugin engine")
 }
 
 /// A test guest, compiled once per process (the lock is held while

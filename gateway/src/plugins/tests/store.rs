@@ -9,8 +9,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::*;
 
-/// A scratch store folder, removed on drop.
-struct TempStore(PathBuf);
+/// A scratch store folder, removed on drop, and an engine of its own: a
+/// tenant's one compile at a time is counted per engine, and the tests run
+/// at once with the same tenant names.
+struct TempStore(PathBuf, PluginEngine);
 
 impl TempStore {
     fn new() -> TempStore {
@@ -22,11 +24,11 @@ impl TempStore {
         ));
         let _ = fs::remove_dir_all(&path);
         // A parent that does not exist yet: open creates the whole path.
-        TempStore(path.join("store"))
+        TempStore(path.join("store"), test_engine())
     }
 
     fn open(&self) -> (PluginRegistry, LoadReport) {
-        PluginRegistry::open(&self.0, engine().clone())
+        PluginRegistry::open(&self.0, self.1.clone())
             .unwrap_or_else(|e| panic!("opening the store: {e}"))
     }
 
@@ -285,7 +287,7 @@ fn the_store_is_private_to_the_gateway() {
         assert_eq!(mode(&store.path(dir)), 0o700, "{dir}");
     }
     // A second gateway on the same store is refused while this one runs.
-    let Err(e) = PluginRegistry::open(&store.0, engine().clone()) else {
+    let Err(e) = PluginRegistry::open(&store.0, store.1.clone()) else {
         panic!("opened twice")
     };
     assert!(matches!(e, StoreError::InUse { .. }), "{e}");
@@ -483,7 +485,10 @@ fn a_tenant_compiles_one_upload_at_a_time_and_leaves_the_others_theirs() {
     let store = TempStore::new();
     let (registry, _) = store.open();
     // acme's upload is compiling (its turn is taken)...
-    let turn = registry.compile_turn("acme").expect("acme's turn");
+    let turn = registry
+        .engine()
+        .hold_compile_slot(Compiler::Tenant("acme"))
+        .expect("acme's turn");
     let e = registry
         .upload("acme", &name("x"), &guests::guest("echo"), None)
         .unwrap_err();

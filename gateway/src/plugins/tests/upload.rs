@@ -222,6 +222,7 @@ fn compiles_beyond_the_in_flight_cap_are_refused() {
     let engine = PluginEngine::new(PluginEngineConfig {
         max_instances: 1,
         max_compiles_in_flight: 0,
+        compile_wait: Duration::ZERO,
         ..PluginEngineConfig::default()
     })
     .unwrap();

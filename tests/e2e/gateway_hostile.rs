@@ -609,3 +609,59 @@ fn control_tokens_in_prompts_reach_the_model_as_text() {
         tok.encode(attack, true).len()
     );
 }
+
+/// An authenticated client that trickles its body gets 408 at the body
+/// deadline, however steadily it sends; a prompt one is served.
+#[test]
+fn a_body_trickled_past_its_deadline_gets_408() {
+    use std::io::{Read, Write};
+    let policies = PolicyDir::new("slow-body");
+    let toml = policies.read("gateway.toml");
+    policies.write(
+        "gateway.toml",
+        &format!("{toml}\n[connections]\nbody_read_timeout_ms = 1000\n"),
+    );
+    let gateway = Gateway::start(&policies);
+    let token = policies.token("demo", &[]);
+    let mut tcp = std::net::TcpStream::connect(gateway.addr).unwrap();
+    write!(
+        tcp,
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        COMPLETION.len() + 1000
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    tcp.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut answer = Vec::new();
+    let mut sent = 0;
+    // A byte every 100 ms: the connection is never idle for long.
+    while started.elapsed() < Duration::from_secs(20) {
+        if tcp.write_all(b" ").is_ok() {
+            sent += 1;
+        }
+        let mut buf = [0u8; 4096];
+        match tcp.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => break,
+        }
+        if answer.windows(4).any(|w| w == b"\r\n\r\n") && !answer.is_empty() {
+            let _ = tcp.read_to_end(&mut answer);
+            break;
+        }
+    }
+    let r = bulkhead_tests::Response::parse(&answer);
+    assert_eq!(
+        (r.status, r.error_code().as_str()),
+        (408, "body_timeout"),
+        "{}",
+        r.body
+    );
+    assert!(sent < 1000, "the whole body went out: {sent} bytes");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let r = gateway.request("POST", "/v1/completions", Some(&token), Some(COMPLETION));
+    assert_eq!(r.status, 200, "{}", r.body);
+}

@@ -95,6 +95,22 @@ impl ApiError {
         )
     }
 
+    /// 408: the client did not send its whole body in time
+    /// ([`super::deadline`]). The connection is closed after it.
+    pub fn body_timeout(late: &super::deadline::BodyDeadline) -> Self {
+        let mut error = Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "body_timeout",
+            format!("{late} ([connections] body_read_timeout_ms)"),
+        );
+        error.headers.get_or_insert_default().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+        error
+    }
+
     pub fn too_large(message: impl Into<String>) -> Self {
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,

@@ -24,6 +24,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response, Sse};
 use bulkhead_protocol::v1::{self, generate_request};
 
+use super::deadline::BodyDeadline;
 use super::error::{ApiError, header_map};
 use super::generation::{Generation, GenerationContext};
 use super::hooks::{Hooks, TenantRules, effective_max_tokens};
@@ -74,6 +75,8 @@ fn body_error(
         ApiError::too_large(
             "the body is larger than the gateway accepts (gateway.toml max_body_bytes)",
         )
+    } else if let Some(late) = BodyDeadline::caused(&rejection) {
+        ApiError::body_timeout(late)
     } else {
         ApiError::invalid_body(format!("the body could not be read: {rejection}"))
     };

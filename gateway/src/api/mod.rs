@@ -5,6 +5,7 @@
 //! and never wait on the control plane.
 
 mod audit;
+mod deadline;
 mod error;
 mod generation;
 mod hooks;

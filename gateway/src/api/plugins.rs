@@ -19,6 +19,7 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 use super::App;
+use super::deadline::BodyDeadline;
 use super::error::ApiError;
 use super::routes::TenantCall;
 use crate::audit::{Actor, Event, sha256_text};
@@ -348,8 +349,10 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<Vec<u8>, ApiError>
     let mut bytes = Vec::with_capacity(declared.map_or(0, |n| n as usize));
     let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk
-            .map_err(|e| ApiError::invalid_body(format!("the body could not be read: {e}")))?;
+        let chunk = chunk.map_err(|e| match BodyDeadline::caused(&e) {
+            Some(late) => ApiError::body_timeout(late),
+            None => ApiError::invalid_body(format!("the body could not be read: {e}")),
+        })?;
         if bytes.len() + chunk.len() > MAX_COMPONENT_BYTES {
             return Err(too_large());
         }

@@ -177,6 +177,10 @@ pub fn router(app: App, listener: Listener, max_body_bytes: usize) -> Router {
     router
         .fallback(super::not_found)
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            app.clone(),
+            super::deadline::body_deadline,
+        ))
         .with_state(app)
 }
 

@@ -49,6 +49,10 @@ pub struct ConnectionsFile {
     /// Time a client has to send a whole request head, in milliseconds; a
     /// connection that has not by then is closed (default 10000).
     pub header_read_timeout_ms: Option<Spanned<u64>>,
+    /// Time a client has to send a whole request body once its head is
+    /// in, in milliseconds (default 30000); past it the request gets 408.
+    /// Unlike the rest of the table, follows reloads.
+    pub body_read_timeout_ms: Option<Spanned<u64>>,
     /// Client connections open at once on the tenants' listener (default
     /// 8192); past it new ones are closed at once.
     pub max_connections: Option<Spanned<u64>>,

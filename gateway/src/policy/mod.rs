@@ -100,6 +100,8 @@ impl std::str::FromStr for ListenAddr {
 pub struct ConnectionLimits {
     /// A request head must arrive within this, or the connection closes.
     pub header_read_timeout: Duration,
+    /// A request body must arrive within this of its head, or 408.
+    pub body_read_timeout: Duration,
     /// Open client connections on the tenants' listener.
     pub max_connections: usize,
     /// Open client connections from one IP address.
@@ -113,6 +115,7 @@ impl ConnectionLimits {
     /// whole request head; real clients send theirs in one packet.
     pub const DEFAULT: ConnectionLimits = ConnectionLimits {
         header_read_timeout: Duration::from_secs(10),
+        body_read_timeout: Duration::from_secs(30),
         max_connections: 8192,
         max_connections_per_ip: 512,
         http2_max_concurrent_streams: 64,

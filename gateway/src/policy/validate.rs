@@ -263,7 +263,7 @@ fn check_gateway(
 }
 
 /// `[connections]`: every value at least 1, the per-IP cap at most the
-/// total, the header timeout at most a minute.
+/// total, the header timeout at most a minute, the body's at most five.
 fn check_connections(
     source: &SourceFile,
     file: Option<&ConnectionsFile>,
@@ -273,24 +273,27 @@ fn check_connections(
     let Some(file) = file else {
         return defaults;
     };
-    const MAX_HEADER_READ_TIMEOUT_MS: u64 = 60_000;
-    let header_ms = at_least_one(
-        source,
+    let mut timeout_ms = |key: &str, value: &Option<Spanned<u64>>, max_ms: u64| {
+        let ms = at_least_one(source, key, value, errors);
+        if let (Some(ms), Some(field)) = (ms, value)
+            && ms > max_ms
+        {
+            errors.push(source.error_at(
+                field.span(),
+                format!(
+                    "`{key}` is {ms}; at most {max_ms} (a long one lets slow clients hold \
+                     connections)"
+                ),
+            ));
+        }
+        ms.map(Duration::from_millis)
+    };
+    let header_read_timeout = timeout_ms(
         "header_read_timeout_ms",
         &file.header_read_timeout_ms,
-        errors,
+        60_000,
     );
-    if let (Some(ms), Some(field)) = (header_ms, &file.header_read_timeout_ms)
-        && ms > MAX_HEADER_READ_TIMEOUT_MS
-    {
-        errors.push(source.error_at(
-            field.span(),
-            format!(
-                "`header_read_timeout_ms` is {ms}; at most {MAX_HEADER_READ_TIMEOUT_MS} \
-                 (a long one lets idle clients hold connections)"
-            ),
-        ));
-    }
+    let body_read_timeout = timeout_ms("body_read_timeout_ms", &file.body_read_timeout_ms, 300_000);
     let count =
         |key, value: &Option<Spanned<u64>>, default: usize, errors: &mut Vec<PolicyError>| {
             at_least_one(source, key, value, errors)
@@ -326,7 +329,8 @@ fn check_connections(
         errors,
     );
     ConnectionLimits {
-        header_read_timeout: header_ms.map_or(defaults.header_read_timeout, Duration::from_millis),
+        header_read_timeout: header_read_timeout.unwrap_or(defaults.header_read_timeout),
+        body_read_timeout: body_read_timeout.unwrap_or(defaults.body_read_timeout),
         max_connections,
         max_connections_per_ip,
         http2_max_concurrent_streams: streams.unwrap_or(defaults.http2_max_concurrent_streams),

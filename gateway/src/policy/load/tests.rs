@@ -1090,3 +1090,62 @@ fn the_audit_log_resolves_against_the_folder_and_is_checked() {
         "{errors_now:#?}"
     );
 }
+
+#[test]
+fn connection_limits_are_read_and_their_bounds_checked() {
+    let folder = valid_folder();
+    assert_eq!(
+        load_ok(&folder).gateway.connections,
+        crate::policy::ConnectionLimits::DEFAULT
+    );
+    folder.write(
+        "gateway.toml",
+        format!(
+            "{GATEWAY}\n[connections]\nheader_read_timeout_ms = 500\nbody_read_timeout_ms = 2000\n"
+        ),
+    );
+    let limits = load_ok(&folder).gateway.connections;
+    assert_eq!(
+        (limits.header_read_timeout, limits.body_read_timeout),
+        (Duration::from_millis(500), Duration::from_secs(2))
+    );
+    folder.write(
+        "gateway.toml",
+        format!(
+            "{GATEWAY}\n[connections]\nheader_read_timeout_ms = 60001\nbody_read_timeout_ms = 0\n\
+             max_connections = 10\nmax_connections_per_ip = 11\n"
+        ),
+    );
+    let lines = GATEWAY.lines().count();
+    assert_eq!(
+        errors(&folder),
+        [
+            format!(
+                "gateway.toml:{}:26: `header_read_timeout_ms` is 60001; at most 60000 (a long \
+                 one lets slow clients hold connections)",
+                lines + 3
+            ),
+            format!(
+                "gateway.toml:{}:24: `body_read_timeout_ms` must be at least 1",
+                lines + 4
+            ),
+            format!(
+                "gateway.toml:{}:26: `max_connections_per_ip` is 11, more than \
+                 `max_connections` (10)",
+                lines + 6
+            ),
+        ]
+    );
+    folder.write(
+        "gateway.toml",
+        format!("{GATEWAY}\n[connections]\nbody_read_timeout_ms = 300001\n"),
+    );
+    assert_eq!(
+        errors(&folder),
+        [format!(
+            "gateway.toml:{}:24: `body_read_timeout_ms` is 300001; at most 300000 (a long one \
+             lets slow clients hold connections)",
+            lines + 3
+        )]
+    );
+}

@@ -398,6 +398,9 @@ fn store_error(e: StoreError) -> ApiError {
             error
         }
         StoreError::TooManyPlugins { .. } => ApiError::forbidden("too_many_plugins", e.to_string()),
+        StoreError::TooManyVersionFloors { .. } => {
+            ApiError::forbidden("too_many_deleted_plugins", e.to_string())
+        }
         StoreError::NotFound { .. } => ApiError::not_found("plugin_not_found", e.to_string()),
         StoreError::VersionNotNewer { .. } => {
             let mut error = ApiError::invalid_param(VERSION_HEADER, e.to_string());

@@ -10,6 +10,7 @@ use governor::clock::Clock;
 use governor::middleware::StateInformationMiddleware;
 use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
+use sha2::{Digest, Sha256};
 
 use super::clock::LimitClock;
 use crate::policy::Limits;
@@ -56,14 +57,16 @@ enum Scope {
     PerSubject(Mutex<SubjectTable>),
 }
 
-/// Per-subject limiters, bounded by evicting idle ones: a limiter whose
+/// Per-subject limiters, keyed by the SHA-256 of the `sub` (a tenant picks
+/// its subjects, up to a token's size each: a digest keeps every key 32
+/// bytes), bounded by evicting idle ones: a limiter whose
 /// bucket is full is indistinguishable from a fresh one, so forgetting it
 /// loses nothing. If the table is full of busy subjects, a *new* subject is
 /// refused (never a known one) rather than evicting a busy limiter, which
 /// would hand that subject a fresh burst.
 #[derive(Debug)]
 struct SubjectTable {
-    limiters: HashMap<Box<str>, SubjectLimiter>,
+    limiters: HashMap<[u8; 32], SubjectLimiter>,
     max: usize,
     /// No entry can be idle before this (clock nanoseconds), so a full table
     /// is not swept again until then.
@@ -173,7 +176,8 @@ impl SubjectTable {
         limiter: &RequestLimiter,
         sub: &str,
     ) -> Result<RequestState, RequestDenied> {
-        if let Some(known) = self.limiters.get_mut(sub) {
+        let key: [u8; 32] = Sha256::digest(sub.as_bytes()).into();
+        if let Some(known) = self.limiters.get_mut(&key) {
             let (state, full_at) = limiter.check_one(&known.gcra)?;
             known.full_at = full_at;
             return Ok(state);
@@ -182,8 +186,7 @@ impl SubjectTable {
         let gcra = gcra(limiter.quota, &limiter.clock);
         // A fresh bucket always has room for one request.
         let (state, full_at) = limiter.check_one(&gcra)?;
-        self.limiters
-            .insert(sub.into(), SubjectLimiter { gcra, full_at });
+        self.limiters.insert(key, SubjectLimiter { gcra, full_at });
         Ok(state)
     }
 

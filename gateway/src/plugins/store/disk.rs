@@ -31,6 +31,9 @@ const MAX_UPLOADED_BY_BYTES: usize = 256;
 const BLOBS: &str = "blobs";
 const ARTIFACTS: &str = "artifacts";
 const TENANTS: &str = "tenants";
+/// `versions/TENANT/NAME`: the highest signed version a deleted plugin had,
+/// so that a re-upload under its name cannot roll it back.
+const VERSIONS: &str = "versions";
 const KEY: &str = "key";
 const LOCK: &str = "lock";
 
@@ -87,17 +90,19 @@ impl StoreDir {
             );
         }
         let lock = lock(root)?;
-        for sub in [BLOBS, ARTIFACTS, TENANTS] {
+        for sub in [BLOBS, ARTIFACTS, TENANTS, VERSIONS] {
             make_dir(&root.join(sub))?;
         }
         tidied.temp_files_removed += remove_temp_files(root)?;
-        for sub in [BLOBS, ARTIFACTS, TENANTS] {
+        for sub in [BLOBS, ARTIFACTS, TENANTS, VERSIONS] {
             tidied.temp_files_removed += remove_temp_files(&root.join(sub))?;
         }
-        for tenant in list_dir(&root.join(TENANTS))? {
-            let path = root.join(TENANTS).join(&tenant);
-            if path.is_dir() {
-                tidied.temp_files_removed += remove_temp_files(&path)?;
+        for per_tenant in [TENANTS, VERSIONS] {
+            for tenant in list_dir(&root.join(per_tenant))? {
+                let path = root.join(per_tenant).join(&tenant);
+                if path.is_dir() {
+                    tidied.temp_files_removed += remove_temp_files(&path)?;
+                }
             }
         }
         let (key, new_key) = read_or_create_key(root)?;
@@ -217,6 +222,58 @@ impl StoreDir {
     pub(crate) fn remove_entry(&self, tenant: &str, name: &PluginName) -> Result<(), StoreError> {
         check_tenant(tenant)?;
         let path = self.tenant_dir(tenant).join(format!("{name}.json"));
+        remove_durably(&path).map_err(io_error("removing", &path))
+    }
+
+    /// The highest signed version `tenant`'s deleted plugin `name` had, if
+    /// one is remembered.
+    pub(crate) fn version_floor(
+        &self,
+        tenant: &str,
+        name: &PluginName,
+    ) -> Result<Option<u64>, StoreError> {
+        check_tenant(tenant)?;
+        let path = self.root.join(VERSIONS).join(tenant).join(name.as_str());
+        let Some(bytes) = read_bounded(&path, 32).map_err(io_error("reading", &path))? else {
+            return Ok(None);
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        text.trim().parse().map(Some).map_err(|_| StoreError::Io {
+            action: "reading",
+            path: path.clone(),
+            source: io::Error::new(io::ErrorKind::InvalidData, "not a version number"),
+        })
+    }
+
+    /// Remembers `version` as the floor of `tenant`'s deleted `name`.
+    /// Refused when the tenant already has `max` floors remembered.
+    pub(crate) fn write_version_floor(
+        &self,
+        tenant: &str,
+        name: &PluginName,
+        version: u64,
+        max: usize,
+    ) -> Result<(), StoreError> {
+        check_tenant(tenant)?;
+        let dir = self.root.join(VERSIONS).join(tenant);
+        if !dir.is_dir() {
+            make_dir(&dir)?;
+        }
+        let path = dir.join(name.as_str());
+        if !path.exists() && list_dir(&dir)?.len() >= max {
+            return Err(StoreError::TooManyVersionFloors { max });
+        }
+        write_atomic(&path, format!("{version}\n").as_bytes()).map_err(io_error("writing", &path))
+    }
+
+    /// Forgets the floor of `name` (a live entry carries its version).
+    pub(crate) fn remove_version_floor(
+        &self,
+        tenant: &str,
+        name: &PluginName,
+    ) -> Result<(), StoreError> {
+        check_tenant(tenant)?;
+        let path = self.root.join(VERSIONS).join(tenant).join(name.as_str());
         remove_durably(&path).map_err(io_error("removing", &path))
     }
 

@@ -53,6 +53,11 @@ pub use name::{PLUGIN_NAME_RULE, PluginName};
 /// 64 bounds the disk, memory and compile work one tenant can claim.
 pub const MAX_PLUGINS_PER_TENANT: usize = 64;
 
+/// Deleted signed plugins whose last version a tenant's store remembers
+/// (so a name cannot be rolled back by deleting and re-uploading it). Each
+/// is a file of a few bytes; re-uploading the name frees its place.
+pub const MAX_VERSION_FLOORS_PER_TENANT: usize = 4096;
+
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -67,6 +72,12 @@ pub enum StoreError {
          (replacing an existing name is allowed)"
     )]
     TooManyPlugins { max: usize },
+
+    #[error(
+        "this tenant's store remembers the versions of {max} deleted signed plugins, the most \
+         it keeps: re-upload one of those names, or delete an unsigned plugin instead"
+    )]
+    TooManyVersionFloors { max: usize },
 
     #[error("no plugin named `{name}`")]
     NotFound { name: String },
@@ -415,7 +426,13 @@ impl PluginRegistry {
         let mut entries = store.entries.lock().unwrap_or_else(PoisonError::into_inner);
         let key = (tenant.to_string(), name.clone());
         let previous = entries.get(&key).cloned();
-        if let (Some(offered), Some(stored)) = (version, previous.as_ref().and_then(|p| p.version))
+        // A deleted name keeps the version it had (its floor).
+        let stored = match previous.as_ref().and_then(|p| p.version) {
+            Some(version) => Some(version),
+            None if previous.is_none() => store.dir.version_floor(tenant, name)?,
+            None => None,
+        };
+        if let (Some(offered), Some(stored)) = (version, stored)
             && offered <= stored
         {
             return Err(StoreError::VersionNotNewer {
@@ -460,6 +477,11 @@ impl PluginRegistry {
             version,
         };
         store.dir.write_entry(tenant, name, &meta)?;
+        if previous.is_none() && version.is_some() {
+            // The entry now carries a version above the floor: its place is
+            // free. (An unsigned entry leaves the floor where it is.)
+            store.dir.remove_version_floor(tenant, name)?;
+        }
         entries.insert(key, meta.clone());
         let loaded = Loaded { compiled, meta };
         let info = info(name.as_str(), &loaded);
@@ -484,6 +506,11 @@ impl PluginRegistry {
                 name: name.to_string(),
             });
         };
+        if let Some(version) = meta.version {
+            store
+                .dir
+                .write_version_floor(tenant, name, version, MAX_VERSION_FLOORS_PER_TENANT)?;
+        }
         store.dir.remove_entry(tenant, name)?;
         entries.remove(&key);
         self.publish(tenant, |plugins| {

@@ -532,3 +532,42 @@ fn a_signed_version_only_grows_and_survives_a_restart() {
         .unwrap();
     assert_eq!((info.version, outcome), (Some(6), UploadOutcome::Replaced));
 }
+
+#[test]
+fn a_deleted_signed_plugin_keeps_its_version_so_it_cannot_be_rolled_back() {
+    let store = TempStore::new();
+    let (registry, _) = store.open();
+    let (echo, rewrite) = (guests::guest("echo"), guests::guest("rewrite"));
+    registry
+        .upload_version("acme", &name("guard"), &rewrite, None, Some(7))
+        .unwrap();
+    registry.delete("acme", &name("guard")).unwrap();
+    // The old harmless version, or any not above 7, cannot take the name.
+    for stale in [3, 7] {
+        let e = registry
+            .upload_version("acme", &name("guard"), &echo, None, Some(stale))
+            .unwrap_err();
+        assert!(
+            matches!(e, StoreError::VersionNotNewer { stored: 7, .. }),
+            "{e:?}"
+        );
+    }
+    // Also after a restart, and for this name only.
+    drop(registry);
+    let (registry, _) = store.open();
+    let e = registry
+        .upload_version("acme", &name("guard"), &echo, None, Some(6))
+        .unwrap_err();
+    assert!(matches!(e, StoreError::VersionNotNewer { .. }), "{e:?}");
+    registry
+        .upload_version("acme", &name("other"), &echo, None, Some(1))
+        .unwrap();
+    registry
+        .upload_version("beta", &name("guard"), &echo, None, Some(1))
+        .unwrap();
+    // A newer one is taken, and its entry carries the version from then on.
+    registry
+        .upload_version("acme", &name("guard"), &echo, None, Some(8))
+        .unwrap();
+    assert_eq!(store.files("versions/acme"), Vec::<String>::new());
+}

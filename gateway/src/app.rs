@@ -145,6 +145,7 @@ pub async fn serve(
         )
         .await?;
     let plugins = open_plugins(&gateway.plugins).await?;
+    plugins.share_instances_among(snapshot.load().policy.tenants_with_plugins());
 
     // `host`'s readiness is the process's; requests get a handle that
     // also waits for the registered models (`ModelRegistry::start`).
@@ -186,6 +187,7 @@ pub async fn serve(
         let current = Arc::clone(&snapshot);
         let started_with = gateway.clone();
         let audit = audit.clone();
+        let plugins = plugins.clone();
         let last_audited = std::sync::Mutex::new(first_files);
         policy::watch(
             &dir,
@@ -199,6 +201,7 @@ pub async fn serve(
                 metrics.policy_reloads.get_or_create(&label).inc();
                 if let Ok(next) = &result {
                     warn_restart_only_changes(&started_with, &next.policy.gateway);
+                    plugins.share_instances_among(next.policy.tenants_with_plugins());
                 }
                 result
             },

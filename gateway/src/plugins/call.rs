@@ -19,6 +19,7 @@ use super::bindings::{Plugin, PluginPre};
 use super::engine::EngineInner;
 use super::error::{Hook, PluginError};
 use super::host::{HostState, LogSource, LogStats, PluginConfig};
+use super::instances::InstanceLease;
 use super::limits::{MAX_INSTANCES_PER_STORE, PluginLimits};
 use super::types::{OutputSize, Rejection, Request, Response};
 use super::wasi::{self, Captured};
@@ -158,6 +159,8 @@ pub struct PluginCall {
     store: Store<CallState>,
     plugin: Plugin,
     name: Arc<str>,
+    /// The tenant's hold on one of the pool's instances.
+    _lease: InstanceLease,
     limits: PluginLimits,
     stdout: Captured,
     stderr: Captured,
@@ -180,6 +183,7 @@ impl PluginCall {
         pre: &PluginPre<CallState>,
         call: CallContext,
     ) -> Result<Self, PluginError> {
+        let lease = engine.instances.acquire(&call.tenant, &call.plugin)?;
         let limits = call.limits.clamped();
         let stdout = Captured::new(limits.max_log_bytes);
         let stderr = Captured::new(limits.max_log_bytes);
@@ -220,6 +224,7 @@ impl PluginCall {
             store,
             plugin,
             name: call.plugin,
+            _lease: lease,
             limits,
             stdout,
             stderr,

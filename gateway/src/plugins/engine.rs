@@ -20,6 +20,7 @@ use super::call::{CallContext, CallState, PluginCall};
 use super::compile_queue::{CompileQueue, Compiler};
 use super::error::PluginError;
 use super::host::HostState;
+use super::instances::InstanceShares;
 use super::limits::{
     COMPILE_BUDGET, COMPILE_WAIT, CORE_INSTANCES_PER_COMPONENT, DEFAULT_MAX_INSTANCES,
     MAX_COMPILES_IN_FLIGHT, MAX_COMPONENT_BYTES, MAX_MEMORY_BYTES_CEILING,
@@ -65,6 +66,7 @@ pub(crate) struct EngineInner {
     linker: Linker<CallState>,
     config: PluginEngineConfig,
     compiles: Arc<CompileQueue>,
+    pub(crate) instances: Arc<InstanceShares>,
     pub(crate) ticker: EpochTicker,
 }
 
@@ -100,6 +102,7 @@ impl PluginEngine {
                 engine,
                 linker,
                 compiles: CompileQueue::new(config.max_compiles_in_flight, config.compile_wait),
+                instances: InstanceShares::new(config.max_instances as usize),
                 config,
                 ticker,
             }),
@@ -114,6 +117,12 @@ impl PluginEngine {
         who: Compiler<'_>,
     ) -> Result<super::compile_queue::CompileSlot, PluginError> {
         self.inner.compiles.acquire(who)
+    }
+
+    /// How many tenants share the instance pool (those with plugin chains
+    /// in the policy in force): each is guaranteed an equal part of it.
+    pub fn share_instances_among(&self, tenants: usize) {
+        self.inner.instances.set_tenants(tenants);
     }
 
     /// The settings this engine was started with.
@@ -440,7 +449,8 @@ impl CompiledPlugin {
 
     /// A fresh instance for one request, in a fresh store with `call`'s
     /// limits: nothing is shared with any other call. Fails with
-    /// `plugin_busy` when every pool slot is taken.
+    /// `plugin_busy` when the tenant's part of the pool and what it may
+    /// borrow are taken (`instances.rs`), or every pool slot is.
     pub fn instantiate(&self, call: CallContext) -> Result<PluginCall, PluginError> {
         PluginCall::start(&self.inner.engine, &self.inner.pre, call)
     }

@@ -27,6 +27,7 @@ mod engine;
 mod error;
 mod gate;
 mod host;
+mod instances;
 mod limits;
 pub mod signature;
 mod store;

@@ -168,6 +168,16 @@ pub struct Policy {
     pub models: Vec<Arc<crate::registration::Registration>>,
 }
 
+impl Policy {
+    /// Tenants with a plugin chain: they share the plugin instance pool.
+    pub fn tenants_with_plugins(&self) -> usize {
+        self.tenants
+            .values()
+            .filter(|t| !t.plugins.is_empty())
+            .count()
+    }
+}
+
 /// `gateway.toml`, with defaults applied.
 #[derive(Clone, Debug)]
 pub struct GatewaySettings {

@@ -520,6 +520,14 @@ impl PluginRegistry {
         Ok(meta.digest)
     }
 
+    /// How many tenants share the plugin instance pool (see
+    /// [`PluginEngine::share_instances_among`]); nothing without a store.
+    pub fn share_instances_among(&self, tenants: usize) {
+        if let Some(store) = &self.inner.store {
+            store.engine.share_instances_among(tenants);
+        }
+    }
+
     /// The engine the store compiles with (tests hold its compile slots).
     #[cfg(test)]
     pub(crate) fn engine(&self) -> &PluginEngine {

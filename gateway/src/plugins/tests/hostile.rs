@@ -182,6 +182,35 @@ fn a_full_pool_fails_fast_and_frees_with_the_call() {
 }
 
 #[test]
+fn a_tenant_holding_instances_leaves_another_tenant_its_part_of_the_pool() {
+    require_guests!();
+    let engine = PluginEngine::new(PluginEngineConfig {
+        max_instances: 4,
+        ..PluginEngineConfig::default()
+    })
+    .unwrap();
+    engine.share_instances_among(2);
+    let echo = engine.validate_and_compile(&guests::guest("echo")).unwrap();
+    let of = |tenant: &str| CallContext {
+        tenant: Arc::from(tenant),
+        ..context("echo", relaxed_limits())
+    };
+    // acme's streams hold its two...
+    let held: Vec<_> = (0..2)
+        .map(|_| echo.instantiate(of("acme")).unwrap())
+        .collect();
+    let e = echo.instantiate(of("acme")).unwrap_err();
+    assert!(matches!(e, PluginError::Busy { .. }), "{e:?}");
+    // ...and beta's two are still there.
+    let mut beta: Vec<_> = (0..2)
+        .map(|_| echo.instantiate(of("beta")).unwrap())
+        .collect();
+    assert!(beta[0].on_stream_end().is_ok());
+    drop(held);
+    assert!(echo.instantiate(of("acme")).is_ok());
+}
+
+#[test]
 fn a_call_keeps_its_deadline_after_the_engine_is_dropped() {
     require_guests!();
     let engine = PluginEngine::new(PluginEngineConfig {

@@ -160,13 +160,18 @@ pub async fn serve(
             let upstream = Upstream::new(
                 &target,
                 None,
+                None,
                 state_rx.clone(),
                 DEFAULT_READY_WAIT,
                 Supervised::Yes,
             )?;
             (upstream, state_rx, Some(supervisor), Some(target))
         }
-        UpstreamSettings::Remote { target, secret } => {
+        UpstreamSettings::Remote {
+            target,
+            secret,
+            tls,
+        } => {
             // Nobody supervises a remote host: it is assumed up, and a call
             // that cannot reach it fails with 503.
             let (state_tx, state_rx) = watch::channel(UpstreamState::Ready);
@@ -174,6 +179,7 @@ pub async fn serve(
             let upstream = Upstream::new(
                 target,
                 secret.as_deref(),
+                tls.as_ref(),
                 state_rx.clone(),
                 DEFAULT_READY_WAIT,
                 Supervised::No,

@@ -86,13 +86,21 @@ fn start_unix(name: &str, extra: &[&str]) -> Host {
     }
 }
 
-/// Starts a host on TCP port 0 with the test secret; the address comes from its stdout.
+/// Starts a host on TCP port 0 with the test secret, without TLS (TLS is
+/// tested with the gateway, `tests/e2e/gpu_host_tls.rs`); the address
+/// comes from its stdout.
 fn start_tcp(name: &str) -> Host {
     let dir = temp_dir(name);
     let secret_file = dir.join("secret");
     std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
     let mut child = bin()
-        .args(["serve", "--listen", "tcp:127.0.0.1:0", "--auth-token-file"])
+        .args([
+            "serve",
+            "--listen",
+            "tcp:127.0.0.1:0",
+            "--allow-plaintext-tcp",
+        ])
+        .arg("--auth-token-file")
         .arg(&secret_file)
         .args(model_args())
         .stdout(Stdio::piped())
@@ -500,13 +508,49 @@ fn streaming_pieces_carry_all_tokens_and_break_cancels() {
 #[test]
 fn tcp_without_a_secret_refuses_to_start() {
     let out = bin()
-        .args(["serve", "--listen", "tcp:127.0.0.1:0"])
+        .args([
+            "serve",
+            "--listen",
+            "tcp:127.0.0.1:0",
+            "--allow-plaintext-tcp",
+        ])
         .args(model_args())
         .output()
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--auth-token-file"), "{stderr}");
+}
+
+#[test]
+fn tcp_without_tls_refuses_to_start_unless_plaintext_is_asked_for() {
+    let dir = temp_dir("notls");
+    let secret_file = dir.join("secret");
+    std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
+    let out = bin()
+        .args(["serve", "--listen", "tcp:127.0.0.1:0", "--auth-token-file"])
+        .arg(&secret_file)
+        .args(model_args())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--tls-cert") && stderr.contains("--allow-plaintext-tcp"),
+        "{stderr}"
+    );
+    // TLS is for TCP: a Unix socket with --tls-cert is refused too.
+    let out = bin()
+        .args(["serve", "--listen"])
+        .arg(format!("unix:{}", dir.join("h.sock").display()))
+        .args(["--tls-cert", "/dev/null", "--tls-key", "/dev/null"])
+        .args(model_args())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("Unix socket"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]

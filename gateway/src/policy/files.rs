@@ -136,6 +136,19 @@ pub struct UpstreamFile {
     pub target: Spanned<String>,
     /// File holding the bearer secret the gpu-host expects (required for `tcp:`).
     pub secret_file: Option<Spanned<PathBuf>>,
+    /// `tcp:` over TLS: the CA (PEM) the host's certificate must chain to.
+    pub tls_ca: Option<Spanned<PathBuf>>,
+    /// The gateway's own certificate chain (PEM), when the host asks for
+    /// one (mutual TLS); with `tls_key`.
+    pub tls_cert: Option<Spanned<PathBuf>>,
+    /// The private key (PEM) of `tls_cert`.
+    pub tls_key: Option<Spanned<PathBuf>>,
+    /// The name the host's certificate must carry (default: the target's
+    /// IP address, which the certificate then holds as an IP SAN).
+    pub tls_server_name: Option<Spanned<String>>,
+    /// Reach a `tcp:` host without TLS: the secret and every prompt cross
+    /// the network in the clear. Default false.
+    pub allow_plaintext: Option<Spanned<bool>>,
     /// Models the gateway has the remote gpu-host load (`dir` is a path on
     /// that host, so it must be absolute; the signature is read here).
     #[serde(default)]

@@ -228,6 +228,9 @@ pub enum UpstreamSettings {
         target: Target,
         /// The bearer secret (read from `secret_file`).
         secret: Option<String>,
+        /// TLS to a `tcp:` host (`tls_ca`, and `tls_cert`/`tls_key` for
+        /// mutual TLS); `None` on a Unix socket or with `allow_plaintext`.
+        tls: Option<bulkhead_protocol::ClientTls>,
     },
     /// A child process the gateway starts and restarts.
     Local(LocalGpuHost),

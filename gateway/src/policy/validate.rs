@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bulkhead_protocol::Target;
+use bulkhead_protocol::{ClientTls, Target};
 use toml::Spanned;
 
 use super::files::{
@@ -563,7 +563,106 @@ fn check_upstream(
         .secret_file
         .as_ref()
         .and_then(|file| read_secret(dir, source, file, errors));
-    UpstreamSettings::Remote { target, secret }
+    let tls = check_upstream_tls(dir, source, upstream, &target, errors);
+    UpstreamSettings::Remote {
+        target,
+        secret,
+        tls,
+    }
+}
+
+/// `[upstream]`'s TLS: required for `tcp:` unless `allow_plaintext`; the
+/// files read and parsed as a connection would (so a bad certificate is a
+/// policy error, not a failed first request).
+fn check_upstream_tls(
+    dir: &Path,
+    source: &SourceFile,
+    upstream: &UpstreamFile,
+    target: &Target,
+    errors: &mut Vec<PolicyError>,
+) -> Option<ClientTls> {
+    let plaintext = upstream
+        .allow_plaintext
+        .as_ref()
+        .is_some_and(|p| *p.get_ref());
+    let tls_keys = [&upstream.tls_ca, &upstream.tls_cert, &upstream.tls_key];
+    let any_tls = tls_keys.iter().any(|k| k.is_some()) || upstream.tls_server_name.is_some();
+    if matches!(target, Target::Unix(_)) {
+        if any_tls {
+            errors.push(source.error_at(
+                upstream.target.span(),
+                "TLS settings are for a `tcp:` upstream; a unix: socket is reached without TLS",
+            ));
+        }
+        return None;
+    }
+    if plaintext {
+        if any_tls {
+            errors.push(source.error_at(
+                upstream.target.span(),
+                "`allow_plaintext = true` and TLS settings together: choose one",
+            ));
+        }
+        return None;
+    }
+    let Some(ca) = &upstream.tls_ca else {
+        errors.push(source.error_at(
+            upstream.target.span(),
+            "a `tcp:` upstream needs TLS (`tls_ca`, and `tls_cert` + `tls_key` when the host \
+             asks for a client certificate), or `allow_plaintext = true` to send the secret \
+             and prompts in the clear",
+        ));
+        return None;
+    };
+    let mut read = |file: &Spanned<PathBuf>, what: &str| -> Option<Vec<u8>> {
+        let path = dir.join(file.get_ref());
+        match read_capped_file(&path, MAX_TLS_FILE_BYTES) {
+            Ok(bytes) => Some(bytes),
+            Err(why) => {
+                errors.push(
+                    source.error_at(file.span(), format!("{what} {}: {why}", path.display())),
+                );
+                None
+            }
+        }
+    };
+    let ca_pem = read(ca, "TLS CA")?;
+    let identity = match (&upstream.tls_cert, &upstream.tls_key) {
+        (Some(cert), Some(key)) => Some((read(cert, "TLS certificate")?, read(key, "TLS key")?)),
+        (None, None) => None,
+        (Some(field), None) | (None, Some(field)) => {
+            errors.push(source.error_at(
+                field.span(),
+                "`tls_cert` and `tls_key` go together (the gateway's client certificate)",
+            ));
+            return None;
+        }
+    };
+    let tls = ClientTls {
+        ca_pem,
+        identity,
+        server_name: upstream
+            .tls_server_name
+            .as_ref()
+            .map(|n| n.get_ref().clone()),
+    };
+    if let Err(e) = tls.check() {
+        errors.push(source.error_at(ca.span(), format!("the upstream's TLS files: {e}")));
+        return None;
+    }
+    Some(tls)
+}
+
+/// Largest certificate or key file read for `[upstream]` TLS.
+const MAX_TLS_FILE_BYTES: u64 = 1 << 20;
+
+/// The file's bytes, at most `max`, or why not.
+fn read_capped_file(path: &Path, max: u64) -> Result<Vec<u8>, String> {
+    let meta = fs::metadata(path).map_err(|e| io_reason(&e))?;
+    if !meta.is_file() || meta.len() > max {
+        return Err(format!("is not a regular file of at most {max} bytes"));
+    }
+    fs::read(path).map_err(|e| io_reason(&e))
 }
 
 /// The secret in `file`, without its trailing newline. Errors never show it.

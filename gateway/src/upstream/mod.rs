@@ -14,7 +14,7 @@ use bulkhead_protocol::v1::{
     GenerateEvent, GenerateRequest, HealthRequest, HealthResponse, ListModelsRequest, ModelInfo,
     Started, generate_event,
 };
-use bulkhead_protocol::{AUTHORIZATION, Target, bearer_value, connect_lazy};
+use bulkhead_protocol::{AUTHORIZATION, ClientTls, Target, bearer_value, connect_lazy_with};
 use tokio::sync::{Notify, watch};
 use tonic::codegen::InterceptedService;
 use tonic::metadata::MetadataValue;
@@ -114,6 +114,8 @@ pub struct Upstream {
     client: Client,
     /// What the client sends with each call (kept for [`Upstream::for_target`]).
     bearer: Bearer,
+    /// TLS to a `tcp:` host (kept for [`Upstream::for_target`]).
+    tls: Option<ClientTls>,
     state: watch::Receiver<UpstreamState>,
     /// How long a new request waits for a (re)starting host before 503.
     ready_wait: Duration,
@@ -152,12 +154,13 @@ impl Upstream {
     pub fn new(
         target: &Target,
         secret: Option<&str>,
+        tls: Option<&ClientTls>,
         state: watch::Receiver<UpstreamState>,
         ready_wait: Duration,
         supervised: Supervised,
     ) -> Result<Upstream, UpstreamError> {
-        let channel =
-            connect_lazy(target).map_err(|e| UpstreamError::Unavailable(e.to_string()))?;
+        let channel = connect_lazy_with(target, tls)
+            .map_err(|e| UpstreamError::Unavailable(e.to_string()))?;
         let bearer = match secret {
             Some(secret) => Some(
                 bearer_value(secret)
@@ -170,6 +173,7 @@ impl Upstream {
         Ok(Upstream {
             client: GpuHostClient::with_interceptor(channel, bearer.clone()),
             bearer,
+            tls: tls.cloned(),
             state,
             ready_wait,
             supervised,
@@ -182,8 +186,12 @@ impl Upstream {
     /// with its own connection. The connection runs on the runtime this is
     /// called on, so a connection lane calls it on its own thread.
     pub fn for_target(&self, target: &Target) -> Result<Upstream, UpstreamError> {
-        let channel =
-            connect_lazy(target).map_err(|e| UpstreamError::Unavailable(e.to_string()))?;
+        let tls = match target {
+            Target::Tcp(_) => self.tls.as_ref(),
+            Target::Unix(_) => None,
+        };
+        let channel = connect_lazy_with(target, tls)
+            .map_err(|e| UpstreamError::Unavailable(e.to_string()))?;
         Ok(Upstream {
             client: GpuHostClient::with_interceptor(channel, self.bearer.clone()),
             ..self.clone()

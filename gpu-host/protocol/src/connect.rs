@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use hyper_util::rt::TokioIo;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 /// The metadata key carrying `Bearer <secret>` on TCP.
 pub const AUTHORIZATION: &str = "authorization";
@@ -25,6 +25,73 @@ pub enum ConnectError {
     BadTarget(String),
     #[error(transparent)]
     Transport(#[from] tonic::transport::Error),
+    #[error("TLS is for tcp: targets; a unix: socket is reached without it")]
+    TlsOnUnix,
+    #[error("the TLS settings: {0}")]
+    Tls(String),
+}
+
+/// How a client reaches a gpu-host over TLS: the CA its certificate must
+/// chain to, the client's own certificate and key when the host asks for
+/// one (mutual TLS), and the name the host's certificate must carry (the
+/// target's IP address when unset; certificates then need an IP SAN).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientTls {
+    pub ca_pem: Vec<u8>,
+    /// Certificate chain and private key, both PEM.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    pub server_name: Option<String>,
+}
+
+impl fmt::Debug for ClientTls {
+    // Never the key.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("client_certificate", &self.identity.is_some())
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientTls {
+    fn config(&self, addr: &SocketAddr) -> ClientTlsConfig {
+        let mut config = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.ca_pem))
+            .domain_name(
+                self.server_name
+                    .clone()
+                    .unwrap_or_else(|| addr.ip().to_string()),
+            );
+        if let Some((cert, key)) = &self.identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        config
+    }
+
+    /// Whether the certificates and key parse, as a connection would read
+    /// them (for a policy check, before any connection).
+    pub fn check(&self) -> Result<(), ConnectError> {
+        let addr: SocketAddr = ([127, 0, 0, 1], 1).into();
+        tls_endpoint(&addr, self).map(drop)
+    }
+}
+
+fn tls_endpoint(addr: &SocketAddr, tls: &ClientTls) -> Result<Endpoint, ConnectError> {
+    endpoint(Endpoint::from_shared(format!("https://{addr}"))?)
+        .tls_config(tls.config(addr))
+        .map_err(|e| ConnectError::Tls(describe(&e)))
+}
+
+/// An error with its causes (rustls says what is wrong in the source).
+fn describe(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 impl FromStr for Target {
@@ -83,11 +150,21 @@ fn endpoint(uri: Endpoint) -> Endpoint {
 /// the connection breaks (a restarted host on the same socket is found again);
 /// while nothing listens, calls fail with `UNAVAILABLE`.
 pub fn connect_lazy(target: &Target) -> Result<Channel, ConnectError> {
-    match target {
-        Target::Tcp(addr) => {
+    connect_lazy_with(target, None)
+}
+
+/// [`connect_lazy`], over TLS when `tls` is given (TCP only).
+pub fn connect_lazy_with(
+    target: &Target,
+    tls: Option<&ClientTls>,
+) -> Result<Channel, ConnectError> {
+    match (target, tls) {
+        (Target::Tcp(addr), Some(tls)) => Ok(tls_endpoint(addr, tls)?.connect_lazy()),
+        (Target::Unix(_), Some(_)) => Err(ConnectError::TlsOnUnix),
+        (Target::Tcp(addr), None) => {
             Ok(endpoint(Endpoint::from_shared(format!("http://{addr}"))?).connect_lazy())
         }
-        Target::Unix(path) => {
+        (Target::Unix(path), None) => {
             let path = path.clone();
             Ok(endpoint(Endpoint::from_static("http://gpu-host.invalid"))
                 .connect_with_connector_lazy(tower::service_fn(move |_| {
@@ -103,11 +180,21 @@ pub fn connect_lazy(target: &Target) -> Result<Channel, ConnectError> {
 
 /// Opens a channel to a gpu-host (one connection attempt; callers retry).
 pub async fn connect(target: &Target) -> Result<Channel, ConnectError> {
-    match target {
-        Target::Tcp(addr) => Ok(endpoint(Endpoint::from_shared(format!("http://{addr}"))?)
+    connect_with(target, None).await
+}
+
+/// [`connect`], over TLS when `tls` is given (TCP only).
+pub async fn connect_with(
+    target: &Target,
+    tls: Option<&ClientTls>,
+) -> Result<Channel, ConnectError> {
+    match (target, tls) {
+        (Target::Tcp(addr), Some(tls)) => Ok(tls_endpoint(addr, tls)?.connect().await?),
+        (Target::Unix(_), Some(_)) => Err(ConnectError::TlsOnUnix),
+        (Target::Tcp(addr), None) => Ok(endpoint(Endpoint::from_shared(format!("http://{addr}"))?)
             .connect()
             .await?),
-        Target::Unix(path) => {
+        (Target::Unix(path), None) => {
             let path = path.clone();
             // The URI is required by the API but unused: the connector decides where to go.
             let channel = endpoint(Endpoint::from_static("http://gpu-host.invalid"))

@@ -14,4 +14,7 @@ pub mod v1 {
     tonic::include_proto!("bulkhead.gpu_host.v1");
 }
 
-pub use connect::{AUTHORIZATION, ConnectError, Target, bearer_value, connect, connect_lazy};
+pub use connect::{
+    AUTHORIZATION, ClientTls, ConnectError, Target, bearer_value, connect, connect_lazy,
+    connect_lazy_with, connect_with,
+};

@@ -7,7 +7,9 @@ use bulkhead_gpu_host::engine::{
     plan_backend,
 };
 use bulkhead_gpu_host::hip;
-use bulkhead_gpu_host::server::{AuthSecret, ModelSpec, ServeConfig, Server, TestHooks};
+use bulkhead_gpu_host::server::{
+    AuthSecret, ModelSpec, PlaintextTcp, ServeConfig, Server, ServerTls, TestHooks,
+};
 use bulkhead_gpu_host::verify::ScrubConfig;
 use bulkhead_protocol::Target;
 use clap::Args;
@@ -15,7 +17,7 @@ use clap::Args;
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Where to listen: `unix:PATH` (socket mode 0600) or `tcp:HOST:PORT`
-    /// (requires --auth-token-file).
+    /// (requires --auth-token-file, and TLS or --allow-plaintext-tcp).
     #[arg(long, value_name = "unix:PATH|tcp:ADDR")]
     listen: Target,
     /// A model to serve under NAME (repeatable). It is hashed while loading
@@ -59,6 +61,20 @@ pub struct ServeArgs {
     /// required on TCP, enforced on a Unix socket too when given.
     #[arg(long)]
     auth_token_file: Option<PathBuf>,
+    /// The host's certificate chain (PEM) for TLS on a `tcp:` listener and
+    /// its lanes; with --tls-key.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// A CA (PEM) whose certificates clients must present: mutual TLS.
+    #[arg(long, requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Serve a `tcp:` listener without TLS: the bearer secret and every
+    /// prompt cross the network in the clear. For a private link only.
+    #[arg(long, conflicts_with = "tls_cert")]
+    allow_plaintext_tcp: bool,
     /// Shut down gracefully when stdin reaches end of file: a supervising
     /// parent holds the pipe, so the host never outlives it.
     #[arg(long)]
@@ -121,6 +137,21 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         .as_deref()
         .map(AuthSecret::from_file)
         .transpose()?;
+    let read = |path: &PathBuf, what: &str| {
+        std::fs::read(path).with_context(|| format!("reading {what} {}", path.display()))
+    };
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => Some(ServerTls {
+            cert_pem: read(cert, "--tls-cert")?,
+            key_pem: read(key, "--tls-key")?,
+            client_ca_pem: a
+                .tls_client_ca
+                .as_ref()
+                .map(|ca| read(ca, "--tls-client-ca"))
+                .transpose()?,
+        }),
+        _ => None,
+    };
     let config = ServeConfig {
         listen: a.listen,
         models: a.models,
@@ -130,6 +161,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         kv_memory_bytes,
         queue_capacity: a.queue_capacity,
         auth_secret,
+        tls,
+        plaintext_tcp: if a.allow_plaintext_tcp {
+            PlaintextTcp::Allowed
+        } else {
+            PlaintextTcp::Refused
+        },
         scrub,
         test_hooks: if a.enable_test_hooks {
             TestHooks::Enabled

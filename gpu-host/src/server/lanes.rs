@@ -26,6 +26,7 @@ use rustix::thread::Pid;
 use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::service::Routes;
+use tonic::transport::ServerTlsConfig;
 use tonic::transport::server::TcpIncoming;
 
 use super::ServeError;
@@ -42,6 +43,8 @@ pub(crate) struct Lanes {
     state: Mutex<State>,
     /// Flips to true when the server shuts down.
     stop: watch::Sender<bool>,
+    /// TLS of the main TCP listener, which lanes on TCP use too.
+    tls: Option<ServerTlsConfig>,
 }
 
 #[derive(Debug, Default)]
@@ -85,7 +88,14 @@ impl Lanes {
             all_cpus,
             state: Mutex::new(State::default()),
             stop: watch::Sender::new(false),
+            tls: None,
         }
+    }
+
+    /// Lanes on TCP serve over TLS with `tls`, as the main listener does.
+    pub(crate) fn with_tls(mut self, tls: Option<ServerTlsConfig>) -> Lanes {
+        self.tls = tls;
+        self
     }
 
     /// Makes the lanes match `wanted` (each dedicated tenant and its
@@ -181,6 +191,7 @@ impl Lanes {
         let stop = self.stop.subscribe();
         let pinned = cpus.to_vec();
         let label = tenant.to_string();
+        let tls = self.tls.clone();
         // Linux keeps 15 bytes of a thread's name; a NUL would panic.
         let name: String = format!("lane:{tenant}")
             .chars()
@@ -189,7 +200,7 @@ impl Lanes {
             .collect();
         let spawned = std::thread::Builder::new()
             .name(name)
-            .spawn(move || run(&label, bound, &pinned, routes, stop, &ready_tx));
+            .spawn(move || run(&label, bound, &pinned, routes, tls, stop, &ready_tx));
         let failed = |message: String| {
             if let Some(socket) = &socket {
                 socket.remove();
@@ -273,6 +284,7 @@ fn run(
     bound: Bound,
     cpus: &[usize],
     routes: Routes,
+    tls: Option<ServerTlsConfig>,
     mut stop: watch::Receiver<bool>,
     ready: &SyncSender<Result<Pid, String>>,
 ) {
@@ -295,7 +307,6 @@ fn run(
         // A dropped sender means the server is gone: stop too.
         let _ = stop.wait_for(|&stopped| stopped).await;
     };
-    let router = tonic::transport::Server::builder().add_routes(routes);
     let served = runtime.block_on(async {
         let registered = match bound {
             Bound::Unix(listener) => {
@@ -309,6 +320,17 @@ fn run(
             Ok(listener) => listener,
             Err(e) => {
                 let _ = ready.send(Err(format!("registering its socket: {e}")));
+                return Ok(());
+            }
+        };
+        let builder = match (&listener, tls) {
+            (Registered::Tcp(_), Some(tls)) => tonic::transport::Server::builder().tls_config(tls),
+            _ => Ok(tonic::transport::Server::builder()),
+        };
+        let router = match builder {
+            Ok(mut builder) => builder.add_routes(routes),
+            Err(e) => {
+                let _ = ready.send(Err(format!("its TLS settings: {e}")));
                 return Ok(());
             }
         };

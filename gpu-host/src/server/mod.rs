@@ -32,6 +32,7 @@ use bulkhead_partition::Device;
 use bulkhead_protocol::Target;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 use crate::engine::ComputeBackend;
 use crate::verify::{ScrubConfig, Scrubber};
@@ -73,10 +74,51 @@ pub struct ServeConfig {
     pub queue_capacity: usize,
     /// Bearer secret required from clients (mandatory on TCP).
     pub auth_secret: Option<AuthSecret>,
+    /// TLS on a TCP listener (and its lanes); without it TCP is refused
+    /// unless `plaintext_tcp` allows it.
+    pub tls: Option<ServerTls>,
+    pub plaintext_tcp: PlaintextTcp,
     /// How fast resident weights are re-hashed in the background.
     pub scrub: ScrubConfig,
     /// Whether the test-only RPCs answer.
     pub test_hooks: TestHooks,
+}
+
+/// The host's TLS on TCP: its certificate chain and key, and the CA whose
+/// certificates clients must present (mutual TLS) when set.
+#[derive(Clone)]
+pub struct ServerTls {
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+    pub client_ca_pem: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for ServerTls {
+    // Never the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("client_ca", &self.client_ca_pem.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerTls {
+    fn config(&self) -> ServerTlsConfig {
+        let config =
+            ServerTlsConfig::new().identity(Identity::from_pem(&self.cert_pem, &self.key_pem));
+        match &self.client_ca_pem {
+            Some(ca) => config.client_ca_root(Certificate::from_pem(ca)),
+            None => config,
+        }
+    }
+}
+
+/// Whether TCP without TLS is served (`--allow-plaintext-tcp`): the bearer
+/// secret and every prompt would cross the network in the clear.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlaintextTcp {
+    Refused,
+    Allowed,
 }
 
 /// Why the server could not start or stopped with an error.
@@ -84,6 +126,15 @@ pub struct ServeConfig {
 pub enum ServeError {
     #[error("listening on TCP needs a bearer secret (--auth-token-file)")]
     TcpWithoutSecret,
+    #[error(
+        "listening on TCP needs TLS (--tls-cert and --tls-key, with --tls-client-ca for \
+         mutual TLS), or --allow-plaintext-tcp to send the secret and prompts in the clear"
+    )]
+    TcpWithoutTls,
+    #[error("TLS is for a TCP listener; a Unix socket is served without it")]
+    TlsOnUnix,
+    #[error("the TLS settings: {0}")]
+    Tls(String),
     #[error("{name} must be at least 1")]
     ZeroSetting { name: &'static str },
     #[error("model name `{0}` is given twice")]
@@ -128,6 +179,18 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
+/// An error with its causes (rustls says what is wrong in the source).
+fn describe(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// A host with its models loaded and its scheduler started, not yet listening.
 #[derive(Debug)]
 pub struct Server {
@@ -136,6 +199,7 @@ pub struct Server {
     partitions: Partitions,
     workers: Workers,
     auth: auth::BearerAuth,
+    tls: Option<ServerTlsConfig>,
     scrubber: Scrubber,
     test_hooks: TestHooks,
 }
@@ -143,9 +207,25 @@ pub struct Server {
 impl Server {
     /// Checks the config, loads every model and starts the scheduler (blocking).
     pub fn load(config: ServeConfig) -> Result<Server, ServeError> {
-        if matches!(config.listen, Target::Tcp(_)) && config.auth_secret.is_none() {
+        let on_tcp = matches!(config.listen, Target::Tcp(_));
+        if on_tcp && config.auth_secret.is_none() {
             return Err(ServeError::TcpWithoutSecret);
         }
+        let tls = match (&config.tls, on_tcp) {
+            (Some(_), false) => return Err(ServeError::TlsOnUnix),
+            (None, true) if config.plaintext_tcp == PlaintextTcp::Refused => {
+                return Err(ServeError::TcpWithoutTls);
+            }
+            (Some(tls), true) => {
+                let tls = tls.config();
+                // Parsed now, so a bad certificate or key fails the start.
+                tonic::transport::Server::builder()
+                    .tls_config(tls.clone())
+                    .map_err(|e| ServeError::Tls(describe(&e)))?;
+                Some(tls)
+            }
+            (None, _) => None,
+        };
         for (name, value) in [
             ("threads", config.threads),
             ("max batch", config.max_batch),
@@ -197,6 +277,7 @@ impl Server {
             partitions,
             workers,
             auth: auth::BearerAuth::new(config.auth_secret),
+            tls,
             scrubber,
             test_hooks: config.test_hooks,
         })
@@ -214,7 +295,9 @@ impl Server {
     ) -> Result<(), ServeError> {
         let listener = listen::bind(&self.listen).await?;
         on_listening(&listener.target());
-        let lanes = Arc::new(Lanes::new(listener.target(), self.partitions.all_cpus()));
+        let lanes = Arc::new(
+            Lanes::new(listener.target(), self.partitions.all_cpus()).with_tls(self.tls.clone()),
+        );
         let service = GpuHostService::new(
             self.registry,
             Arc::new(self.partitions),
@@ -222,7 +305,11 @@ impl Server {
             self.auth,
             self.test_hooks,
         );
-        let router = tonic::transport::Server::builder().add_routes(service.routes());
+        let mut builder = match (&listener, self.tls) {
+            (Listener::Tcp(_), Some(tls)) => tonic::transport::Server::builder().tls_config(tls)?,
+            _ => tonic::transport::Server::builder(),
+        };
+        let router = builder.add_routes(service.routes());
         // The lanes hold the only other copies of the service.
         drop(service);
         let stopping = Arc::clone(&lanes);

@@ -541,15 +541,15 @@ fn with_a_model_registry_any_valid_model_name_is_accepted() {
     folder.write("secret", "0123456789abcdef0123\n");
     folder.write(
         "gateway.toml",
-        "[upstream]\ntarget = \"tcp:10.0.0.5:50051\"\nsecret_file = \"secret\"\n\n\
-         [models]\nregistry = \"../var/models\"\n",
+        "[upstream]\ntarget = \"tcp:10.0.0.5:50051\"\nsecret_file = \"secret\"\n\
+         allow_plaintext = true\n\n[models]\nregistry = \"../var/models\"\n",
     );
     folder.write(
         "tenants/acme.toml",
         ACME.replace(r#"["tiny"]"#, r#"["anything-at-all"]"#),
     );
     let policy = load_ok(&folder);
-    let UpstreamSettings::Remote { target, secret } = &policy.gateway.upstream else {
+    let UpstreamSettings::Remote { target, secret, .. } = &policy.gateway.upstream else {
         panic!("expected a remote upstream");
     };
     assert_eq!(target.to_string(), "tcp:10.0.0.5:50051");
@@ -788,15 +788,16 @@ fn upstream_targets_and_secrets_are_checked() {
         ]
     );
     assert_eq!(
-        check("[upstream]\ntarget = \"tcp:10.0.0.5:50051\"\n"),
+        check("[upstream]\ntarget = \"tcp:10.0.0.5:50051\"\nallow_plaintext = true\n"),
         ["gateway.toml:2:10: a `tcp:` upstream needs `secret_file`: \
              the gpu-host refuses TCP clients without its bearer secret"]
     );
 
     folder.write("short-secret", "hunter2-hunter2\n"); // 15 bytes after the newline goes
     let short = folder.path().join("short-secret");
-    let errors =
-        check("[upstream]\ntarget = \"tcp:10.0.0.5:50051\"\nsecret_file = \"short-secret\"\n");
+    let errors = check(
+        "[upstream]\ntarget = \"tcp:10.0.0.5:50051\"\nsecret_file = \"short-secret\"\nallow_plaintext = true\n",
+    );
     assert_eq!(
         errors,
         [format!(
@@ -1148,4 +1149,79 @@ fn connection_limits_are_read_and_their_bounds_checked() {
             lines + 3
         )]
     );
+}
+
+#[test]
+fn a_tcp_upstream_needs_tls_or_plaintext_asked_for_and_its_files_must_parse() {
+    let folder = valid_folder();
+    folder.write("secret", "0123456789abcdef0123\n");
+    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tls");
+    let tls = |name: &str| fixtures.join(name).display().to_string();
+    folder.write("tenants/acme.toml", ACME.replace(r#"["tiny"]"#, "[]"));
+    folder.write(
+        "tenants/beta.toml",
+        plain_tenant("beta").replace(r#"["small"]"#, "[]"),
+    );
+    let upstream = "[upstream]\ntarget = \"tcp:127.0.0.1:7070\"\nsecret_file = \"secret\"\n";
+    let check = |extra: &str| {
+        folder.write("gateway.toml", format!("{upstream}{extra}"));
+        load(folder.path()).map_err(|e| e.0.iter().map(ToString::to_string).collect::<Vec<_>>())
+    };
+    assert_eq!(
+        check("").unwrap_err(),
+        [
+            "gateway.toml:2:10: a `tcp:` upstream needs TLS (`tls_ca`, and `tls_cert` + \
+          `tls_key` when the host asks for a client certificate), or `allow_plaintext = true` \
+          to send the secret and prompts in the clear"
+        ]
+    );
+    // Mutual TLS, read and parsed.
+    let mutual = format!(
+        "tls_ca = \"{}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\n",
+        tls("ca.pem"),
+        tls("client.pem"),
+        tls("client.key")
+    );
+    let policy = check(&mutual).unwrap();
+    let UpstreamSettings::Remote {
+        tls: Some(client), ..
+    } = &policy.gateway.upstream
+    else {
+        panic!("expected TLS to the upstream");
+    };
+    assert!(client.identity.is_some() && client.server_name.is_none());
+    // A certificate without its key; a key that is not one.
+    assert_eq!(
+        check(&format!(
+            "tls_ca = \"{}\"\ntls_cert = \"{}\"\n",
+            tls("ca.pem"),
+            tls("client.pem")
+        ))
+        .unwrap_err(),
+        [
+            "gateway.toml:5:12: `tls_cert` and `tls_key` go together (the gateway's client \
+          certificate)"
+        ]
+    );
+    folder.write("not-a-key.pem", "hello\n");
+    let errors = check(&format!(
+        "tls_ca = \"{}\"\ntls_cert = \"{}\"\ntls_key = \"not-a-key.pem\"\n",
+        tls("ca.pem"),
+        tls("client.pem")
+    ))
+    .unwrap_err();
+    assert_eq!(errors.len(), 1);
+    assert!(
+        errors[0].starts_with("gateway.toml:4:10: the upstream's TLS files: "),
+        "{errors:?}"
+    );
+    assert!(
+        check(&format!(
+            "allow_plaintext = true\ntls_ca = \"{}\"\n",
+            tls("ca.pem")
+        ))
+        .unwrap_err()[0]
+            .contains("choose one")
+    );
+    assert!(check("allow_plaintext = true\n").is_ok());
 }

@@ -13,9 +13,11 @@
 //!   own source on CPU threads, wave 64) — every machine with a C++20
 //!   compiler; it checks the backend's host code and the kernels together;
 //! - a real HIP device (`cargo test --features hip` where one is visible).
-//!   Without one the device tests print "skipped: no HIP device (why)" and
-//!   pass, unless BULKHEAD_REQUIRE_HIP_DEVICE=1 makes that a failure, so a
-//!   machine that has a GPU cannot skip them silently.
+//!   Whether one is visible is decided before a test's body (the runtime's
+//!   own answer, `hip::probe`): without one the device tests skip for
+//!   `hip-device` (a failure where `BULKHEAD_REQUIRE` lists it); with one,
+//!   any error opening or using it fails the test. The emulator tests skip
+//!   only when there is no C++ compiler (`cxx`); a build error fails them.
 //!
 //! Tolerances. F32/F16 weights: both backends compute the same products in
 //! another order, so logits agree to 1e-4 of their largest magnitude (the
@@ -41,10 +43,12 @@ use bulkhead_gpu_host::engine::{
     Backend, BatchEntry, CpuBackend, HipBackend, Logits, Model, PartitionedDevice, StreamSource,
     argmax, open_hip_device, open_hip_partitions,
 };
+use bulkhead_gpu_host::hip::{HipAvailability, probe};
 use bulkhead_kernels::hip::KernelDevice;
-use bulkhead_kernels::hip::emulator::{Emulator, build_harness};
+use bulkhead_kernels::hip::emulator::{Emulator, HarnessError, build_harness};
 use bulkhead_kernels::{GgmlType, QuantMatrix};
 use bulkhead_partition::{CuSet, Device};
+use bulkhead_testkit::{Need, skip};
 use serde::Deserialize;
 
 fn fixtures() -> PathBuf {
@@ -67,32 +71,60 @@ fn model(family: &str, ty: &str) -> Model {
     Model::open(fixtures().join(format!("models/{family}-{ty}.gguf"))).unwrap()
 }
 
-/// The emulated device, or why there is none.
-fn emulator() -> Result<Arc<dyn KernelDevice>, String> {
-    static HARNESS: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let harness = HARNESS
-        .get_or_init(|| build_harness(Path::new(env!("CARGO_TARGET_TMPDIR"))))
-        .clone()?;
-    Ok(Arc::new(
-        Emulator::start(&harness, 64).map_err(|e| e.to_string())?,
-    ))
+/// The emulated device, or `None` after skipping for the missing C++
+/// compiler. A failed build or start fails the test.
+fn emulator() -> Option<Arc<dyn KernelDevice>> {
+    static HARNESS: OnceLock<Result<PathBuf, HarnessError>> = OnceLock::new();
+    let harness =
+        match HARNESS.get_or_init(|| build_harness(Path::new(env!("CARGO_TARGET_TMPDIR")))) {
+            Ok(harness) => harness,
+            Err(HarnessError::NoCompiler(why)) => {
+                skip(Need::Cxx, why);
+                return None;
+            }
+            Err(e @ HarnessError::Build(_)) => panic!("{e}"),
+        };
+    let device = Emulator::start(harness, 64).unwrap_or_else(|e| panic!("{e}"));
+    Some(Arc::new(device))
 }
 
-/// A real HIP device (ordinal 0, a budget of all its memory), or why there is none.
-fn hip_device() -> Result<Arc<dyn KernelDevice>, String> {
-    let budget = bulkhead_gpu_host::hip::MemoryBudget::new("hip_parity", u64::MAX);
-    open_hip_device(0, budget).map_err(|e| e.to_string())
-}
-
-fn skip_or_fail(device: &str, why: &str) {
-    let required = match device {
-        "HIP device" => "BULKHEAD_REQUIRE_HIP_DEVICE",
-        _ => "BULKHEAD_REQUIRE_EMULATOR",
-    };
-    if std::env::var_os(required).is_some_and(|v| v == "1") {
-        panic!("{required}=1 but there is no {device}: {why}");
+/// Whether a HIP device is visible, decided before a device test's body:
+/// `false` after skipping for `hip-device` when the build has no HIP or
+/// the runtime says there is no device; any other answer fails the test.
+fn device_visible() -> bool {
+    match probe() {
+        HipAvailability::Devices(_) => true,
+        HipAvailability::NotBuilt => {
+            skip(Need::HipDevice, "built without the `hip` feature");
+            false
+        }
+        HipAvailability::Unavailable(e) if e.is_no_device() => {
+            skip(Need::HipDevice, e);
+            false
+        }
+        HipAvailability::Unavailable(e) => panic!("the HIP runtime failed: {e}"),
     }
-    eprintln!("skipped: no {device} ({why})");
+}
+
+/// HIP device 0 (a budget of all its memory), or `None` after skipping
+/// because none is visible. Failing to open a visible one fails the test.
+fn hip_device() -> Option<Arc<dyn KernelDevice>> {
+    if !device_visible() {
+        return None;
+    }
+    let budget = bulkhead_gpu_host::hip::MemoryBudget::new("hip_parity", u64::MAX);
+    Some(open_hip_device(0, budget).unwrap_or_else(|e| panic!("opening HIP device 0: {e}")))
+}
+
+/// HIP device 0 split for partitions, as [`hip_device`].
+fn hip_partitions(memory_bytes: u64) -> Option<PartitionedDevice> {
+    if !device_visible() {
+        return None;
+    }
+    Some(
+        open_hip_partitions(0, memory_bytes)
+            .unwrap_or_else(|e| panic!("opening HIP device 0 for partitions: {e}")),
+    )
 }
 
 /// (max |diff| / max |reference|, rms diff / rms reference) over all rows.
@@ -356,12 +388,9 @@ fn emulated_partitions_match_cpu_sharing_one_copy_of_the_weights() {
 /// on its own CU-masked stream.
 #[test]
 fn device_partitions_on_disjoint_cus_match_cpu() {
-    match open_hip_partitions(0, 1 << 30) {
-        Ok(split) => {
-            let (a, b) = two_halves(split.device());
-            partitions_match_cpu(&split, &a, &b);
-        }
-        Err(why) => skip_or_fail("HIP device", &why.to_string()),
+    if let Some(split) = hip_partitions(1 << 30) {
+        let (a, b) = two_halves(split.device());
+        partitions_match_cpu(&split, &a, &b);
     }
 }
 
@@ -416,10 +445,9 @@ fn partitions_running_at_once_match_cpu(split: &PartitionedDevice, rounds: usize
 
 #[test]
 fn device_partitions_running_at_once_match_cpu() {
-    match open_hip_partitions(0, 1 << 30) {
-        // Several rounds, so the two partitions' launches overlap.
-        Ok(split) => partitions_running_at_once_match_cpu(&split, 8),
-        Err(why) => skip_or_fail("HIP device", &why.to_string()),
+    // Several rounds, so the two partitions' launches overlap.
+    if let Some(split) = hip_partitions(1 << 30) {
+        partitions_running_at_once_match_cpu(&split, 8);
     }
 }
 
@@ -454,9 +482,8 @@ fn partition_past_its_budget_is_refused_naming_it(split: &PartitionedDevice) {
 
 #[test]
 fn device_partition_past_its_budget_is_refused_naming_it() {
-    match open_hip_partitions(0, 1 << 30) {
-        Ok(split) => partition_past_its_budget_is_refused_naming_it(&split),
-        Err(why) => skip_or_fail("HIP device", &why.to_string()),
+    if let Some(split) = hip_partitions(1 << 30) {
+        partition_past_its_budget_is_refused_naming_it(&split);
     }
 }
 
@@ -466,16 +493,14 @@ fn emulated_partition_past_its_budget_is_refused_naming_it() {
 }
 
 fn on_emulator(case: impl FnOnce(Arc<dyn KernelDevice>)) {
-    match emulator() {
-        Ok(d) => case(d),
-        Err(why) => skip_or_fail("kernel emulator", &why),
+    if let Some(d) = emulator() {
+        case(d);
     }
 }
 
 fn on_hip_device(case: impl FnOnce(Arc<dyn KernelDevice>)) {
-    match hip_device() {
-        Ok(d) => case(d),
-        Err(why) => skip_or_fail("HIP device", &why),
+    if let Some(d) = hip_device() {
+        case(d);
     }
 }
 

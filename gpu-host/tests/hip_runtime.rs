@@ -7,18 +7,21 @@
 
 use std::process::Command;
 
+use bulkhead_testkit::{Need, skip};
+
 use bulkhead_gpu_host::hip::{
     Device, DeviceBuffer, Event, HipError, KernelArgs, MemoryBudget, Module, Stream, devices,
     runtime_version,
 };
 
-/// Device 0, or `None` after saying why the test is skipped. Any error
-/// other than "no device" fails the test.
-fn device_or_skip(test: &str) -> Option<Device> {
+/// Device 0, or `None` after skipping for `hip-device` (a failure where
+/// `BULKHEAD_REQUIRE` lists it). Any error other than "no device" fails
+/// the test.
+fn device_or_skip(_test: &str) -> Option<Device> {
     match Device::open(0) {
         Ok(device) => Some(device),
         Err(err) if err.is_no_device() => {
-            eprintln!("{test}: skipped, {err}");
+            skip(Need::HipDevice, err);
             None
         }
         Err(err) => panic!("opening HIP device 0: {err}"),
@@ -127,12 +130,16 @@ fn a_kernel_compiled_for_the_device_runs() {
         .args(["--genco", &format!("--offload-arch={arch}"), source, "-o"])
         .arg(&out)
         .status();
+    // With a device here, only a missing hipcc is a reason to skip; a
+    // compile that fails is a failure.
     let image = match status {
         Ok(s) if s.success() => std::fs::read(&out).unwrap(),
-        other => {
-            eprintln!("a_kernel_compiled_for_the_device_runs: skipped, hipcc failed: {other:?}");
+        Ok(s) => panic!("hipcc failed on {source}: {s}"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            skip(Need::HipToolchain, format!("hipcc: {e}"));
             return;
         }
+        Err(e) => panic!("starting hipcc: {e}"),
     };
     let module = Module::load(&device, &image).unwrap();
     let add_one = module.function("add_one").unwrap();

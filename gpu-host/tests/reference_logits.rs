@@ -78,8 +78,12 @@ fn f32_logits_match_transformers(family: &str) {
             "{family} f32 {}: max rel {max_rel:.2e}, rms rel {rms_rel:.2e}",
             b.name()
         );
+        // Measured: at most 9.9e-7 (llama, scalar), 7.3e-7 with SIMD;
+        // llama.cpp's own F32 reaches 6.5e-7. The bound is three times the
+        // worst, so a real error in any op (a missing scale, a wrong norm
+        // epsilon, ~1e-4 and up) fails it.
         assert!(
-            max_rel < 1e-4,
+            max_rel < 3e-6,
             "{family} f32 on {}: max rel error {max_rel:.3e}",
             b.name()
         );

@@ -140,4 +140,39 @@ async fn many_streams_share_one_batch_and_health_counts_them() {
         .into_inner();
     assert_eq!((health.workers, health.max_running), (1, 8));
     assert_eq!((health.queued, health.running), (0, 0));
+
+    // Batching itself: twelve long streams all produce their first token
+    // before any is done, and the host runs them at once. A server that
+    // ran one generation at a time could not give the second stream a
+    // token before the first's 400 were done, and would count one running.
+    let mut streams = Vec::new();
+    for i in 0..12 {
+        let tenant = if i % 2 == 0 { "a" } else { "b" };
+        let mut c = client.clone();
+        let stream = c
+            .generate(request(tenant, "Once upon a time", 400))
+            .await
+            .unwrap();
+        streams.push(stream.into_inner());
+    }
+    for stream in &mut streams {
+        loop {
+            match stream.message().await.unwrap().and_then(|e| e.event) {
+                Some(Event::Delta(_)) => break,
+                Some(Event::Finished(_)) | None => panic!("a stream ended before its first token"),
+                Some(_) => {}
+            }
+        }
+    }
+    let health = client
+        .clone()
+        .health(v1::HealthRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        health.running >= 2,
+        "{} sequences running with twelve streams open",
+        health.running
+    );
 }

@@ -198,7 +198,10 @@ fn threads_of(pid: u32) -> Vec<(String, Vec<usize>)> {
 async fn dedicated_tenants_run_on_their_own_pinned_cores() {
     let ours = allowed_cpus(&std::fs::read_to_string("/proc/self/status").unwrap());
     if ours.len() < 2 {
-        eprintln!("SKIPPED: this process may run on {ours:?}; pinning two partitions needs 2 CPUs");
+        bulkhead_testkit::skip(
+            bulkhead_testkit::Need::Cpus(2),
+            format!("this process may run on CPUs {ours:?}; pinning two partitions needs 2"),
+        );
         return;
     }
     let mut host = start("pinned");

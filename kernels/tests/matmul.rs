@@ -3,6 +3,7 @@
 
 mod common;
 
+use bulkhead_testkit::{Need, skip};
 use std::sync::LazyLock;
 
 use bulkhead_kernels::{CpuKernels, GgmlType, Isa, KernelError, QuantMatrix};
@@ -129,7 +130,10 @@ fn check_case(case: &Case) {
     }
     assert_bit_identical(&scalar, &case.run(&SCALAR_3), case, "scalar 1 vs 3 threads");
     let (Some(avx1), Some(avx3)) = (AVX2_1.as_ref(), AVX2_3.as_ref()) else {
-        eprintln!("AVX2 comparison skipped: this CPU lacks avx2/fma/f16c");
+        skip(
+            Need::Isa("avx2"),
+            "the AVX2 comparison: this CPU lacks avx2/fma/f16c",
+        );
         return;
     };
     let fast = case.run(avx1);
@@ -146,7 +150,10 @@ fn check_case(case: &Case) {
     }
     assert_bit_identical(&fast, &case.run(avx3), case, "avx2 1 vs 3 threads");
     let (Some(vnni1), Some(vnni3)) = (VNNI_1.as_ref(), VNNI_3.as_ref()) else {
-        eprintln!("AVX-512 VNNI comparison skipped: this CPU lacks avx512f/avx512vl/avx512vnni");
+        skip(
+            Need::Isa("avx512vnni"),
+            "the AVX-512 VNNI comparison: this CPU lacks avx512f/avx512vl/avx512vnni",
+        );
         return;
     };
     // Its eight-token Q8_0/Q4_0 kernels keep the AVX2 kernels' order of
@@ -215,7 +222,7 @@ fn prefill_token_counts_match_scalar() {
 #[test]
 fn grouped_matmul_matches_per_token_matmul() {
     let Some(avx) = AVX2_3.as_ref() else {
-        eprintln!("skipped: this CPU lacks avx2/fma/f16c");
+        skip(Need::Isa("avx2"), "this CPU lacks avx2/fma/f16c");
         return;
     };
     for ty in [
@@ -381,7 +388,10 @@ fn kernels_report_their_configuration() {
 #[test]
 fn vnni_tiles_equal_one_token_calls_on_edge_shapes() {
     let (Some(vnni1), Some(vnni3)) = (VNNI_1.as_ref(), VNNI_3.as_ref()) else {
-        eprintln!("skipped: this CPU lacks avx512f/avx512vl/avx512vnni");
+        skip(
+            Need::Isa("avx512vnni"),
+            "this CPU lacks avx512f/avx512vl/avx512vnni",
+        );
         return;
     };
     let mut seed = 9000;

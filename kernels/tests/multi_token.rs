@@ -9,6 +9,7 @@ use bulkhead_kernels::avx2::{Avx2, Vnni};
 use bulkhead_kernels::{
     BlockQ8_0, BlockQ8_0U, BlockQ8K, GgmlType, quantize_row_q8_0, quantize_row_q8_k, scalar,
 };
+use bulkhead_testkit::{Need, skip};
 use common::{Rng, dequantized, random_matrix};
 
 /// 1e-6 · Σ|w||x|, with a floor for rows that happen to be all zero.
@@ -62,9 +63,20 @@ fn q8_k(x: &[f32]) -> Vec<BlockQ8K> {
 fn avx2() -> Option<Avx2> {
     let k = Avx2::detect();
     if k.is_none() {
-        eprintln!("skipped: this CPU lacks avx2/fma/f16c");
+        skip(Need::Isa("avx2"), "this CPU lacks avx2/fma/f16c");
     }
     k
+}
+
+/// What `f` panicked with (it must panic).
+fn panic_message(f: impl FnOnce()) -> String {
+    let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .expect_err("the call should have panicked");
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
 }
 
 #[test]
@@ -155,21 +167,23 @@ fn q6k_tokens_match_single_row() {
 }
 
 #[test]
-#[should_panic(expected = "at most 4 per call")]
 fn more_than_four_tokens_is_a_caller_bug() {
-    let Some(k) = Avx2::detect() else {
-        panic!("skipped (no avx2): at most 4 per call");
-    };
+    // Decided before the body: a CPU without AVX2 skips, it does not pass.
+    let Some(k) = avx2() else { return };
     let row = vec![0u8; 34];
     let act = [BlockQ8_0::default()];
     let xs: [&[BlockQ8_0]; 5] = [&act; 5];
-    k.dot_q8_0_tokens(&row, &xs, &mut [0.0; 5]);
+    let message = panic_message(|| k.dot_q8_0_tokens(&row, &xs, &mut [0.0; 5]));
+    assert!(message.contains("at most 4 per call"), "{message}");
 }
 
 fn vnni() -> Option<(Vnni, Avx2)> {
     let pair = Vnni::detect().zip(Avx2::detect());
     if pair.is_none() {
-        eprintln!("skipped: this CPU lacks avx512f/avx512vl/avx512vnni");
+        skip(
+            Need::Isa("avx512vnni"),
+            "this CPU lacks avx512f/avx512vl/avx512vnni",
+        );
     }
     pair
 }
@@ -255,13 +269,11 @@ fn offset_blocks_hold_quants_plus_128() {
 }
 
 #[test]
-#[should_panic(expected = "at most 8 per call")]
 fn more_than_eight_vnni_tokens_is_a_caller_bug() {
-    let Some(v) = Vnni::detect() else {
-        panic!("skipped (no avx512 vnni): at most 8 per call");
-    };
+    let Some((v, _)) = vnni() else { return };
     let row = vec![0u8; 34];
     let act = [BlockQ8_0U::from(&BlockQ8_0::default())];
     let xs: [&[BlockQ8_0U]; 9] = [&act; 9];
-    v.dot_q8_0_tokens(&row, &xs, &mut [0.0; 9]);
+    let message = panic_message(|| v.dot_q8_0_tokens(&row, &xs, &mut [0.0; 9]));
+    assert!(message.contains("at most 8 per call"), "{message}");
 }

@@ -24,7 +24,10 @@ fn close(got: &[f32], want: &[f64], rel: f64, what: &str) {
 fn avx2() -> Option<Avx2> {
     let k = Avx2::detect();
     if k.is_none() {
-        eprintln!("AVX2 half of this test skipped: CPU lacks avx2/fma/f16c");
+        bulkhead_testkit::skip(
+            bulkhead_testkit::Need::Isa("avx2"),
+            "the AVX2 half of this test: this CPU lacks avx2/fma/f16c",
+        );
     }
     k
 }

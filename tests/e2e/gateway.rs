@@ -221,16 +221,15 @@ fn shutdown_drains_a_stream_in_flight() {
 
 /// The official `openai` Python SDK (pinned in tests/e2e/requirements.txt),
 /// unchanged, against the gateway. `tests/run-all` provides the venv through
-/// `BULKHEAD_TEST_PYTHON` and sets `BULKHEAD_REQUIRE_SDK_TEST=1` so CI cannot
-/// skip it; a bare `cargo test` without Python says that it skipped.
+/// `BULKHEAD_TEST_PYTHON` and requires `python-sdk` so CI cannot skip it; a
+/// bare `cargo test` without Python says that it skipped.
 #[test]
 fn the_official_openai_sdk_works_unchanged() {
     let Some(python) = std::env::var_os("BULKHEAD_TEST_PYTHON") else {
-        assert!(
-            std::env::var_os("BULKHEAD_REQUIRE_SDK_TEST").is_none(),
-            "BULKHEAD_TEST_PYTHON is not set but the SDK test is required"
+        bulkhead_testkit::skip(
+            bulkhead_testkit::Need::PythonSdk,
+            "set BULKHEAD_TEST_PYTHON to a Python with tests/e2e/requirements.txt",
         );
-        eprintln!("skipped: set BULKHEAD_TEST_PYTHON to a Python with tests/e2e/requirements.txt");
         return;
     };
     let policies = PolicyDir::new("openai-sdk");

@@ -6,7 +6,7 @@
 //!
 //! The upload uses an example plugin (`BULKHEAD_EXAMPLE_PLUGINS`, built by
 //! `tests/run-all`); without it that part is skipped, saying so, unless
-//! `BULKHEAD_REQUIRE_WASM_GUESTS` is set.
+//! `BULKHEAD_REQUIRE` lists `wasm-guests`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,11 +27,11 @@ impl Drop for Scratch {
 fn example_plugin() -> Option<Vec<u8>> {
     match std::env::var_os("BULKHEAD_EXAMPLE_PLUGINS") {
         Some(dir) => Some(std::fs::read(Path::new(&dir).join("pii-redact.wasm")).unwrap()),
-        None if std::env::var_os("BULKHEAD_REQUIRE_WASM_GUESTS").is_some() => {
-            panic!("BULKHEAD_REQUIRE_WASM_GUESTS is set but BULKHEAD_EXAMPLE_PLUGINS is not")
-        }
         None => {
-            eprintln!("skipping the plugin part: BULKHEAD_EXAMPLE_PLUGINS is not set");
+            bulkhead_testkit::skip(
+                bulkhead_testkit::Need::WasmGuests,
+                "the plugin part: BULKHEAD_EXAMPLE_PLUGINS is not set",
+            );
             None
         }
     }

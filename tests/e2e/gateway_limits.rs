@@ -41,11 +41,13 @@ fn header_u64(r: &bulkhead_tests::Response, name: &str) -> u64 {
 fn a_burst_gets_429_with_retry_after_and_counters_that_fall_and_reset() {
     let policies = demo_with_limits(
         "burst",
-        "requests_per_s = 1\nburst = 3\ntokens_per_min = 100000",
+        // Tokens refill at 20 a second: a completion's reservation shows.
+        "requests_per_s = 1\nburst = 3\ntokens_per_min = 1200",
     );
     let gateway = Gateway::start(&policies);
     let token = policies.token("demo", &[]);
     let mut remaining = Vec::new();
+    let mut budget_after_ok = 0;
     for _ in 0..3 {
         let r = gateway.request(
             "POST",
@@ -55,17 +57,19 @@ fn a_burst_gets_429_with_retry_after_and_counters_that_fall_and_reset() {
         );
         assert_eq!(r.status, 200, "{}", r.body);
         assert_eq!(header_u64(&r, "x-ratelimit-limit-requests"), 3);
-        assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 100000);
+        assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 1200);
         remaining.push(header_u64(&r, "x-ratelimit-remaining-requests"));
         assert!(r.header("x-ratelimit-reset-requests").is_some());
+        budget_after_ok = header_u64(&r, "x-ratelimit-remaining-tokens");
     }
     // Requests take time, so a cell may come back between them; the count
     // still falls by one per request minus what was replenished.
     assert!(remaining.windows(2).all(|w| w[1] <= w[0]), "{remaining:?}");
     assert!(remaining[0] == 2, "{remaining:?}");
-    let tokens_before = gateway.metric("bulkhead_tokens_total", &[]);
-    // Drain whatever came back, then one more is refused.
-    let refused = loop {
+    // Drain whatever came back, then one more is refused. Before each:
+    // the tokens counted, and the token budget the last success left.
+    let (refused, tokens_before, budget_after_ok) = loop {
+        let tokens_before = gateway.metric("bulkhead_tokens_total", &[]);
         let r = gateway.request(
             "POST",
             "/v1/completions",
@@ -73,9 +77,10 @@ fn a_burst_gets_429_with_retry_after_and_counters_that_fall_and_reset() {
             Some(&completion(1)),
         );
         if r.status == 429 {
-            break r;
+            break (r, tokens_before, budget_after_ok);
         }
         assert_eq!(r.status, 200, "{}", r.body);
+        budget_after_ok = header_u64(&r, "x-ratelimit-remaining-tokens");
     };
     assert_eq!(
         refused.error_code(),
@@ -90,9 +95,20 @@ fn a_burst_gets_429_with_retry_after_and_counters_that_fall_and_reset() {
         .unwrap();
     assert!((1..=2).contains(&retry_after), "{retry_after}");
     assert_eq!(header_u64(&refused, "x-ratelimit-remaining-requests"), 0);
-    // A refused request costs no tokens (the others before it did).
-    let tokens_after_refusal = gateway.metric("bulkhead_tokens_total", &[]);
-    assert!(tokens_after_refusal >= tokens_before);
+    // A refused request costs no tokens: none are counted for it, and the
+    // budget it reports is at least what the last success left (refunds
+    // and refilling only add; a reservation would take more than they
+    // give back in the moment between).
+    assert_eq!(
+        gateway.metric("bulkhead_tokens_total", &[]),
+        tokens_before,
+        "tokens were counted for a refused request"
+    );
+    let budget_now = header_u64(&refused, "x-ratelimit-remaining-tokens");
+    assert!(
+        budget_now >= budget_after_ok,
+        "the refusal took tokens: {budget_now} left, {budget_after_ok} before"
+    );
 
     // GCRA with 1 request/s and a burst of 3 is full again 3 s after it was
     // empty; wait that long (the behaviour under test is time itself).

@@ -4,7 +4,7 @@
 //!
 //! Uploads that must succeed use the example plugins `tests/run-all` builds
 //! (`guest-sdk/build`), found through `BULKHEAD_EXAMPLE_PLUGINS`; without it
-//! those tests skip, saying so, unless `BULKHEAD_REQUIRE_WASM_GUESTS` is set.
+//! those tests skip for `wasm-guests`, a failure where `BULKHEAD_REQUIRE` lists it.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -22,14 +22,11 @@ const WASM: &str = "application/wasm";
 fn example_plugins() -> Option<PathBuf> {
     match std::env::var_os("BULKHEAD_EXAMPLE_PLUGINS") {
         Some(dir) => Some(PathBuf::from(dir)),
-        None if std::env::var_os("BULKHEAD_REQUIRE_WASM_GUESTS").is_some() => panic!(
-            "BULKHEAD_REQUIRE_WASM_GUESTS is set but BULKHEAD_EXAMPLE_PLUGINS is not: \
-             build them with `guest-sdk/build DIR` and point it at DIR"
-        ),
         None => {
-            eprintln!(
-                "skipped: BULKHEAD_EXAMPLE_PLUGINS is not set (build the example plugins with \
-                 `guest-sdk/build DIR`, then set it to DIR; tests/run-all does both)"
+            bulkhead_testkit::skip(
+                bulkhead_testkit::Need::WasmGuests,
+                "BULKHEAD_EXAMPLE_PLUGINS is not set (build the example plugins with \
+                 `guest-sdk/build DIR`, then set it to DIR; tests/run-all does both)",
             );
             None
         }

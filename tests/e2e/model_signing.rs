@@ -6,7 +6,7 @@
 //!
 //! Needs `BULKHEAD_TEST_PYTHON` (a venv with the requirements) and
 //! `openssl`. `tests/run-all` provides both and sets
-//! `BULKHEAD_REQUIRE_SDK_TEST=1`, so CI fails rather than skips; a bare
+//! `BULKHEAD_REQUIRE` listing `python-sdk`, so CI fails rather than skips; a bare
 //! `cargo test` without the venv says that it skipped.
 
 use std::ffi::OsStr;
@@ -19,11 +19,10 @@ use bulkhead_tests::bin;
 /// when no venv is configured and the test is not required.
 fn reference_python() -> Option<PathBuf> {
     let Some(python) = std::env::var_os("BULKHEAD_TEST_PYTHON") else {
-        assert!(
-            std::env::var_os("BULKHEAD_REQUIRE_SDK_TEST").is_none(),
-            "BULKHEAD_TEST_PYTHON is not set but the model-signing interop tests are required"
+        bulkhead_testkit::skip(
+            bulkhead_testkit::Need::PythonSdk,
+            "set BULKHEAD_TEST_PYTHON to a Python with tests/e2e/requirements.txt",
         );
-        eprintln!("skipped: set BULKHEAD_TEST_PYTHON to a Python with tests/e2e/requirements.txt");
         return None;
     };
     let python = PathBuf::from(python);

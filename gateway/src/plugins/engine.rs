@@ -119,6 +119,12 @@ impl PluginEngine {
         self.inner.compiles.acquire(who)
     }
 
+    /// Test hook: epochs the ticker has advanced (deadlines count in them).
+    #[cfg(test)]
+    pub(crate) fn epoch_ticks(&self) -> u64 {
+        self.inner.ticker.ticks()
+    }
+
     /// How many tenants share the instance pool (those with plugin chains
     /// in the policy in force): each is guaranteed an equal part of it.
     pub fn share_instances_among(&self, tenants: usize) {

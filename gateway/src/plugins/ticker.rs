@@ -100,7 +100,7 @@ impl EpochTicker {
 
     /// Epochs advanced since the ticker started.
     #[cfg(test)]
-    fn ticks(&self) -> u64 {
+    pub(crate) fn ticks(&self) -> u64 {
         self.shared.ticks.load(Ordering::SeqCst)
     }
 

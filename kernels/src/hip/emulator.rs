@@ -16,9 +16,24 @@ use super::device::{DeviceError, KernelDevice};
 /// The harness source, relative to this crate.
 const HARNESS: &str = "hip/emulate/harness.cpp";
 
-/// Builds the emulator binary into `dir` with the first C++20 compiler that
-/// works (`CXX`, else g++, else clang++); the error says what each said.
-pub fn build_harness(dir: &Path) -> Result<PathBuf, String> {
+/// Why the emulator could not be built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HarnessError {
+    /// No C++ compiler could be started (`CXX`, g++ and clang++ are
+    /// missing): the machine lacks one, and tests may skip for it.
+    #[error("no C++ compiler to build the HIP kernel emulator with ({0})")]
+    NoCompiler(String),
+    /// A compiler ran and failed: a bug in the kernels' source (or a
+    /// compiler without C++20), never a reason to skip.
+    #[error("building the HIP kernel emulator failed: {0}")]
+    Build(String),
+}
+
+/// Builds the emulator binary into `dir` with the first C++ compiler there
+/// is (`CXX`, else g++, else clang++). A compiler that runs and fails is a
+/// [`HarnessError::Build`] at once (the source is broken), not a reason to
+/// try the next.
+pub fn build_harness(dir: &Path) -> Result<PathBuf, HarnessError> {
     let hip_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("hip");
     // Built under a name of this process's own, then renamed into place:
     // test binaries of several crates (or several cargo runs) share `dir`,
@@ -49,19 +64,21 @@ pub fn build_harness(dir: &Path) -> Result<PathBuf, String> {
             Ok(o) if o.status.success() => {
                 return std::fs::rename(&building, &out)
                     .map(|()| out.clone())
-                    .map_err(|e| format!("placing the emulator at {}: {e}", out.display()));
+                    .map_err(|e| {
+                        HarnessError::Build(format!("placing it at {}: {e}", out.display()))
+                    });
             }
-            Ok(o) => why.push(format!(
-                "{cxx}: {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            )),
-            Err(e) => why.push(format!("{cxx}: {e}")),
+            Ok(o) => {
+                return Err(HarnessError::Build(format!(
+                    "{cxx}: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                )));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => why.push(format!("{cxx}: {e}")),
+            Err(e) => return Err(HarnessError::Build(format!("starting {cxx}: {e}"))),
         }
     }
-    Err(format!(
-        "no C++20 compiler built the HIP kernel emulator ({})",
-        why.join("; ")
-    ))
+    Err(HarnessError::NoCompiler(why.join("; ")))
 }
 
 /// The emulated device: one child process, requests in order.

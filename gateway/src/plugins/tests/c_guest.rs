@@ -8,9 +8,9 @@ use super::*;
 /// Where the built C plugin is.
 const C_PLUGIN_ENV: &str = "BULKHEAD_C_PLUGIN";
 
-/// The C plugin's bytes and compiled form, or `None` (saying why) when
-/// `BULKHEAD_C_PLUGIN` is unset. With `BULKHEAD_REQUIRE_WASM_GUESTS` set
-/// (CI), an unset path fails the test instead.
+/// The C plugin's bytes and compiled form, or `None` after skipping for
+/// `wasm-guests` when `BULKHEAD_C_PLUGIN` is unset (a failure where
+/// `BULKHEAD_REQUIRE` lists it, as in CI).
 fn length_guard() -> Option<&'static (Vec<u8>, CompiledPlugin)> {
     static PLUGIN: OnceLock<Option<(Vec<u8>, CompiledPlugin)>> = OnceLock::new();
     let plugin = PLUGIN.get_or_init(|| {
@@ -23,15 +23,12 @@ fn length_guard() -> Option<&'static (Vec<u8>, CompiledPlugin)> {
         Some((bytes, compiled))
     });
     if plugin.is_none() {
-        assert!(
-            std::env::var_os("BULKHEAD_REQUIRE_WASM_GUESTS").is_none(),
-            "BULKHEAD_REQUIRE_WASM_GUESTS is set but {C_PLUGIN_ENV} is not: \
-             build the C plugin with `guest-sdk/build-c OUT_DIR` and set \
-             {C_PLUGIN_ENV}=OUT_DIR/length-guard.wasm"
-        );
-        eprintln!(
-            "skipped: {C_PLUGIN_ENV} is not set (build the C plugin with \
-             `guest-sdk/build-c OUT_DIR`, then set it to OUT_DIR/length-guard.wasm)"
+        bulkhead_testkit::skip(
+            bulkhead_testkit::Need::WasmGuests,
+            format!(
+                "{C_PLUGIN_ENV} is not set (build the C plugin with `guest-sdk/build-c OUT_DIR`, \
+                 then set it to OUT_DIR/length-guard.wasm)"
+            ),
         );
     }
     plugin.as_ref()

@@ -26,9 +26,17 @@ fn an_infinite_loop_stops_at_the_deadline() {
         deadline,
         ..PluginLimits::default()
     };
-    let started = Instant::now();
-    let e = fail("loop", limits.clone());
-    let took = started.elapsed();
+    // Its own engine, so that no other test's call shares the ticks.
+    let engine = test_engine();
+    let plugin = engine
+        .validate_and_compile(&guests::guest("hostile"))
+        .unwrap();
+    let mut call = plugin
+        .instantiate(context("hostile", limits.clone()))
+        .unwrap();
+    let (ticks_before, started) = (engine.epoch_ticks(), Instant::now());
+    let e = call.on_request(text_request("loop")).unwrap_err();
+    let (ticks, took) = (engine.epoch_ticks() - ticks_before, started.elapsed());
     assert!(
         matches!(&e, PluginError::Timeout { plugin, hook: Hook::OnRequest, deadline: d }
             if &**plugin == "hostile" && *d == deadline),
@@ -36,8 +44,15 @@ fn an_infinite_loop_stops_at_the_deadline() {
     );
     assert_eq!(e.code(), "plugin_timeout");
     assert!(took >= deadline, "stopped after {took:?}");
-    // Generous: a loaded test machine may deschedule the ticker.
-    assert!(took < Duration::from_secs(5), "stopped after {took:?}");
+    // The deadline is 50 ticks of 1 ms from the hook's start: it stops at
+    // the 50th (the ticker's clock, so a loaded machine delays the ticks,
+    // not the count), give or take the few between our reads and the
+    // hook's. A deadline not enforced, or counted twice, lands far off.
+    let want = (deadline.as_nanos() / EPOCH_TICK.as_nanos()) as u64;
+    assert!(
+        (want..=want + 20).contains(&ticks),
+        "stopped after {ticks} ticks, {want} due"
+    );
     assert!(e.to_string().contains("50ms"), "{e}");
 
     // Streaming hooks get a deadline of their own.

@@ -8,10 +8,9 @@
 macro_rules! require_guests {
     () => {
         if !guests::available() {
-            eprintln!(
-                "skipped: the wasm32-wasip2 target is not installed \
-                 (`rustup target add wasm32-wasip2`); \
-                 set BULKHEAD_REQUIRE_WASM_GUESTS=1 to fail instead"
+            bulkhead_testkit::skip(
+                bulkhead_testkit::Need::WasmGuests,
+                "the wasm32-wasip2 target is not installed (`rustup target add wasm32-wasip2`)",
             );
             return;
         }

@@ -110,3 +110,91 @@ fn matches_hugging_face_on_fixtures() {
         all_failures.join("\n")
     );
 }
+
+/// Where llama.cpp's ids differ from Hugging Face's (the README's list in
+/// tests/reference: SentencePiece's leading space, Qwen2's NFC), the
+/// fixture records them; everywhere else the two agree, so matching HF
+/// there is matching llama.cpp.
+const LLAMACPP_DIFFERS: &[(&str, &[&str])] = &[
+    (
+        "spm",
+        &[
+            " ",
+            "  ",
+            "   leading spaces",
+            " \n \n\n \t\t \n",
+            "text <s> in the middle",
+            "<unk> and </s> tokens",
+            "<s> <s>",
+        ],
+    ),
+    ("gpt2", &[]),
+    ("llama3", &[]),
+    // Combining accents, which HF's NFC normalizer composes and llama.cpp does not.
+    (
+        "qwen2",
+        &[
+            "cafe\u{301} nai\u{308}ve re\u{301}sume\u{301}",
+            "Ångström vs A\u{30a}ngstro\u{308}m",
+        ],
+    ),
+];
+
+#[derive(Deserialize)]
+struct LlamaCppCase {
+    text: String,
+    ids_no_special: Vec<u32>,
+    ids_llamacpp: Option<LlamaCppIds>,
+}
+
+#[derive(Deserialize)]
+struct LlamaCppIds {
+    with_special: Vec<u32>,
+    no_special: Vec<u32>,
+}
+
+#[test]
+fn llama_cpp_ids_match_ours_wherever_llama_cpp_agrees_with_hugging_face() {
+    for (kind, differs) in LLAMACPP_DIFFERS {
+        let dir = fixture_dir();
+        let text = std::fs::read_to_string(dir.join(format!("{kind}.json"))).unwrap();
+        let cases: Vec<LlamaCppCase> = serde_json::from_value(
+            serde_json::from_str::<serde_json::Value>(&text).unwrap()["cases"].clone(),
+        )
+        .unwrap();
+        let gguf = Gguf::open(dir.join(format!("{kind}.gguf"))).unwrap();
+        let tok = Tokenizer::from_metadata(gguf.metadata()).unwrap();
+        let recorded: Vec<&str> = cases
+            .iter()
+            .filter(|c| c.ids_llamacpp.is_some())
+            .map(|c| c.text.as_str())
+            .collect();
+        // The disagreements are exactly the documented ones.
+        assert_eq!(
+            recorded, *differs,
+            "{kind}: llama.cpp's disagreements changed"
+        );
+        for case in &cases {
+            let ours = tok.encode(&case.text, false);
+            match &case.ids_llamacpp {
+                // llama.cpp agreed with HF: ours must be both.
+                None => assert_eq!(ours, case.ids_no_special, "{kind} {:?}", case.text),
+                // We follow HF there, so llama.cpp's recorded ids must
+                // really differ from ours (else the entry is stale).
+                Some(lc) => {
+                    assert_ne!(
+                        ours, lc.no_special,
+                        "{kind} {:?}: now matches llama.cpp",
+                        case.text
+                    );
+                    assert_ne!(
+                        tok.encode(&case.text, true),
+                        lc.with_special,
+                        "{kind} {:?}: now matches llama.cpp",
+                        case.text
+                    );
+                }
+            }
+        }
+    }
+}

@@ -818,6 +818,21 @@ def update_readme(state: dict):
     log(f"updated {readme}")
 
 
+TOOL_PACKAGES = ["torch", "transformers", "tokenizers", "sentencepiece", "gguf", "llama_cpp_python",
+                 "numpy", "protobuf"]
+
+
+def record_tools():
+    """tests/fixtures/tools.json: the exact versions this run made the fixtures with."""
+    from importlib.metadata import version
+    tools = {"python": sys.version.split()[0]}
+    for name in TOOL_PACKAGES:
+        tools[name] = version(name.replace("_", "-"))
+    out = {"made_by": "tests/reference/make_fixtures.py", "tools": tools}
+    (FIX / "tools.json").write_text(json.dumps(out, indent=1) + "\n")
+    log(f"tools: {tools}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="tok,chat,models")
@@ -829,6 +844,7 @@ def main():
     torch.set_num_threads(2)
     only = set(a.only.split(","))
     state: dict = {}
+    record_tools()
     make_tokenizers(state)  # always needed (models/chat use the tokenizers)
     if "chat" in only:
         make_chat(state)

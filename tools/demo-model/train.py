@@ -573,8 +573,13 @@ def make_reference(tk, q8: Path):
         assert ids == lc, f"llama.cpp tokenizes {text!r} differently: {ids} vs {lc}"
         assert tk.decode(ids, skip_special_tokens=False) == text
         cases.append({"text": text, "ids": ids})
+    from importlib.metadata import version
+    tools = {"python": sys.version.split()[0],
+             **{p: version(p) for p in ("torch", "transformers", "tokenizers", "gguf",
+                                        "llama-cpp-python", "numpy")}}
     ref = {"prompt": REF_PROMPT, "prompt_tokens": prompt_tokens, "greedy_llamacpp": greedy,
-           "greedy_text": llm.detokenize(greedy).decode("utf-8", "replace"), "tokenizer_cases": cases}
+           "greedy_text": llm.detokenize(greedy).decode("utf-8", "replace"), "tokenizer_cases": cases,
+           "tools": tools}
     REF_PATH.write_text(json.dumps(ref, indent=1, ensure_ascii=False) + "\n")
     log(f"wrote {REF_PATH}; greedy: {REF_PROMPT}{ref['greedy_text']!r}")
 

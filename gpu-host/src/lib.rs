@@ -8,10 +8,14 @@
 // argument.
 #![deny(unsafe_code)]
 
+mod affinity;
+pub mod backend;
 mod chat;
 pub mod engine;
 pub mod gguf;
 pub mod hip;
+pub mod models;
+pub mod sched;
 pub mod server;
 mod tokenizer;
 pub mod verify;

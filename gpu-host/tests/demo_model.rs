@@ -6,7 +6,8 @@
 use std::path::PathBuf;
 
 use bulkhead_gpu_host::Tokenizer;
-use bulkhead_gpu_host::engine::{CpuBackend, Logits, Model, argmax};
+use bulkhead_gpu_host::backend::CpuBackend;
+use bulkhead_gpu_host::engine::{Logits, Model, argmax};
 use serde::Deserialize;
 
 fn models() -> PathBuf {

@@ -39,10 +39,11 @@ mod hip_cases;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use bulkhead_gpu_host::engine::{
-    Backend, BatchEntry, CpuBackend, HipBackend, Logits, Model, PartitionedDevice, StreamSource,
-    argmax, open_hip_device, open_hip_partitions,
+use bulkhead_gpu_host::backend::{
+    Backend, CpuBackend, HipBackend, PartitionedDevice, StreamSource, open_hip_device,
+    open_hip_partitions,
 };
+use bulkhead_gpu_host::engine::{BatchEntry, Logits, Model, argmax};
 use bulkhead_gpu_host::hip::{HipAvailability, probe};
 use bulkhead_kernels::hip::KernelDevice;
 use bulkhead_kernels::hip::emulator::{Emulator, HarnessError, build_harness};

@@ -3,7 +3,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use bulkhead_gpu_host::engine::{CpuBackend, ForwardError, Logits, Model};
+use bulkhead_gpu_host::backend::CpuBackend;
+use bulkhead_gpu_host::engine::{ForwardError, Logits, Model};
 use bulkhead_gpu_host::gguf::writer::GgufWriter;
 use bulkhead_gpu_host::gguf::{Gguf, Value};
 

@@ -4,7 +4,8 @@
 
 use std::path::PathBuf;
 
-use bulkhead_gpu_host::engine::{Backend, CpuBackend, Logits, Model, argmax};
+use bulkhead_gpu_host::backend::{Backend, CpuBackend};
+use bulkhead_gpu_host::engine::{Logits, Model, argmax};
 use bulkhead_kernels::Isa;
 use serde::Deserialize;
 

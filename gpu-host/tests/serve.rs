@@ -458,9 +458,8 @@ fn streaming_pieces_carry_all_tokens_and_break_cancels() {
     use std::ops::ControlFlow;
 
     use bulkhead_gpu_host::Tokenizer;
-    use bulkhead_gpu_host::engine::{
-        CpuBackend, GenerateError, GenerateRequest, Model, generate_streaming,
-    };
+    use bulkhead_gpu_host::backend::CpuBackend;
+    use bulkhead_gpu_host::engine::{GenerateError, GenerateRequest, Model, generate_streaming};
 
     let model = Model::open(model("llama-q8_0.gguf")).unwrap();
     let tokenizer = Tokenizer::from_metadata(model.gguf().metadata()).unwrap();

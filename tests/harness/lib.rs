@@ -39,7 +39,8 @@ pub fn bin(name: &str) -> PathBuf {
     let newest_source = [
         "gateway/src",
         "gpu-host/src",
-        "gpu-host/protocol",
+        "protocol",
+        "partition/src",
         "kernels/src",
     ]
     .iter()

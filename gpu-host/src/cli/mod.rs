@@ -10,7 +10,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use bulkhead_gpu_host::Tokenizer;
-use bulkhead_gpu_host::engine::{CpuBackend, Model};
+use bulkhead_gpu_host::backend::CpuBackend;
+use bulkhead_gpu_host::engine::Model;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]

@@ -2,13 +2,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use bulkhead_gpu_host::engine::{
+use bulkhead_gpu_host::backend::{
     BackendChoice, BackendPlan, ComputeBackend, DeviceLabel, HIP_ENGINE, open_hip_partitions,
     plan_backend,
 };
 use bulkhead_gpu_host::hip;
+use bulkhead_gpu_host::models::ModelSpec;
 use bulkhead_gpu_host::server::{
-    AuthSecret, ModelSpec, PlaintextTcp, ServeConfig, Server, ServerTls, TestHooks,
+    AuthSecret, PlaintextTcp, ServeConfig, Server, ServerTls, TestHooks,
 };
 use bulkhead_gpu_host::verify::ScrubConfig;
 use bulkhead_protocol::Target;

@@ -4,10 +4,10 @@
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
-use super::backend::Backend;
 use super::model::{ForwardError, Logits, Model};
 use super::sampling::{Sampler, SamplingError, SamplingParams};
 use crate::Tokenizer;
+use crate::backend::Backend;
 use crate::tokenizer::TextStream;
 
 /// Largest number of stop strings and their length, as OpenAI allows (4) with room.

@@ -4,9 +4,9 @@ use std::path::Path;
 
 use bulkhead_kernels::{AttentionShape, QuantMatrix};
 
-use super::backend::{Backend, RopeParams};
 use super::config::{ConfigError, ModelConfig};
 use super::weights::Weights;
+use crate::backend::{Backend, RopeParams};
 use crate::gguf::Gguf;
 
 /// Prompt tokens processed per forward call during prefill; bounds the scratch

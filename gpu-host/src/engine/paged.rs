@@ -9,8 +9,8 @@
 use bulkhead_kernels::{PagedSeq, PagedShape};
 use bulkhead_partition::{KV_BLOCK_TOKENS, KvDtype, KvGeometry, PartitionError};
 
-use super::backend::Backend;
 use super::model::{ForwardError, Heads, KvStore, Model, Segment};
+use crate::backend::Backend;
 
 /// Positions per block, as a `usize` for indexing.
 pub const BLOCK_TOKENS: usize = KV_BLOCK_TOKENS as usize;

@@ -30,8 +30,8 @@ use tonic::transport::ServerTlsConfig;
 use tonic::transport::server::TcpIncoming;
 
 use super::ServeError;
-use super::affinity::{pin_current_thread, pin_thread};
 use super::listen::{PlacedSocket, bind_unix_std};
+use crate::affinity::{pin_current_thread, pin_thread};
 
 /// The lanes of a host, keyed by tenant.
 #[derive(Debug)]

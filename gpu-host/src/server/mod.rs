@@ -11,18 +11,11 @@
 //!      └──── tokio mpsc (Started, Delta…, Finished) ◀─ outbox (try_send) ◀──────────────────────────────┘
 //! ```
 
-mod affinity;
 mod auth;
 mod lanes;
 mod listen;
-mod partitions;
-mod queue;
-mod registry;
 mod request;
-mod scheduler;
 mod service;
-mod shares;
-mod sink;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -34,17 +27,15 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
-use crate::engine::ComputeBackend;
+use crate::backend::ComputeBackend;
+use crate::models::{ModelRegistry, ModelSpec};
+use crate::sched::{PartitionSettings, Partitions, Workers};
 use crate::verify::{ScrubConfig, Scrubber};
 pub use auth::{AuthSecret, MIN_SECRET_BYTES, SecretError};
-pub use registry::{BadModelSpec, ModelSpec};
 pub use service::TestHooks;
 
 use lanes::Lanes;
 use listen::Listener;
-pub use partitions::{MAX_TENANT_BYTES, MAX_TENANTS};
-use partitions::{PartitionSettings, Partitions, Workers};
-use registry::ModelRegistry;
 use service::GpuHostService;
 
 /// Everything `serve` needs, typed once.
@@ -137,14 +128,8 @@ pub enum ServeError {
     Tls(String),
     #[error("{name} must be at least 1")]
     ZeroSetting { name: &'static str },
-    #[error("model name `{0}` is given twice")]
-    DuplicateModel(String),
-    #[error("loading model `{name}` from {}: {message}", path.display())]
-    LoadModel {
-        name: String,
-        path: PathBuf,
-        message: String,
-    },
+    #[error(transparent)]
+    Models(#[from] crate::models::StartError),
     #[error("the device: {0}")]
     Device(String),
     #[error("starting the schedulers: {0}")]
@@ -247,7 +232,7 @@ impl Server {
                 (split.device().clone(), split.model_reservation_bytes())
             }
         };
-        let cpus = affinity::CpuMap::of_this_process()
+        let cpus = crate::affinity::CpuMap::of_this_process()
             .map_err(|e| ServeError::Device(format!("reading the CPU affinity: {e}")))?;
         let settings = PartitionSettings {
             device,
@@ -263,7 +248,7 @@ impl Server {
         let scrubber = Scrubber::start(
             config.scrub,
             move || listed.all(),
-            |model: &registry::LoadedModel, reason: &str| {
+            |model: &crate::models::LoadedModel, reason: &str| {
                 eprintln!("model `{}` taken out of service: {reason}", model.name);
             },
         )

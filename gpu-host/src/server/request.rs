@@ -5,9 +5,9 @@
 use bulkhead_protocol::v1::{self, generate_request::Prompt};
 use tonic::Status;
 
-use super::registry::LoadedModel;
 use crate::ChatMessage;
 use crate::engine::{GenerateRequest, MAX_STOP_BYTES, MAX_STOP_STRINGS, SamplingParams};
+use crate::models::LoadedModel;
 
 pub(crate) fn to_engine(
     model: &LoadedModel,

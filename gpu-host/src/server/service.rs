@@ -12,12 +12,11 @@ use tonic::{Request, Response, Status};
 
 use super::auth::BearerAuth;
 use super::lanes::Lanes;
-use super::partitions::{Partitions, tenant_requests};
-use super::queue::Job;
+use crate::sched::{Job, Partitions, out_of_service, tenant_requests};
 use bulkhead_protocol::digest::Hash;
 
-use super::registry::{BadModelSpec, LoadRefused, LoadedModel, ModelRegistry, ModelSpec};
 use super::request::to_engine;
+use crate::models::{BadModelSpec, LoadRefused, LoadedModel, ModelRegistry, ModelSpec};
 use crate::verify::Expected;
 use crate::verify::flip_resident_bit;
 
@@ -104,11 +103,6 @@ fn digest_field(bytes: &[u8], field: &str) -> Result<Option<Hash>, Status> {
             "{field}: a SHA-256 digest is 32 bytes, not {n}"
         ))),
     }
-}
-
-/// The status of a request for a model taken out of service.
-pub(crate) fn out_of_service(name: &str, reason: &str) -> Status {
-    Status::failed_precondition(format!("model `{name}` is out of service: {reason}"))
 }
 
 #[tonic::async_trait]

@@ -21,13 +21,14 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use bulkhead_gpu_host::Tokenizer;
+use bulkhead_gpu_host::backend::{Backend, CpuBackend};
 use bulkhead_gpu_host::engine::{
-    Backend, BatchLimits, Batcher, CpuBackend, Decoded, GenerateRequest, Logits, Model,
-    NewSequence, Piece, SamplingParams, SequenceError, SequenceSink, generate,
+    Decoded, GenerateRequest, Logits, Model, Piece, SamplingParams, generate,
 };
 use bulkhead_gpu_host::gguf::Gguf;
 use bulkhead_gpu_host::gguf::Value;
 use bulkhead_gpu_host::gguf::writer::GgufWriter;
+use bulkhead_gpu_host::sched::{BatchLimits, Batcher, NewSequence, SequenceError, SequenceSink};
 use bulkhead_kernels::{GgmlType, Isa};
 
 const DIM: usize = 768;

@@ -2,7 +2,8 @@
 //! single-sequence runs, on the fixture models: bit-identical logits.
 
 use super::*;
-use crate::engine::{CpuBackend, Logits};
+use crate::backend::CpuBackend;
+use crate::engine::Logits;
 
 fn fixture(name: &str) -> Model {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

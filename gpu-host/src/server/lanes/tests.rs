@@ -5,7 +5,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use super::*;
-use crate::server::affinity::{CpuMap, cpus_of_thread};
+use crate::affinity::{CpuMap, cpus_of_thread};
 
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("bh-lanes-{name}-{}", std::process::id()));

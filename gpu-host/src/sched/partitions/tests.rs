@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use bulkhead_partition::CuSet;
 
 use super::*;
-use crate::engine::PartitionedDevice;
-use crate::engine::partitioned_test_support::RecordingStreams;
+use crate::backend::PartitionedDevice;
+use crate::backend::partitioned_test_support::RecordingStreams;
 
 const GIB: u64 = 1 << 30;
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bulkhead_kernels::hip::KernelDevice;
 use bulkhead_partition::{Device, XcdGrouping, format_bytes};
 
-use super::hip_backend::HipBackend;
+use super::hip::HipBackend;
 use super::partitioned::PartitionedDevice;
 use crate::hip::{DeviceProperties, MemoryBudget};
 
@@ -211,7 +211,7 @@ mod runtime {
     use bulkhead_partition::CuSet;
 
     use super::HipDeviceError;
-    use crate::engine::partitioned::StreamSource;
+    use crate::backend::partitioned::StreamSource;
     use crate::hip::{
         Device, DeviceBuffer, DeviceProperties, Function, KernelArgs, MemoryBudget, Module, Stream,
     };

@@ -45,9 +45,9 @@ use bulkhead_partition::{
     TenantBlocks, Victim,
 };
 
-use super::backend::Backend;
-use super::generate::{Decoded, Decoding, GenerateError, GenerateRequest, Next, Piece};
-use super::model::{ForwardError, Model, PREFILL_CHUNK};
+use crate::backend::Backend;
+use crate::engine::{Decoded, Decoding, GenerateError, GenerateRequest, Next, Piece};
+use crate::engine::{ForwardError, Model, PREFILL_CHUNK};
 
 /// Prompt tokens one step may run, at most (one chunk).
 ///
@@ -64,8 +64,8 @@ use super::model::{ForwardError, Model, PREFILL_CHUNK};
 pub const BATCH_PREFILL_CHUNK: usize = 64;
 
 const _: () = assert!(PREFILL_CHUNK.is_multiple_of(BATCH_PREFILL_CHUNK));
-use super::paged::{BLOCK_TOKENS, BatchEntry, KvBlocks};
 use crate::Tokenizer;
+use crate::engine::{BLOCK_TOKENS, BatchEntry, KvBlocks};
 
 mod budget;
 use budget::Holding;

@@ -6,7 +6,7 @@
 //! charged to the model reservation's budget and read by every partition.
 //!
 //! Where the streams come from is a [`StreamSource`]: the HIP runtime
-//! (`hip_device.rs`: `hipExtStreamCreateWithCUMask` with the partition's
+//! (`device.rs`: `hipExtStreamCreateWithCUMask` with the partition's
 //! mask), or, in tests, the kernel emulator or a fake that records the CU
 //! sets it was asked for.
 
@@ -17,7 +17,7 @@ use bulkhead_kernels::hip::KernelDevice;
 use bulkhead_partition::{CuSet, Device};
 
 use super::budgeted::BudgetedDevice;
-use super::hip_backend::{DeviceWeights, HipBackend};
+use super::hip::{DeviceWeights, HipBackend};
 use crate::hip::MemoryBudget;
 
 /// The name the weights' budget goes by in messages.
@@ -143,7 +143,7 @@ pub(crate) mod tests {
     use bulkhead_kernels::{GgmlType, QuantMatrix};
 
     use super::*;
-    use crate::engine::budgeted::fake::MemoryOnly;
+    use crate::backend::budgeted::fake::MemoryOnly;
 
     /// Streams on a memory-only device, remembering the CU sets asked for.
     #[derive(Debug, Default)]
@@ -204,7 +204,7 @@ pub(crate) mod tests {
         let x = vec![1.0f32; cols];
         let mut out = vec![0.0f32; rows];
         for backend in [&a.backend, &b.backend, &a.backend] {
-            crate::engine::Backend::matmul(&**backend, &m, &x, 1, &mut out);
+            crate::backend::Backend::matmul(&**backend, &m, &x, 1, &mut out);
         }
         assert_eq!(streams.device.launches().len(), 3, "three matvecs launched");
         let weight_bytes = (rows * cols * 4) as u64;
@@ -229,7 +229,7 @@ pub(crate) mod tests {
         let w = vec![0u8; 4 * 16 * 4];
         let m = QuantMatrix::new(GgmlType::F32, &w, 4, 16).unwrap();
         let mut out = vec![0.0f32; 4];
-        crate::engine::Backend::matmul(&*a.backend, &m, &[1.0; 16], 1, &mut out);
+        crate::backend::Backend::matmul(&*a.backend, &m, &[1.0; 16], 1, &mut out);
     }
 
     #[test]

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use bulkhead_kernels::hip::{self, KernelArgs, KernelDevice, names};
 use bulkhead_kernels::{AttentionShape, GgmlType, PagedSeq, PagedShape, QuantMatrix, RopeStyle};
 
-use super::backend::{Backend, RopeParams};
+use crate::backend::{Backend, RopeParams};
 
 /// Positions per attention split: enough work per block to hide the
 /// reduce pass, few enough that a 4096-position decode still spreads over
@@ -736,7 +736,7 @@ fn ends<T: Copy>(v: &[T], n: usize) -> Vec<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::budgeted::fake::MemoryOnly;
+    use crate::backend::budgeted::fake::MemoryOnly;
 
     #[test]
     fn a_weight_in_use_outlives_its_replacement_and_a_clear() {

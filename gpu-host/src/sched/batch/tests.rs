@@ -6,7 +6,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use super::*;
-use crate::engine::{CpuBackend, FinishReason, SamplingParams, generate};
+use crate::backend::CpuBackend;
+use crate::engine::{FinishReason, SamplingParams, generate};
 
 fn fixture(name: &str) -> (Model, Tokenizer) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -31,12 +31,13 @@ use bulkhead_partition::{
 use bulkhead_protocol::v1;
 use tonic::Status;
 
-use super::affinity::CpuMap;
+use super::batch::{DEFAULT_KV_WAIT, MAX_KV_WAIT};
 use super::queue::{Job, Scheduler, SchedulerSettings, SchedulerView};
-use super::registry::ModelRegistry;
 use super::scheduler::{PartitionLoad, PartitionSpec, PlannedTenant};
 use super::sink::Counters;
-use crate::engine::{ComputeBackend, DEFAULT_KV_WAIT, MAX_KV_WAIT};
+use crate::affinity::CpuMap;
+use crate::backend::ComputeBackend;
+use crate::models::ModelRegistry;
 
 /// Most tenants one `SetPartitions` may list.
 pub const MAX_TENANTS: usize = 10_000;

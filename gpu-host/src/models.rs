@@ -10,7 +10,6 @@ use arc_swap::ArcSwap;
 
 use bulkhead_protocol::digest::to_hex;
 
-use super::ServeError;
 use crate::engine::Model;
 use crate::gguf::Gguf;
 use crate::verify::{Expected, LoadError, Scrubbable, WeightState, load_resident};
@@ -141,16 +140,29 @@ pub(crate) fn load_model(
     })
 }
 
+/// Why the models given at start could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("model name `{0}` is given twice")]
+    DuplicateModel(String),
+    #[error("loading model `{name}` from {}: {message}", path.display())]
+    LoadModel {
+        name: String,
+        path: PathBuf,
+        message: String,
+    },
+}
+
 impl ModelRegistry {
     /// Loads the models given at start (hashed, not checked against a
     /// registration: the command line is trusted like the binary).
-    pub(crate) fn load(specs: &[ModelSpec]) -> Result<ModelRegistry, ServeError> {
+    pub(crate) fn load(specs: &[ModelSpec]) -> Result<ModelRegistry, StartError> {
         let mut models = BTreeMap::new();
         for spec in specs {
             if models.contains_key(&spec.name) {
-                return Err(ServeError::DuplicateModel(spec.name.clone()));
+                return Err(StartError::DuplicateModel(spec.name.clone()));
             }
-            let loaded = load_model(spec, None, None).map_err(|e| ServeError::LoadModel {
+            let loaded = load_model(spec, None, None).map_err(|e| StartError::LoadModel {
                 name: spec.name.clone(),
                 path: spec.path.clone(),
                 message: e.to_string(),

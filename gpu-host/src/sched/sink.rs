@@ -17,10 +17,10 @@ use bulkhead_protocol::v1::{self, generate_event::Event};
 use tokio::sync::mpsc::error::TrySendError;
 use tonic::Status;
 
+use super::batch::{SequenceError, SequenceSink};
 use super::queue::EventSender;
-use super::registry::LoadedModel;
-use super::service::out_of_service;
-use crate::engine::{Decoded, FinishReason, GenerateError, Piece, SequenceError, SequenceSink};
+use crate::engine::{Decoded, FinishReason, GenerateError, Piece};
+use crate::models::LoadedModel;
 
 type Item = Result<v1::GenerateEvent, Status>;
 
@@ -258,6 +258,11 @@ impl Drop for StreamSink {
             self.fail(Status::internal("generation failed (a bug)"));
         }
     }
+}
+
+/// The status of a request for a model taken out of service.
+pub(crate) fn out_of_service(name: &str, reason: &str) -> Status {
+    Status::failed_precondition(format!("model `{name}` is out of service: {reason}"))
 }
 
 fn count(n: usize) -> u32 {

@@ -121,7 +121,7 @@ mod tests {
     use bulkhead_partition::{PartitionKind, TenantSlot};
 
     use super::*;
-    use crate::server::scheduler::PlannedTenant;
+    use crate::sched::scheduler::PlannedTenant;
 
     fn spec(kind: PartitionKind, tenants: &[(&str, u32)]) -> PartitionSpec {
         PartitionSpec {

@@ -26,13 +26,13 @@ use arc_swap::ArcSwap;
 use bulkhead_partition::{PartitionKind, TenantSlot};
 use tonic::Status;
 
-use super::queue::{Job, Queued};
-use super::registry::{LoadedModel, ModelRegistry};
-use super::sink::{Outbox, StreamSink};
-use crate::engine::{
-    Backend, BatchLimits, Batcher, NewSequence, PartitionKv, SequenceSink, TenantCounts,
-    TenantShare,
+use super::batch::{
+    BatchLimits, Batcher, NewSequence, PartitionKv, SequenceSink, TenantCounts, TenantShare,
 };
+use super::queue::{Job, Queued};
+use super::sink::{Outbox, StreamSink};
+use crate::backend::Backend;
+use crate::models::{LoadedModel, ModelRegistry};
 
 /// How long the thread waits for new work while streams still have
 /// backlogged events but no sequence runs (a slow client reading).

@@ -17,12 +17,13 @@ use bulkhead_protocol::v1;
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use super::affinity::pin_current_thread;
-use super::registry::{LoadedModel, ModelRegistry};
 use super::scheduler::{self, PartitionLoad, PartitionSpec, SchedulerConfig, Shared};
 use super::shares::QueueShares;
 use super::sink::{Counted, Counters};
-use crate::engine::{Backend, ComputeBackend, CpuBackend, GenerateRequest};
+use crate::affinity::pin_current_thread;
+use crate::backend::{Backend, ComputeBackend, CpuBackend};
+use crate::engine::GenerateRequest;
+use crate::models::{LoadedModel, ModelRegistry};
 
 /// Where a generation's events go; dropped by the client side when it leaves.
 pub(crate) type EventSender = mpsc::Sender<Result<v1::GenerateEvent, Status>>;

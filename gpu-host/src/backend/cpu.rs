@@ -1,0 +1,98 @@
+//! The CPU backend: the kernels crate's AVX2/FMA (or AVX-512 VNNI) kernels
+//! when the processor has them, scalar otherwise, on host memory.
+
+use bulkhead_kernels::{
+    AttentionShape, CpuKernels, Isa, KernelError, PagedSeq, PagedShape, QuantMatrix,
+};
+
+use super::{Backend, RopeParams};
+
+/// The CPU backend: AVX2/FMA kernels when the processor has them, scalar otherwise.
+#[derive(Debug)]
+pub struct CpuBackend {
+    kernels: CpuKernels,
+}
+
+impl CpuBackend {
+    /// A backend running on `threads` worker threads with the best instruction set available.
+    pub fn new(threads: usize) -> Result<CpuBackend, KernelError> {
+        Self::with_isa(threads, Isa::detect())
+    }
+
+    /// A backend restricted to `isa` (tests compare the scalar oracle with the fast path).
+    pub fn with_isa(threads: usize, isa: Isa) -> Result<CpuBackend, KernelError> {
+        Ok(CpuBackend {
+            kernels: CpuKernels::new(threads, isa)?,
+        })
+    }
+
+    /// Worker threads in use.
+    pub fn threads(&self) -> usize {
+        self.kernels.threads()
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> String {
+        format!("cpu-{:?}", self.kernels.isa()).to_lowercase()
+    }
+
+    fn matmul(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+        self.kernels.matmul(w, x, n_tokens, out);
+    }
+
+    fn matmul_per_row(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+        self.kernels.matmul_row_exact(w, x, n_tokens, out);
+    }
+
+    fn embedding(&self, table: &QuantMatrix<'_>, token: u32, out: &mut [f32]) {
+        let row_bytes = table.data.len() / table.rows;
+        let start = token as usize * row_bytes;
+        bulkhead_kernels::dequantize_row(table.ty, &table.data[start..start + row_bytes], out);
+    }
+
+    fn rms_norm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+        let n = weight.len();
+        for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+            bulkhead_kernels::rms_norm(xr, weight, eps, or);
+        }
+    }
+
+    fn rope(&self, x: &mut [f32], heads: usize, pos: usize, p: &RopeParams) {
+        bulkhead_kernels::rope(
+            x,
+            heads,
+            p.head_dim,
+            p.rot_dim,
+            pos,
+            p.freq_base,
+            p.freq_scale,
+            p.style,
+        );
+    }
+
+    fn attention(&self, q: &[f32], k: &[f32], v: &[f32], shape: AttentionShape, out: &mut [f32]) {
+        self.kernels.attention(q, k, v, shape, out);
+    }
+
+    fn attention_paged(
+        &self,
+        q: &[f32],
+        k_pool: &[f32],
+        v_pool: &[f32],
+        seqs: &[PagedSeq<'_>],
+        shape: PagedShape,
+        out: &mut [f32],
+    ) {
+        self.kernels
+            .attention_paged(q, k_pool, v_pool, seqs, shape, out);
+    }
+
+    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
+        bulkhead_kernels::silu_mul(gate, up);
+    }
+
+    fn add(&self, a: &mut [f32], b: &[f32]) {
+        bulkhead_kernels::add(a, b);
+    }
+}

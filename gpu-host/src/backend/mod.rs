@@ -1,0 +1,76 @@
+//! Backends: the ops the forward pass needs, behind one trait so that the
+//! CPU and the HIP backends are interchangeable, and the wrappers that split
+//! one device among partitions (a CU set and a memory budget each).
+//!
+//! May import `crate::hip` (the device runtime) and the kernels crate;
+//! never the engine, the schedulers or the server.
+
+mod budgeted;
+mod compute;
+mod cpu;
+mod device;
+mod hip;
+mod partitioned;
+mod select;
+
+pub use budgeted::BudgetedDevice;
+pub use compute::ComputeBackend;
+pub use cpu::CpuBackend;
+pub use device::{
+    HipDeviceError, open_hip_backend, open_hip_device, open_hip_partitions, planning_device,
+};
+pub use hip::{DeviceWeights, HipBackend};
+#[cfg(test)]
+pub(crate) use partitioned::tests as partitioned_test_support;
+pub use partitioned::{MODEL_RESERVATION, PartitionCompute, PartitionedDevice, StreamSource};
+pub use select::{
+    BackendChoice, BackendPlan, BackendSelectError, DeviceLabel, HIP_ENGINE, HipEngine,
+    plan_backend,
+};
+
+use bulkhead_kernels::{AttentionShape, PagedSeq, PagedShape, QuantMatrix, RopeStyle};
+
+/// RoPE parameters shared by every call in a model.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeParams {
+    pub head_dim: usize,
+    pub rot_dim: usize,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    pub style: RopeStyle,
+}
+
+/// The engine's compute ops. Activations are row-major f32 on the host.
+pub trait Backend: Send + Sync + std::fmt::Debug {
+    /// A short name for logs ("cpu-avx2", "cpu-scalar").
+    fn name(&self) -> String;
+    /// `out[t][r] = w[r] · x[t]` for `n_tokens` rows of `x`.
+    fn matmul(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]);
+    /// As [`Backend::matmul`], but every row of `x` computed exactly as a
+    /// one-row `matmul` computes it (some multi-token kernels sum in another
+    /// order). Still one pass over the weights for all rows: batched decode.
+    fn matmul_per_row(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]);
+    /// Row `token` of an embedding table, dequantized into `out`.
+    fn embedding(&self, table: &QuantMatrix<'_>, token: u32, out: &mut [f32]);
+    /// RMSNorm of each `weight.len()`-wide row of `x`, scaled by `weight`.
+    fn rms_norm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]);
+    /// Rotates `heads` heads of one token at position `pos` in place.
+    fn rope(&self, x: &mut [f32], heads: usize, pos: usize, params: &RopeParams);
+    /// Causal attention of `n_tokens` queries over the cache (see [`AttentionShape`]).
+    fn attention(&self, q: &[f32], k: &[f32], v: &[f32], shape: AttentionShape, out: &mut [f32]);
+    /// Causal attention of several sequences over a paged KV pool, each
+    /// through its block table; bit-identical per row to [`Backend::attention`].
+    fn attention_paged(
+        &self,
+        q: &[f32],
+        k_pool: &[f32],
+        v_pool: &[f32],
+        seqs: &[PagedSeq<'_>],
+        shape: PagedShape,
+        out: &mut [f32],
+    );
+    /// `gate = silu(gate) * up`.
+    fn silu_mul(&self, gate: &mut [f32], up: &[f32]);
+    /// `a += b`.
+    fn add(&self, a: &mut [f32], b: &[f32]);
+}

@@ -1,24 +1,32 @@
 //! The multi-tenant schedulers: the host's partitions (a CU set, a KV
 //! budget and a request queue each), every partition's scheduler thread,
-//! and the continuous batcher that decides each step which tenant's
-//! sequences prefill which chunk, which decode, which wait and which are
-//! preempted (weighted deficit round robin over rows and prefill tokens).
+//! and each model's continuous batch: a step planner (`plan`: which
+//! tenant's sequences prefill which chunk, which decode, which wait and
+//! which are preempted, by weighted deficit round robin over rows and
+//! prefill tokens; no model) and the executor that runs its plans
+//! (`batch`).
 //!
 //! May import the engine, the backends, `models` and `affinity`; never the
 //! server (`sink` turns a sequence's events into the wire's stream).
 
 mod batch;
+mod counters;
+mod job;
 mod partitions;
+mod plan;
 mod queue;
 mod scheduler;
+mod sequence;
 mod shares;
 mod sink;
 
-pub use batch::{
-    BATCH_PREFILL_CHUNK, BatchLimits, BatchStats, Batcher, DEFAULT_KV_WAIT, MAX_KV_WAIT,
-    NewSequence, PartitionKv, SequenceError, SequenceSink, TenantCounts, TenantShare,
-};
+pub use batch::Batcher;
+pub(crate) use job::Job;
 pub use partitions::{MAX_TENANT_BYTES, MAX_TENANTS};
 pub(crate) use partitions::{PartitionSettings, Partitions, Workers, tenant_requests};
-pub(crate) use queue::Job;
+pub use plan::{
+    BATCH_PREFILL_CHUNK, BatchLimits, BatchStats, Chunk, DEFAULT_KV_WAIT, MAX_KV_WAIT, PartitionKv,
+    Planned, Planner, StepPlan, TenantCounts, TenantShare,
+};
+pub use sequence::{NewSequence, SequenceError, SequenceSink};
 pub(crate) use sink::out_of_service;

@@ -31,10 +31,11 @@ use bulkhead_partition::{
 use bulkhead_protocol::v1;
 use tonic::Status;
 
-use super::batch::{DEFAULT_KV_WAIT, MAX_KV_WAIT};
-use super::queue::{Job, Scheduler, SchedulerSettings, SchedulerView};
+use super::counters::Counters;
+use super::job::Job;
+use super::plan::{DEFAULT_KV_WAIT, MAX_KV_WAIT};
+use super::queue::{SchedulerHandle, SchedulerSettings, SchedulerView};
 use super::scheduler::{PartitionLoad, PartitionSpec, PlannedTenant};
-use super::sink::Counters;
 use crate::affinity::CpuMap;
 use crate::backend::ComputeBackend;
 use crate::models::ModelRegistry;
@@ -50,7 +51,7 @@ struct Generation {
     number: u64,
     layout: Layout,
     extras: BTreeMap<String, Extras>,
-    schedulers: Vec<Scheduler>,
+    schedulers: Vec<SchedulerHandle>,
     /// Tenant → index in `schedulers`.
     by_tenant: BTreeMap<String, usize>,
     shared: Option<usize>,
@@ -448,7 +449,7 @@ fn start_generation(
                 .collect(),
         };
         // Dropping what started so far stops it (its queue closes empty).
-        let (scheduler, handle) = Scheduler::start(
+        let (scheduler, handle) = SchedulerHandle::start(
             Arc::new(spec),
             SchedulerSettings {
                 max_running: settings.max_running,

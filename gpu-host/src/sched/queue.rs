@@ -13,38 +13,15 @@ use std::thread::JoinHandle;
 
 use arc_swap::ArcSwap;
 use bulkhead_partition::CuSet;
-use bulkhead_protocol::v1;
-use tokio::sync::mpsc;
 use tonic::Status;
 
+use super::counters::{Counted, Counters};
+use super::job::{Job, Queued};
 use super::scheduler::{self, PartitionLoad, PartitionSpec, SchedulerConfig, Shared};
 use super::shares::QueueShares;
-use super::sink::{Counted, Counters};
 use crate::affinity::pin_current_thread;
 use crate::backend::{Backend, ComputeBackend, CpuBackend};
-use crate::engine::GenerateRequest;
-use crate::models::{LoadedModel, ModelRegistry};
-
-/// Where a generation's events go; dropped by the client side when it leaves.
-pub(crate) type EventSender = mpsc::Sender<Result<v1::GenerateEvent, Status>>;
-
-/// One queued generation, already validated.
-#[derive(Debug)]
-pub(crate) struct Job {
-    pub model: Arc<LoadedModel>,
-    pub request: GenerateRequest,
-    pub tenant: String,
-    pub priority: i32,
-    pub events: EventSender,
-}
-
-/// A job in a partition's queue, with the counts it settles when it starts
-/// running or leaves.
-#[derive(Debug)]
-pub(crate) struct Queued {
-    pub job: Job,
-    pub counted: Counted,
-}
+use crate::models::ModelRegistry;
 
 /// What the rest of the host sees of a partition's scheduler, kept while
 /// its thread runs (also after its layout was replaced, while it drains).
@@ -62,7 +39,7 @@ pub(crate) struct SchedulerView {
 /// The sending side of one partition's queue: dropping it (a new layout,
 /// shutdown) lets the scheduler finish what it has and exit.
 #[derive(Debug)]
-pub(crate) struct Scheduler {
+pub(crate) struct SchedulerHandle {
     sender: Sender<Queued>,
     host: Arc<Counters>,
     pub view: Arc<SchedulerView>,
@@ -87,7 +64,7 @@ impl Drop for ExitFlag {
     }
 }
 
-impl Scheduler {
+impl SchedulerHandle {
     /// Starts the scheduler thread of `spec`: it pins itself to the
     /// partition's CPUs, then starts its backend — on the CPU one worker
     /// per compute unit (its workers inherit the pinning); on a device
@@ -100,7 +77,7 @@ impl Scheduler {
         settings: SchedulerSettings,
         registry: Arc<ModelRegistry>,
         host: Arc<Counters>,
-    ) -> Result<(Scheduler, JoinHandle<()>), String> {
+    ) -> Result<(SchedulerHandle, JoinHandle<()>), String> {
         let SchedulerSettings {
             max_running,
             queue_capacity,
@@ -167,7 +144,7 @@ impl Scheduler {
             })
             .map_err(|e| format!("starting a scheduler thread: {e}"))?;
         match ready.recv() {
-            Ok(Ok(())) => Ok((Scheduler { sender, host, view }, handle)),
+            Ok(Ok(())) => Ok((SchedulerHandle { sender, host, view }, handle)),
             Ok(Err(e)) => {
                 let _ = handle.join();
                 Err(e)

@@ -1,6 +1,6 @@
 //! The scheduler thread: one per partition, running every model its
 //! tenants use on the partition's own worker pool (pinned to its cores, see
-//! [`super::queue::Scheduler::start`]). It keeps a continuous batch per
+//! [`super::queue::SchedulerHandle::start`]). It keeps a continuous batch per
 //! model ([`Batcher`], its KV pool sized from the partition's memory and
 //! shared among the partition's tenants as their plan says; every model's
 //! blocks charged to one [`PartitionKv`], so the models together hold no
@@ -26,10 +26,10 @@ use arc_swap::ArcSwap;
 use bulkhead_partition::{PartitionKind, TenantSlot};
 use tonic::Status;
 
-use super::batch::{
-    BatchLimits, Batcher, NewSequence, PartitionKv, SequenceSink, TenantCounts, TenantShare,
-};
-use super::queue::{Job, Queued};
+use super::batch::Batcher;
+use super::job::{Job, Queued};
+use super::plan::{BatchLimits, PartitionKv, TenantCounts, TenantShare};
+use super::sequence::{NewSequence, SequenceSink};
 use super::sink::{Outbox, StreamSink};
 use crate::backend::Backend;
 use crate::models::{LoadedModel, ModelRegistry};

@@ -11,65 +11,18 @@ use std::collections::VecDeque;
 use std::ops::ControlFlow;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bulkhead_protocol::v1::{self, generate_event::Event};
 use tokio::sync::mpsc::error::TrySendError;
 use tonic::Status;
 
-use super::batch::{SequenceError, SequenceSink};
-use super::queue::EventSender;
+use super::counters::Counted;
+use super::job::EventSender;
+use super::sequence::{SequenceError, SequenceSink};
 use crate::engine::{Decoded, FinishReason, GenerateError, Piece};
 use crate::models::LoadedModel;
 
 type Item = Result<v1::GenerateEvent, Status>;
-
-/// Load numbers shared with `Health` (the host's) and `Partitions` (each
-/// partition's).
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    /// Accepted, not yet in a batch.
-    pub queued: AtomicUsize,
-    /// In a batch, holding KV cache.
-    pub running: AtomicUsize,
-}
-
-/// The host's counters, those of the partition a request was routed to and
-/// its tenant's waiting count there ([`super::shares`]), moved together.
-#[derive(Clone, Debug)]
-pub(crate) struct Counted {
-    pub host: Arc<Counters>,
-    pub partition: Arc<Counters>,
-    pub tenant_queued: Arc<AtomicUsize>,
-}
-
-impl Counted {
-    fn each(&self) -> [&Counters; 2] {
-        [&self.host, &self.partition]
-    }
-
-    /// An accepted request left without reaching a batch (or was never sent).
-    pub(crate) fn unqueue(&self) {
-        for c in self.each() {
-            c.queued.fetch_sub(1, Ordering::SeqCst);
-        }
-        self.tenant_queued.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    fn start(&self) {
-        for c in self.each() {
-            c.queued.fetch_sub(1, Ordering::SeqCst);
-            c.running.fetch_add(1, Ordering::SeqCst);
-        }
-        self.tenant_queued.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    fn stop(&self) {
-        for c in self.each() {
-            c.running.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-}
 
 /// A stream's events not yet taken by its channel.
 #[derive(Debug)]

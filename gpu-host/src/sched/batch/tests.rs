@@ -3,11 +3,16 @@
 //! step, and a tenant far over its share cannot hurt another's sequences.
 
 use std::cell::RefCell;
+use std::ops::ControlFlow;
 use std::rc::Rc;
 
+use bulkhead_partition::TenantBlocks;
+
+use super::super::plan::{BATCH_PREFILL_CHUNK, DEFAULT_KV_WAIT};
 use super::*;
 use crate::backend::CpuBackend;
 use crate::engine::{FinishReason, SamplingParams, generate};
+use crate::engine::{GenerateRequest, PREFILL_CHUNK, Piece};
 
 fn fixture(name: &str) -> (Model, Tokenizer) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -397,7 +402,7 @@ fn planned_shares_give_own_blocks_and_weighted_parts_and_count_refusals() {
     let heavy = add(&mut batcher, &tok, "heavy", request(&tok, "Once upon", 8));
     let light = add(&mut batcher, &tok, "light", request(&tok, "The sky", 8));
     batcher.step(&model, &tok, &backend).unwrap();
-    let limits_of = |t: &str| batcher.pool.limits(t).unwrap();
+    let limits_of = |t: &str| batcher.planner.pool().limits(t).unwrap();
     assert_eq!(
         limits_of("heavy"),
         TenantBlocks {
@@ -427,7 +432,7 @@ fn planned_shares_give_own_blocks_and_weighted_parts_and_count_refusals() {
     assert_eq!(counts["light"].kv_refusals, 1);
     assert_eq!(counts["heavy"].kv_refusals, 0);
     assert_eq!(batcher.stats().kv_refusals, 2);
-    assert!(batcher.pool.is_idle());
+    assert!(batcher.planner.pool().is_idle());
     // Blocks owned by tenants cannot exceed the pool.
     let over = BTreeMap::from([(
         "fixed".to_string(),
@@ -479,7 +484,7 @@ fn a_request_waiting_for_its_tenants_budget_is_refused_after_its_kv_wait() {
             assert_eq!(result, Ok(FinishReason::Length));
         }
         assert_eq!(batcher.tenant_counts()["t"].kv_refusals, u64::from(refused));
-        assert!(batcher.pool.is_idle());
+        assert!(batcher.planner.pool().is_idle());
     }
 }
 
@@ -695,12 +700,7 @@ fn prefill_split(caps: [Option<usize>; 2], steps: usize) -> (usize, usize) {
     }
     // A finished sequence (one token asked for) prefilled its whole prompt.
     let prefilled = |tenant: &str, added: usize| -> usize {
-        let live: Vec<usize> = batcher
-            .sequences
-            .values()
-            .filter(|s| s.tenant == tenant)
-            .map(|s| s.cached)
-            .collect();
+        let live = batcher.planner.cached_of(tenant);
         live.iter().sum::<usize>() + (added - live.len()) * long.prompt_tokens.len()
     };
     let b_added = if caps[1] == Some(0) { 0 } else { 6 };

@@ -1,9 +1,9 @@
-//! The gRPC server of `bulkhead-gpu-host serve`: a registry of loaded models,
-//! the tenants' partitions (one scheduler thread per partition, pinned to
-//! its cores, running each model's continuous batch on the synchronous
-//! engine) behind a bounded queue, and the `bulkhead.gpu_host.v1.GpuHost`
-//! service streaming their output, on the main listener and, for each
-//! dedicated partition on the CPU backend, on its I/O lane (`lanes.rs`).
+//! The gRPC transport of `bulkhead-gpu-host serve`: the
+//! `bulkhead.gpu_host.v1.GpuHost` service, its bearer-secret check, the
+//! wire's requests turned into the engine's, on the main listener and,
+//! for each dedicated partition on the CPU backend, on its I/O lane
+//! (`lanes.rs`). The models it serves are `crate::models`'; the
+//! partitions' queues and scheduler threads are `crate::sched`'.
 //!
 //! ```text
 //! gRPC request ─auth─▶ GpuHostService::generate ─validate─▶ Job ─route by tenant─▶ partition's queue ─▶ its scheduler thread

@@ -1,0 +1,343 @@
+//! Attention on the CPU: over one contiguous cache, and over a paged KV
+//! pool for several sequences at once, each (row, head) computed the same
+//! way by both.
+
+use rayon::prelude::*;
+
+use super::{Backend, CpuKernels, MIN_PARALLEL_MACS};
+use crate::avx2::Avx2;
+use crate::scalar;
+
+/// The shape of one attention call; see [`CpuKernels::attention`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionShape {
+    /// Query tokens in this call.
+    pub n_tokens: usize,
+    /// Cache position of the first query token.
+    pub start_pos: usize,
+    pub n_heads: usize,
+    /// Key/value heads; `n_heads` must be a multiple (GQA).
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Score scale, normally `1 / sqrt(head_dim)`.
+    pub scale: f32,
+}
+
+impl CpuKernels {
+    /// Causal multi-head attention over an f32 KV cache.
+    ///
+    /// `q` and `out` are `n_tokens × (n_heads · head_dim)`; `k_cache` and
+    /// `v_cache` hold at least `start_pos + n_tokens` rows of
+    /// `n_kv_heads · head_dim`. Query token `i` attends to cache positions
+    /// `0..=start_pos + i`; head `h` reads KV head `h / (n_heads / n_kv_heads)`.
+    /// Parallel over (token, head).
+    ///
+    /// # Panics
+    /// If the shape is inconsistent or a buffer is too short (caller bugs).
+    pub fn attention(
+        &self,
+        q: &[f32],
+        k_cache: &[f32],
+        v_cache: &[f32],
+        shape: AttentionShape,
+        out: &mut [f32],
+    ) {
+        let AttentionShape {
+            n_tokens,
+            start_pos,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            scale,
+        } = shape;
+        assert!(head_dim > 0, "attention: head_dim is 0");
+        assert!(
+            n_kv_heads > 0 && n_heads.is_multiple_of(n_kv_heads),
+            "attention: n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}"
+        );
+        let q_width = n_heads * head_dim;
+        let kv_width = n_kv_heads * head_dim;
+        let n_ctx = start_pos + n_tokens;
+        assert_eq!(
+            q.len(),
+            n_tokens * q_width,
+            "attention: q is not n_tokens × n_heads·head_dim"
+        );
+        assert_eq!(out.len(), q.len(), "attention: out and q lengths differ");
+        assert!(
+            k_cache.len() >= n_ctx * kv_width && v_cache.len() >= n_ctx * kv_width,
+            "attention: KV cache shorter than {n_ctx} positions"
+        );
+        let group = n_heads / n_kv_heads;
+        let backend = self.backend;
+        let heads = heads_per_task(n_tokens, n_heads, self.threads());
+        let task = |idx: usize, o: &mut [f32], scores: &mut Vec<f32>| {
+            let first = idx * heads;
+            let (t, h) = (first / n_heads, first % n_heads);
+            let view = HeadsView {
+                q: &q[first * head_dim..(first + heads) * head_dim],
+                k: k_cache,
+                v: v_cache,
+                kv_width,
+                head_dim,
+                first_head: h,
+                group,
+                n_pos: start_pos + t + 1,
+                scale,
+                pages: None,
+            };
+            match backend {
+                Backend::Scalar => attend_heads(ScalarOps, view, scores, o),
+                Backend::Avx2(k) => attend_heads(k, view, scores, o),
+            }
+        };
+        // q·k and the weighted sum of v: 2 · head_dim per (query head, position).
+        let macs = n_tokens * n_heads * (2 * start_pos + n_tokens) * head_dim;
+        if self.threads() == 1 || macs < MIN_PARALLEL_MACS {
+            let mut scores = Vec::new();
+            for (idx, o) in out.chunks_exact_mut(heads * head_dim).enumerate() {
+                task(idx, o, &mut scores);
+            }
+        } else {
+            self.pool.install(|| {
+                out.par_chunks_exact_mut(heads * head_dim)
+                    .enumerate()
+                    .for_each_init(Vec::new, |scores, (idx, o)| task(idx, o, scores));
+            });
+        }
+    }
+}
+
+/// One sequence of a [`CpuKernels::attention_paged`] call.
+#[derive(Clone, Copy, Debug)]
+pub struct PagedSeq<'a> {
+    /// Its query rows in this call (they follow the previous sequence's).
+    pub n_tokens: usize,
+    /// Cache position of its first query row.
+    pub start_pos: usize,
+    /// Its block table: position `p` lives in block `blocks[p / block_tokens]`.
+    pub blocks: &'a [u32],
+}
+
+/// The shape of a [`CpuKernels::attention_paged`] call.
+#[derive(Clone, Copy, Debug)]
+pub struct PagedShape {
+    /// Positions per block.
+    pub block_tokens: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+}
+
+impl CpuKernels {
+    /// Causal attention for several sequences at once over a paged f32 KV
+    /// pool: `k_pool`/`v_pool` are blocks of `block_tokens` rows of
+    /// `n_kv_heads · head_dim`, and each sequence reads its positions
+    /// through its own block table. `q` and `out` hold every sequence's rows
+    /// in order. Each (row, head) is computed exactly as
+    /// [`CpuKernels::attention`] computes it over a contiguous cache holding
+    /// the same values. Parallel over all (row, head) pairs of all sequences.
+    ///
+    /// # Panics
+    /// If the shape is inconsistent, a table is too short for its positions
+    /// or names a block outside the pool (caller bugs).
+    pub fn attention_paged(
+        &self,
+        q: &[f32],
+        k_pool: &[f32],
+        v_pool: &[f32],
+        seqs: &[PagedSeq<'_>],
+        shape: PagedShape,
+        out: &mut [f32],
+    ) {
+        let PagedShape {
+            block_tokens,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            scale,
+        } = shape;
+        assert!(
+            head_dim > 0 && block_tokens > 0,
+            "attention_paged: zero size"
+        );
+        assert!(
+            n_kv_heads > 0 && n_heads.is_multiple_of(n_kv_heads),
+            "attention_paged: n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}"
+        );
+        let q_width = n_heads * head_dim;
+        let kv_width = n_kv_heads * head_dim;
+        let rows: usize = seqs.iter().map(|s| s.n_tokens).sum();
+        assert_eq!(
+            q.len(),
+            rows * q_width,
+            "attention_paged: q is not rows × width"
+        );
+        assert_eq!(
+            out.len(),
+            q.len(),
+            "attention_paged: out and q lengths differ"
+        );
+        assert_eq!(
+            k_pool.len(),
+            v_pool.len(),
+            "attention_paged: K and V pools differ"
+        );
+        let pool_blocks = k_pool.len() / (block_tokens * kv_width);
+        // (sequence, position of the row) for every query row.
+        let mut row_of = Vec::with_capacity(rows);
+        let mut macs = 0;
+        for (i, s) in seqs.iter().enumerate() {
+            let n_ctx = s.start_pos + s.n_tokens;
+            assert!(
+                s.blocks.len() * block_tokens >= n_ctx,
+                "attention_paged: block table shorter than {n_ctx} positions"
+            );
+            assert!(
+                s.blocks.iter().all(|&b| (b as usize) < pool_blocks),
+                "attention_paged: block outside the pool"
+            );
+            row_of.extend((0..s.n_tokens).map(|t| (i, s.start_pos + t)));
+            macs += s.n_tokens * n_heads * (2 * s.start_pos + s.n_tokens) * head_dim;
+        }
+        let group = n_heads / n_kv_heads;
+        let backend = self.backend;
+        let heads = heads_per_task(rows, n_heads, self.threads());
+        let task = |idx: usize, o: &mut [f32], scores: &mut Vec<f32>| {
+            let first = idx * heads;
+            let (r, h) = (first / n_heads, first % n_heads);
+            let (s, pos) = row_of[r];
+            let view = HeadsView {
+                q: &q[first * head_dim..(first + heads) * head_dim],
+                k: k_pool,
+                v: v_pool,
+                kv_width,
+                head_dim,
+                first_head: h,
+                group,
+                n_pos: pos + 1,
+                scale,
+                pages: Some((seqs[s].blocks, block_tokens)),
+            };
+            match backend {
+                Backend::Scalar => attend_heads(ScalarOps, view, scores, o),
+                Backend::Avx2(k) => attend_heads(k, view, scores, o),
+            }
+        };
+        if self.threads() == 1 || macs < MIN_PARALLEL_MACS {
+            let mut scores = Vec::new();
+            for (idx, o) in out.chunks_exact_mut(heads * head_dim).enumerate() {
+                task(idx, o, &mut scores);
+            }
+        } else {
+            self.pool.install(|| {
+                out.par_chunks_exact_mut(heads * head_dim)
+                    .enumerate()
+                    .for_each_init(Vec::new, |scores, (idx, o)| task(idx, o, scores));
+            });
+        }
+    }
+}
+
+/// Query heads one attention task takes: all of a row's heads when there
+/// are rows enough to keep every thread busy, so a task reads each cached
+/// position's keys and values for all heads at once (one contiguous run of
+/// `n_kv_heads · head_dim` floats, which the prefetcher follows) instead of
+/// one head's slice of it per pass; a single head otherwise (a lone decode
+/// row still spreads over the threads). Results are the same either way.
+fn heads_per_task(rows: usize, n_heads: usize, threads: usize) -> usize {
+    if rows >= threads { n_heads } else { 1 }
+}
+
+/// The vector ops attention is built from, per ISA.
+trait VecOps: Copy {
+    fn dot(self, a: &[f32], b: &[f32]) -> f32;
+    fn softmax(self, x: &mut [f32]);
+    fn axpy(self, a: f32, x: &[f32], y: &mut [f32]);
+}
+
+#[derive(Clone, Copy)]
+struct ScalarOps;
+
+impl VecOps for ScalarOps {
+    fn dot(self, a: &[f32], b: &[f32]) -> f32 {
+        scalar::dot(a, b)
+    }
+    fn softmax(self, x: &mut [f32]) {
+        scalar::softmax(x)
+    }
+    fn axpy(self, a: f32, x: &[f32], y: &mut [f32]) {
+        scalar::axpy(a, x, y)
+    }
+}
+
+impl VecOps for Avx2 {
+    fn dot(self, a: &[f32], b: &[f32]) -> f32 {
+        Avx2::dot(self, a, b)
+    }
+    fn softmax(self, x: &mut [f32]) {
+        Avx2::softmax(self, x)
+    }
+    fn axpy(self, a: f32, x: &[f32], y: &mut [f32]) {
+        Avx2::axpy(self, a, x, y)
+    }
+}
+
+/// Consecutive query heads of one row and their view of the cache.
+struct HeadsView<'a> {
+    /// The heads' queries, `head_dim` floats each.
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    kv_width: usize,
+    head_dim: usize,
+    /// Index of the first head in the row; head `h` reads KV head `h / group`.
+    first_head: usize,
+    group: usize,
+    n_pos: usize,
+    scale: f32,
+    /// `None`: position `p` is row `p` of `k`/`v`. `Some((table, block_tokens))`:
+    /// it is row `p % block_tokens` of block `table[p / block_tokens]`.
+    pages: Option<(&'a [u32], usize)>,
+}
+
+impl HeadsView<'_> {
+    fn row(&self, p: usize) -> usize {
+        match self.pages {
+            None => p,
+            Some((table, block_tokens)) => {
+                table[p / block_tokens] as usize * block_tokens + p % block_tokens
+            }
+        }
+    }
+}
+
+/// For each head: `out = Σ_p softmax_p(scale · q·k_p) v_p` over positions
+/// `0..n_pos`. Positions outer, heads inner, so each position's cache row is
+/// read once for all the heads; per head the dots, the softmax and the axpys
+/// are the same and in the same order however heads are grouped and whether
+/// the cache is contiguous or paged, so all give bit-identical results.
+fn attend_heads<O: VecOps>(ops: O, h: HeadsView, scores: &mut Vec<f32>, out: &mut [f32]) {
+    let (d, n) = (h.head_dim, h.n_pos);
+    let kv_offset = |i: usize| ((h.first_head + i) / h.group) * d;
+    scores.clear();
+    scores.resize(out.len() / d * n, 0.0);
+    for p in 0..n {
+        let base = h.row(p) * h.kv_width;
+        for (i, q) in h.q.chunks_exact(d).enumerate() {
+            let k = &h.k[base + kv_offset(i)..][..d];
+            scores[i * n + p] = ops.dot(q, k) * h.scale;
+        }
+    }
+    for s in scores.chunks_exact_mut(n) {
+        ops.softmax(s);
+    }
+    out.fill(0.0);
+    for p in 0..n {
+        let base = h.row(p) * h.kv_width;
+        for (i, o) in out.chunks_exact_mut(d).enumerate() {
+            ops.axpy(scores[i * n + p], &h.v[base + kv_offset(i)..][..d], o);
+        }
+    }
+}

@@ -10,18 +10,17 @@ use arc_swap::ArcSwap;
 use bulkhead_protocol::Target;
 use tokio::sync::watch;
 
-use crate::api::{self, App, Snapshot};
+use crate::api::{self, App};
 use crate::audit::{Actor, Audit, AuditError, AuditLog, AuditSettings, Event, Outcome};
-use crate::auth::Verifiers;
-use crate::lanes::Lanes;
-use crate::limits::Limiters;
 use crate::metrics::{Metrics, ResultLabels};
 use crate::plugins::{
     HookGate, PluginEngine, PluginEngineConfig, PluginError, PluginRegistry, StoreError,
 };
 use crate::policy::{self, GatewayPlugins, ListenAddr, PolicyErrors, UpstreamSettings};
 use crate::registration::{ModelRegistry, RegistrationError};
+use crate::serving::Lanes;
 use crate::serving::{AdminListener, ConnectionGate, serve_admin, serve_http};
+use crate::snapshot::{Snapshot, build_snapshot};
 use crate::upstream::{
     ChildConfig, DEFAULT_READY_WAIT, Supervised, Supervisor, SupervisorError, Upstream,
     UpstreamError, UpstreamState,
@@ -75,23 +74,6 @@ pub enum ServeError {
     Audit(#[from] AuditError),
     #[error("the model registry: {0}")]
     Registration(#[from] RegistrationError),
-}
-
-/// Loads and validates a policy folder into a snapshot: the policy, its
-/// verifiers (key files read) and limiters (state carried over from
-/// `previous` for tenants whose limits did not change).
-pub fn build_snapshot(dir: &Path, previous: Option<&Snapshot>) -> Result<Snapshot, PolicyErrors> {
-    let policy = policy::load(dir)?;
-    let verifiers = Verifiers::build(&policy).map_err(PolicyErrors)?;
-    let limiters = match previous {
-        Some(previous) => previous.limiters.reconcile(&policy),
-        None => Limiters::new(&policy),
-    };
-    Ok(Snapshot {
-        policy,
-        verifiers,
-        limiters,
-    })
 }
 
 /// Runs the gateway until `shutdown` resolves, then stops accepting, lets

@@ -11,7 +11,6 @@ mod app;
 pub mod audit;
 pub mod auth;
 mod durable;
-mod lanes;
 pub mod limits;
 mod metrics;
 pub mod models;
@@ -19,10 +18,12 @@ pub mod plugins;
 pub mod policy;
 pub mod registration;
 mod serving;
+mod snapshot;
 mod upstream;
 
 pub use api::{
     Access, ApiError, App, Endpoint, InferenceRequest, Listener, LocalReport, LocalRun,
-    LocalRunError, Method, Prompt, ROUTES, Route, Snapshot, request_json, run_locally,
+    LocalRunError, Method, Prompt, ROUTES, Route, request_json, run_locally,
 };
-pub use app::{Listening, ServeError, ServeOptions, build_snapshot, serve};
+pub use app::{Listening, ServeError, ServeOptions, serve};
+pub use snapshot::{Snapshot, build_snapshot};

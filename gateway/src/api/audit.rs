@@ -18,7 +18,7 @@ use serde_json::json;
 
 use super::App;
 use super::error::ApiError;
-use super::routes::OperatorCall;
+use super::identity::OperatorCall;
 use crate::audit::{AuditError, AuditLog, Hash, ProofError};
 
 /// Most entries one `entries` call returns.

@@ -9,6 +9,7 @@ mod deadline;
 mod error;
 mod generation;
 mod hooks;
+mod identity;
 mod inference;
 mod local_run;
 mod openai;
@@ -28,27 +29,18 @@ use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::auth::Verifiers;
-use crate::limits::{Limiters, UsageBook};
+use crate::limits::UsageBook;
 use crate::metrics::Metrics;
 use crate::plugins::PluginRegistry;
-use crate::policy::Policy;
 use crate::registration::ModelRegistry;
+use crate::snapshot::Snapshot;
 use crate::upstream::{Upstream, UpstreamState};
 
 pub use error::ApiError;
+pub use identity::TenantCall;
 pub use local_run::{LocalReport, LocalRun, LocalRunError, request_json, run_locally};
 pub use openai::{Endpoint, InferenceRequest, Prompt};
-pub use routes::{Access, Listener, Method, ROUTES, Route, TenantCall};
-
-/// Everything a request reads from the control plane, published as one
-/// value so a request sees a consistent policy, keys and limits.
-#[derive(Debug)]
-pub struct Snapshot {
-    pub policy: Policy,
-    pub verifiers: Verifiers,
-    pub limiters: Limiters,
-}
+pub use routes::{Access, Listener, Method, ROUTES, Route};
 
 /// Shared state of every handler.
 #[derive(Clone, Debug)]

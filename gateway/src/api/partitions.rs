@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::App;
 use super::error::ApiError;
-use super::routes::OperatorCall;
+use super::identity::OperatorCall;
 
 /// `GET /admin/v1/partitions`.
 pub async fn list(State(app): State<App>, Extension(_): Extension<OperatorCall>) -> Response {

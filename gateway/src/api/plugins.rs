@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use super::App;
 use super::deadline::BodyDeadline;
 use super::error::ApiError;
-use super::routes::TenantCall;
+use super::identity::TenantCall;
 use crate::audit::{Actor, Event, sha256_text};
 use crate::auth::Identity;
 use crate::metrics::PluginUploadLabels;

@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 
 use super::App;
 use super::error::ApiError;
-use super::routes::OperatorCall;
+use super::identity::OperatorCall;
 use crate::audit::{Actor, Event, Outcome};
 use crate::auth::OperatorIdentity;
 use crate::registration::{

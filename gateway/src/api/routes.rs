@@ -17,19 +17,15 @@
 //!   [`TenantCall`] only ever reaches its own tenant's plugins, usage and
 //!   audit entries.
 
-use std::sync::Arc;
-use std::time::SystemTime;
-
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{HeaderMap, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
 
-use super::error::ApiError;
-use super::{App, Snapshot};
-use crate::auth::{AuthError, Identity, OperatorIdentity, Scope, bearer_token};
+use super::App;
+use super::identity::{OperatorCall, TenantCall, operator_identity, tenant_identity};
+use crate::auth::Scope;
 use crate::metrics::AdminRefusalLabels;
 
 /// Which listener serves a route.
@@ -184,20 +180,6 @@ pub fn router(app: App, listener: Listener, max_body_bytes: usize) -> Router {
         .with_state(app)
 }
 
-/// A tenant's call that passed its route's check: who it is, and the
-/// policy snapshot its token verified under (the handler reads that one).
-#[derive(Clone, Debug)]
-pub struct TenantCall {
-    pub identity: Identity,
-    pub snapshot: Arc<Snapshot>,
-}
-
-/// An operator's call that passed its route's check.
-#[derive(Clone, Debug)]
-pub struct OperatorCall {
-    pub identity: OperatorIdentity,
-}
-
 #[derive(Clone)]
 struct Guard {
     app: App,
@@ -248,42 +230,6 @@ async fn authorize(State(guard): State<Guard>, mut request: Request, next: Next)
         }
     }
     next.run(request).await
-}
-
-/// The bearer token of `headers`, as `bearer_token` reads it.
-fn token(headers: &HeaderMap) -> Result<&str, AuthError> {
-    let header = headers
-        .get(header::AUTHORIZATION)
-        .map(|v| v.to_str().unwrap_or("\u{fffd}"));
-    bearer_token(header)
-}
-
-/// A tenant token with `scope`; on refusal, the tenant (when the token
-/// verified) for the metrics, and the error.
-fn tenant_identity(
-    snapshot: &Snapshot,
-    headers: &HeaderMap,
-    scope: Scope,
-) -> Result<Identity, (String, ApiError)> {
-    let identity = token(headers)
-        .and_then(|token| snapshot.verifiers.verify(token, SystemTime::now()))
-        .map_err(|e| (String::new(), ApiError::from(e)))?;
-    identity
-        .require(scope)
-        .map_err(|e| (identity.tenant.clone(), ApiError::from(e)))?;
-    Ok(identity)
-}
-
-/// An operator token with `scope`.
-fn operator_identity(
-    snapshot: &Snapshot,
-    headers: &HeaderMap,
-    scope: Scope,
-) -> Result<OperatorIdentity, ApiError> {
-    let identity = token(headers)
-        .and_then(|token| snapshot.verifiers.verify_operator(token, SystemTime::now()))?;
-    identity.require(scope)?;
-    Ok(identity)
 }
 
 #[cfg(test)]

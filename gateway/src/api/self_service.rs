@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use super::App;
 use super::audit::{Params, QueryParams, audit_error, audit_log, encode, range_error, raw_json};
 use super::error::ApiError;
-use super::routes::{OperatorCall, TenantCall};
+use super::identity::{OperatorCall, TenantCall};
 use crate::limits::{KEPT_DAYS, Totals, day_of, day_text};
 use crate::policy::TenantPolicy;
 

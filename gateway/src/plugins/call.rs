@@ -16,11 +16,11 @@ use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::bulkhead::plugin::types as wit;
 use super::bindings::{Plugin, PluginPre};
-use super::engine::EngineInner;
 use super::error::{Hook, PluginError};
 use super::host::{HostState, LogSource, LogStats, PluginConfig};
 use super::instances::InstanceLease;
 use super::limits::{MAX_INSTANCES_PER_STORE, PluginLimits};
+use super::runtime::Runtime;
 use super::types::{OutputSize, Rejection, Request, Response};
 use super::wasi::{self, Captured};
 
@@ -155,7 +155,7 @@ impl ResourceLimiter for CallLimiter {
 /// later hook on this instance returns `plugin_already_failed`.
 pub struct PluginCall {
     /// The engine whose epoch ticker must tick while guest code runs.
-    engine: Arc<EngineInner>,
+    runtime: Arc<Runtime>,
     store: Store<CallState>,
     plugin: Plugin,
     name: Arc<str>,
@@ -179,11 +179,11 @@ impl fmt::Debug for PluginCall {
 
 impl PluginCall {
     pub(crate) fn start(
-        engine: &Arc<EngineInner>,
+        runtime: &Arc<Runtime>,
         pre: &PluginPre<CallState>,
         call: CallContext,
     ) -> Result<Self, PluginError> {
-        let lease = engine.instances.acquire(&call.tenant, &call.plugin)?;
+        let lease = runtime.instances.acquire(&call.tenant, &call.plugin)?;
         let limits = call.limits.clamped();
         let stdout = Captured::new(limits.max_log_bytes);
         let stderr = Captured::new(limits.max_log_bytes);
@@ -198,12 +198,12 @@ impl PluginCall {
                 limits.max_log_bytes,
             ),
         };
-        let mut store = Store::new(&engine.engine, state);
+        let mut store = Store::new(&runtime.engine, state);
         store.limiter(|state| &mut state.limiter);
         store.epoch_deadline_trap();
         // Instantiation runs the guest's initializers: same deadline.
         store.set_epoch_deadline(limits.deadline_ticks());
-        let running = engine.ticker.running();
+        let running = runtime.ticker.running();
         let instantiated = pre.instantiate(&mut store);
         drop(running);
         flush_stdio(&mut store, &stdout, &stderr);
@@ -220,7 +220,7 @@ impl PluginCall {
             }
         };
         Ok(PluginCall {
-            engine: Arc::clone(engine),
+            runtime: Arc::clone(runtime),
             store,
             plugin,
             name: call.plugin,
@@ -307,7 +307,7 @@ impl PluginCall {
         // A limit refused in an earlier hook that the guest survived says
         // nothing about this one.
         self.store.data_mut().limiter.hit = None;
-        let running = self.engine.ticker.running();
+        let running = self.runtime.ticker.running();
         let result = call(&self.plugin, &mut self.store);
         drop(running);
         flush_stdio(&mut self.store, &self.stdout, &self.stderr);

@@ -26,6 +26,7 @@ use super::limits::{
     MAX_COMPILES_IN_FLIGHT, MAX_COMPONENT_BYTES, MAX_MEMORY_BYTES_CEILING,
     MAX_TABLE_ELEMENTS_CEILING, MAX_WASM_STACK_BYTES, MEMORIES_PER_INSTANCE, TABLES_PER_INSTANCE,
 };
+use super::runtime::Runtime;
 use super::store::VerifiedArtifact;
 use super::ticker::EpochTicker;
 use super::{validate, wasi};
@@ -62,12 +63,10 @@ pub struct PluginEngine {
 }
 
 pub(crate) struct EngineInner {
-    pub(crate) engine: Engine,
+    runtime: Arc<Runtime>,
     linker: Linker<CallState>,
     config: PluginEngineConfig,
     compiles: Arc<CompileQueue>,
-    pub(crate) instances: Arc<InstanceShares>,
-    pub(crate) ticker: EpochTicker,
 }
 
 impl fmt::Debug for PluginEngine {
@@ -99,12 +98,14 @@ impl PluginEngine {
         })?;
         Ok(PluginEngine {
             inner: Arc::new(EngineInner {
-                engine,
+                runtime: Arc::new(Runtime {
+                    engine,
+                    instances: InstanceShares::new(config.max_instances as usize),
+                    ticker,
+                }),
                 linker,
                 compiles: CompileQueue::new(config.max_compiles_in_flight, config.compile_wait),
-                instances: InstanceShares::new(config.max_instances as usize),
                 config,
-                ticker,
             }),
         })
     }
@@ -122,13 +123,13 @@ impl PluginEngine {
     /// Test hook: epochs the ticker has advanced (deadlines count in them).
     #[cfg(test)]
     pub(crate) fn epoch_ticks(&self) -> u64 {
-        self.inner.ticker.ticks()
+        self.inner.runtime.ticker.ticks()
     }
 
     /// How many tenants share the instance pool (those with plugin chains
     /// in the policy in force): each is guaranteed an equal part of it.
     pub fn share_instances_among(&self, tenants: usize) {
-        self.inner.instances.set_tenants(tenants);
+        self.inner.runtime.instances.set_tenants(tenants);
     }
 
     /// The settings this engine was started with.
@@ -183,7 +184,7 @@ impl PluginEngine {
                 reason: "the cached artifact belongs to other bytes".to_string(),
             });
         }
-        let component = deserialize_verified(&self.inner.engine, artifact)?;
+        let component = deserialize_verified(&self.inner.runtime.engine, artifact)?;
         self.link(bytes, surface, component)
     }
 
@@ -193,6 +194,7 @@ impl PluginEngine {
     pub(crate) fn compatibility_digest(&self) -> [u8; 32] {
         let mut hasher = Sha256Hasher(Sha256::new());
         self.inner
+            .runtime
             .engine
             .precompile_compatibility_hash()
             .hash(&mut hasher);
@@ -226,7 +228,7 @@ impl PluginEngine {
 
     #[cfg(test)]
     pub(crate) fn inner_engine(&self) -> &Engine {
-        &self.inner.engine
+        &self.inner.runtime.engine
     }
 
     #[cfg(test)]
@@ -237,7 +239,7 @@ impl PluginEngine {
     fn compile(&self, bytes: &[u8], who: Compiler<'_>) -> Result<Component, PluginError> {
         let slot = self.inner.compiles.acquire(who)?;
         let (done, result) = mpsc::sync_channel(1);
-        let engine = self.inner.engine.clone();
+        let engine = self.inner.runtime.engine.clone();
         let bytes = bytes.to_vec();
         thread::Builder::new()
             .name("plugin-compile".to_string())
@@ -458,7 +460,7 @@ impl CompiledPlugin {
     /// `plugin_busy` when the tenant's part of the pool and what it may
     /// borrow are taken (`instances.rs`), or every pool slot is.
     pub fn instantiate(&self, call: CallContext) -> Result<PluginCall, PluginError> {
-        PluginCall::start(&self.inner.engine, &self.inner.pre, call)
+        PluginCall::start(&self.inner.engine.runtime, &self.inner.pre, call)
     }
 }
 

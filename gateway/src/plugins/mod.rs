@@ -1,5 +1,5 @@
 //! Tenant plugins: WebAssembly components run in wasmtime under hard
-//! limits. The lifecycle is split by cost (STYLE rule 8):
+//! limits. The lifecycle is split by cost (expensive work once, cheap work per call):
 //!
 //! - once per gateway, [`PluginEngine::new`]: the engine (pooling
 //!   allocator, epoch interruption and its ticker thread) and the linker
@@ -29,6 +29,7 @@ mod gate;
 mod host;
 mod instances;
 mod limits;
+mod runtime;
 pub mod signature;
 mod store;
 mod ticker;

@@ -4,10 +4,14 @@
 //! `file:line:col`.
 
 use std::collections::BTreeMap;
+use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use toml::Spanned;
+
+use super::SourceFile;
 
 /// `gateway.toml`: process-wide settings.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -408,4 +412,36 @@ pub struct PublisherFile {
     /// SPKI PEM public key (ECDSA P-256 or Ed25519), relative to the policy
     /// folder unless absolute.
     pub public_key: Spanned<PathBuf>,
+}
+
+/// One policy file: its text, and its contents when it parsed.
+#[derive(Debug)]
+pub(super) struct Parsed<T> {
+    pub source: Arc<SourceFile>,
+    /// `None` when the file has syntax or shape errors (already reported).
+    pub doc: Option<T>,
+}
+
+/// Everything read from a policy folder, before cross-file checks.
+#[derive(Debug, Default)]
+pub(super) struct Folder {
+    /// `None`: there is no `gateway.toml` (defaults apply).
+    pub gateway: Option<Parsed<GatewayFile>>,
+    /// `None`: there is no `trust.toml`.
+    pub trust: Option<Parsed<TrustFile>>,
+    /// Sorted by file name.
+    pub classes: Vec<Parsed<ClassFile>>,
+    /// Sorted by file name.
+    pub tenants: Vec<Parsed<TenantFile>>,
+    /// Every file read, relative to the folder, with the SHA-256 of its bytes.
+    pub files: Vec<(PathBuf, [u8; 32])>,
+}
+
+/// An I/O error in words, without the `(os error N)` suffix.
+pub(super) fn io_reason(e: &io::Error) -> String {
+    match e.kind() {
+        io::ErrorKind::NotFound => "no such file or folder".to_string(),
+        io::ErrorKind::PermissionDenied => "permission denied".to_string(),
+        _ => e.to_string(),
+    }
 }

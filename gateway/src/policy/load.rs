@@ -22,7 +22,7 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 
-use super::files::{ClassFile, GatewayFile, TenantFile, TrustFile};
+use super::files::{Folder, Parsed, io_reason};
 use super::validate::validate;
 use super::{Policy, PolicyError, PolicyErrors, SourceFile};
 
@@ -60,29 +60,6 @@ pub fn load(dir: &Path) -> Result<Policy, PolicyErrors> {
         errors.dedup();
         Err(PolicyErrors(errors))
     }
-}
-
-/// One policy file: its text, and its contents when it parsed.
-#[derive(Debug)]
-pub(super) struct Parsed<T> {
-    pub source: Arc<SourceFile>,
-    /// `None` when the file has syntax or shape errors (already reported).
-    pub doc: Option<T>,
-}
-
-/// Everything read from a policy folder, before cross-file checks.
-#[derive(Debug, Default)]
-pub(super) struct Folder {
-    /// `None`: there is no `gateway.toml` (defaults apply).
-    pub gateway: Option<Parsed<GatewayFile>>,
-    /// `None`: there is no `trust.toml`.
-    pub trust: Option<Parsed<TrustFile>>,
-    /// Sorted by file name.
-    pub classes: Vec<Parsed<ClassFile>>,
-    /// Sorted by file name.
-    pub tenants: Vec<Parsed<TenantFile>>,
-    /// Every file read, relative to the folder, with the SHA-256 of its bytes.
-    pub files: Vec<(PathBuf, [u8; 32])>,
 }
 
 /// The files [`load`] reads in `dir` with the SHA-256 of each, whether or
@@ -292,15 +269,6 @@ pub(super) fn toml_error(source: &SourceFile, e: &toml::de::Error) -> PolicyErro
         .collect::<Vec<_>>()
         .join("; ");
     source.error_at(e.span().unwrap_or(0..0), message)
-}
-
-/// An I/O error in words, without the `(os error N)` suffix.
-pub(super) fn io_reason(e: &io::Error) -> String {
-    match e.kind() {
-        io::ErrorKind::NotFound => "no such file or folder".to_string(),
-        io::ErrorKind::PermissionDenied => "permission denied".to_string(),
-        _ => e.to_string(),
-    }
 }
 
 #[cfg(test)]

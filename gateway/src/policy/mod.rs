@@ -7,6 +7,7 @@ mod files;
 mod gpu;
 mod load;
 mod models;
+mod names;
 mod plugins;
 mod restrict;
 mod source;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use toml::Spanned;
 
 use super::files::ModelFile;
-use super::load::io_reason;
+use super::files::io_reason;
 use super::trust::Trust;
 use super::{PolicyError, SourceFile};
 use crate::models::{ModelError, read_bundle_file};

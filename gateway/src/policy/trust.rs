@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::PolicyError;
+use super::files::Parsed;
 use super::files::TrustFile;
-use super::load::Parsed;
-use super::validate::{NAME_RULE, is_valid_name};
+use super::names::{NAME_RULE, is_valid_name};
 use crate::models::PublicKey;
 
 /// Most publishers one `trust.toml` may list: each registration is checked

@@ -26,9 +26,9 @@ use tokio::sync::{Mutex, watch};
 
 use super::disk::{MAX_API_REGISTRATIONS, Record, RegistryDir};
 use super::{Claim, Registration, RegistrationError, Source, verify};
-use crate::api::Snapshot;
 use crate::audit::time::Timestamp;
 use crate::audit::{Actor, Audit, Event, Outcome};
+use crate::snapshot::Snapshot;
 use crate::upstream::{Upstream, UpstreamState};
 
 /// How often the host's models are compared with the registrations when

@@ -1,9 +1,11 @@
 //! The HTTP listeners. The public one: accept on the main runtime, hand
-//! each connection to its tenant's connection lane ([`crate::lanes`]) or
+//! each connection to its tenant's connection lane ([`lanes`]) or
 //! serve it here. The admin one ([`AdminListener`]): TCP or a Unix socket,
 //! always on the main runtime. On shutdown both stop accepting and let
 //! every connection, on any runtime, finish its requests in flight. HTTP/1
 //! and h2c (prior knowledge), as `axum::serve` served them before lanes.
+
+pub(crate) mod lanes;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -19,9 +21,9 @@ use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener};
 
-use crate::lanes::Lanes;
 use crate::metrics::{ConnectionRefusalLabels, Metrics};
 use crate::policy::ConnectionLimits;
+pub(crate) use lanes::Lanes;
 
 /// HTTP/2 pings an idle connection's peer this often, and closes the
 /// connection when one goes unanswered for [`H2_KEEP_ALIVE_TIMEOUT`]: a

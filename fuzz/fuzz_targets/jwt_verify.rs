@@ -147,7 +147,7 @@ fn build_verifiers() -> Verifiers {
     );
     let policy = bulkhead_gateway::policy::load(&dir)
         .unwrap_or_else(|e| panic!("the fuzz policy loads:\n{e}"));
-    let verifiers = Verifiers::build(&policy).unwrap_or_else(|errors| {
+    let verifiers = Verifiers::build(&policy.auth()).unwrap_or_else(|errors| {
         let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
         panic!("the fuzz policy builds:\n{}", errors.join("\n"))
     });

@@ -17,7 +17,8 @@ use crate::plugins::{
     HookGate, PluginEngine, PluginEngineConfig, PluginError, PluginRegistry, StoreError,
 };
 use crate::policy::{self, GatewayPlugins, ListenAddr, PolicyErrors, UpstreamSettings};
-use crate::registration::{ModelRegistry, RegistrationError};
+use crate::reconcile::Reconciler;
+use crate::registration::RegistrationError;
 use crate::serving::Lanes;
 use crate::serving::{AdminListener, ConnectionGate, serve_admin, serve_http};
 use crate::snapshot::{Snapshot, build_snapshot};
@@ -130,7 +131,7 @@ pub async fn serve(
     plugins.share_instances_among(snapshot.load().policy.tenants_with_plugins());
 
     // `host`'s readiness is the process's; requests get a handle that
-    // also waits for the registered models (`ModelRegistry::start`).
+    // also waits for the registered models (`Reconciler::start`).
     // `lane_host`: connection lanes only for the local child, whose CPU
     // numbers are this machine's.
     let (host, host_state, supervisor, lane_host) = match &gateway.upstream {
@@ -197,7 +198,7 @@ pub async fn serve(
         )
         .map_err(|e| ServeError::Watch(e.to_string()))?
     };
-    let (models, upstream) = ModelRegistry::start(
+    let (models, upstream) = Reconciler::start(
         Arc::clone(&snapshot),
         host,
         host_state,

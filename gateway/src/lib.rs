@@ -16,9 +16,11 @@ mod metrics;
 pub mod models;
 pub mod plugins;
 pub mod policy;
+mod reconcile;
 pub mod registration;
 mod serving;
 mod snapshot;
+mod source;
 mod upstream;
 
 pub use api::{

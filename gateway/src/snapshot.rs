@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use crate::auth::Verifiers;
-use crate::limits::Limiters;
+use crate::limits::{LimitClock, Limiters};
 use crate::policy::{self, Policy, PolicyErrors};
 
 /// Everything a request reads from the control plane, published as one
@@ -23,10 +23,10 @@ pub struct Snapshot {
 /// `previous` for tenants whose limits did not change).
 pub fn build_snapshot(dir: &Path, previous: Option<&Snapshot>) -> Result<Snapshot, PolicyErrors> {
     let policy = policy::load(dir)?;
-    let verifiers = Verifiers::build(&policy).map_err(PolicyErrors)?;
+    let verifiers = Verifiers::build(&policy.auth()).map_err(PolicyErrors)?;
     let limiters = match previous {
-        Some(previous) => previous.limiters.reconcile(&policy),
-        None => Limiters::new(&policy),
+        Some(previous) => previous.limiters.reconcile(policy.limits()),
+        None => Limiters::new(policy.limits(), LimitClock::monotonic()),
     };
     Ok(Snapshot {
         policy,

@@ -4,6 +4,7 @@
 //! the layout it started on and finishes there.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
@@ -74,8 +75,13 @@ pub struct TenantSlot {
     /// The most it may hold: its `hbm`, or, without one, all the memory no
     /// `hbm` claims (borrowed while others leave it idle).
     pub budget_bytes: u64,
+    /// Whether that memory is its own (`hbm` set, or a dedicated
+    /// partition) rather than borrowed from the pool.
+    pub owns_memory: bool,
     /// Compute units its work may run on (its own, or its cap in the pool).
     pub max_cus: u32,
+    /// How long its requests wait for KV memory (see [`GpuRequest::kv_wait`](crate::GpuRequest::kv_wait)).
+    pub kv_wait: Duration,
 }
 
 /// The current layout, read without locks by the serving path and replaced

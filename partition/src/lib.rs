@@ -22,6 +22,8 @@ pub use drr::{DEFAULT_QUANTUM_TOKENS, Drr, Scheduled};
 pub use error::PartitionError;
 pub use kv::{BlockId, KV_BLOCK_TOKENS, KvDtype, KvGeometry, KvPool, SeqId, TenantBlocks, Victim};
 pub use layout::{Layout, LayoutCell, Partition, PartitionKind, TenantSlot};
-pub use manager::{Compute, GpuRequest, Isolation, TenantRequest, plan};
+pub use manager::{
+    Compute, DEFAULT_KV_WAIT, GpuRequest, Isolation, MAX_KV_WAIT, TenantRequest, plan,
+};
 pub use rows::{RowCandidate, RowPicker, RowTerms};
 pub use size::{format_bytes, parse_bytes};

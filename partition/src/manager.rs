@@ -19,12 +19,23 @@
 //! its weighted part and allowed to borrow the rest while it is idle.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use crate::error::PartitionError;
 use crate::layout::{Layout, Partition, PartitionKind, TenantSlot};
 use crate::{CuSet, Device};
 
-/// One tenant's `[gpu]` request.
+/// The KV wait of a tenant that sets none: long enough to ride out a
+/// burst of its own requests finishing, short enough that a client is
+/// told rather than left hanging behind a stuck budget.
+pub const DEFAULT_KV_WAIT: Duration = Duration::from_secs(10);
+
+/// The longest KV wait a tenant may ask for.
+pub const MAX_KV_WAIT: Duration = Duration::from_secs(120);
+
+/// One tenant's `[gpu]` request: the whole of it, as the gateway's policy
+/// reads it and the gpu-host plans it (one conversion to the wire, in
+/// `bulkhead-protocol`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct GpuRequest {
     pub compute: Compute,
@@ -33,6 +44,10 @@ pub struct GpuRequest {
     pub isolation: Isolation,
     /// Weight for fair sharing; at least 1.
     pub weight: u32,
+    /// How long a request that fits its budget, but not what its other
+    /// sequences leave of it, waits for memory before it is refused
+    /// (`kv_wait_ms`); `None`: [`DEFAULT_KV_WAIT`]. At most [`MAX_KV_WAIT`].
+    pub kv_wait: Option<Duration>,
 }
 
 impl Default for GpuRequest {
@@ -43,6 +58,7 @@ impl Default for GpuRequest {
             hbm_bytes: None,
             isolation: Isolation::Shared,
             weight: 1,
+            kv_wait: None,
         }
     }
 }
@@ -77,6 +93,11 @@ pub struct TenantRequest {
 }
 
 impl GpuRequest {
+    /// Its KV wait, the default filled in.
+    pub fn kv_wait(&self) -> Duration {
+        self.kv_wait.unwrap_or(DEFAULT_KV_WAIT)
+    }
+
     /// Checks the request's own fields, and with a `device` its share of
     /// that device; on success, its compute as a count of units (`None`:
     /// unset, or a share without a device to resolve it against).
@@ -93,6 +114,18 @@ impl GpuRequest {
         };
         if self.weight == 0 {
             errors.push(invalid("weight", "must be at least 1".to_string()));
+        }
+        if let Some(wait) = self.kv_wait
+            && wait > MAX_KV_WAIT
+        {
+            errors.push(invalid(
+                "kv_wait_ms",
+                format!(
+                    "is {}; at most {} (2 minutes)",
+                    wait.as_millis(),
+                    MAX_KV_WAIT.as_millis()
+                ),
+            ));
         }
         if self.hbm_bytes == Some(0) {
             errors.push(invalid("hbm", "must be more than 0 bytes".to_string()));
@@ -307,7 +340,9 @@ fn place_dedicated(device: &Device, tenants: &[&Checked], free: &mut CuSet) -> V
                     weight: t.gpu.weight,
                     guaranteed_bytes: bytes,
                     budget_bytes: bytes,
+                    owns_memory: true,
                     max_cus: cus.len(),
+                    kv_wait: t.gpu.kv_wait(),
                 }],
                 cus,
             }
@@ -382,7 +417,9 @@ fn shared_pool(
             weight: t.gpu.weight,
             guaranteed_bytes,
             budget_bytes,
+            owns_memory: t.gpu.hbm_bytes.is_some(),
             max_cus,
+            kv_wait: t.gpu.kv_wait(),
         });
     }
     let whole_xcds = (0..device.xcds.map_or(0, |g| g.xcds))

@@ -1,12 +1,14 @@
 //! The gRPC contract between Bulkhead's gateway and its GPU hosts: the
 //! generated `bulkhead.gpu_host.v1` messages, client and server, and how to
-//! reach a host (`unix:PATH` or `tcp:ADDR`); and the weight digests both
-//! sides (and the model-signing CLI) agree on.
+//! reach a host (`unix:PATH` or `tcp:ADDR`); the tenant set's one wire
+//! conversion; and the weight digests both sides (and the model-signing
+//! CLI) agree on.
 
 #![forbid(unsafe_code)]
 
 mod connect;
 pub mod digest;
+mod tenants;
 
 /// `bulkhead.gpu_host.v1`, generated from `proto/bulkhead/gpu_host/v1/gpu_host.proto`.
 #[allow(missing_debug_implementations, clippy::all, clippy::pedantic)]
@@ -18,3 +20,4 @@ pub use connect::{
     AUTHORIZATION, ClientTls, ConnectError, Target, bearer_value, connect, connect_lazy,
     connect_lazy_with, connect_with,
 };
+pub use tenants::{MAX_TENANT_BYTES, tenant_request};

@@ -32,7 +32,7 @@ use serde_json::json;
 use crate::limits::UsageBook;
 use crate::metrics::Metrics;
 use crate::plugins::PluginRegistry;
-use crate::registration::ModelRegistry;
+use crate::reconcile::Reconciler;
 use crate::snapshot::Snapshot;
 use crate::upstream::{Upstream, UpstreamState};
 
@@ -51,7 +51,7 @@ pub struct App {
     pub upstream: Upstream,
     /// The registered models: the request path serves only these
     /// (`get`); the registration API (`registrations.rs`) changes them.
-    pub models: ModelRegistry,
+    pub models: Reconciler,
     pub metrics: Arc<Metrics>,
     /// Tenant plugins: the request path reads them with `get`; the plugin
     /// API (`plugins.rs`) uploads and deletes them.

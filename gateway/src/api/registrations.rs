@@ -31,9 +31,8 @@ use super::error::ApiError;
 use super::identity::OperatorCall;
 use crate::audit::{Actor, Event, Outcome};
 use crate::auth::OperatorIdentity;
-use crate::registration::{
-    MAX_REGISTRATION_BUNDLE_BYTES, ModelState, ModelView, RegistrationError, Source,
-};
+use crate::reconcile::{ModelState, ModelView};
+use crate::registration::{MAX_REGISTRATION_BUNDLE_BYTES, RegistrationError, Source};
 use crate::upstream::{LoadError, UpstreamError};
 
 /// Largest request body: the bundle and a few short fields.

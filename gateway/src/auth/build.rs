@@ -11,9 +11,10 @@ use jsonwebtoken::Algorithm;
 use subtle::ConstantTimeEq;
 use toml::Spanned;
 
+use super::config::{Config, JwtFile};
 use super::keys::{self, KeyKind, VerifyKey};
 use super::verify::{IssuerVerifier, Owner};
-use crate::policy::{JwtFile, Policy, PolicyError, SourceFile};
+use crate::source::{PolicyError, SourceFile};
 
 const KNOWN_ALGORITHMS: &str = "RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA, \
                                 HS256, HS384, HS512";
@@ -39,7 +40,7 @@ pub(super) type ByIssuer = HashMap<String, IssuerVerifier>;
 /// issuer. An issuer named twice (by two tenants, or by a tenant and the
 /// operator) is an error at the second, naming where the first is: the
 /// issuer is what picks whose keys check a token, so it must pick one.
-pub(super) fn verifiers(policy: &Policy) -> Result<(ByIssuer, ByIssuer), Vec<PolicyError>> {
+pub(super) fn verifiers(config: &Config) -> Result<(ByIssuer, ByIssuer), Vec<PolicyError>> {
     let mut errors = Vec::new();
     let mut tenants = ByIssuer::new();
     let mut operators = ByIssuer::new();
@@ -47,16 +48,8 @@ pub(super) fn verifiers(policy: &Policy) -> Result<(ByIssuer, ByIssuer), Vec<Pol
     let mut seen: HashMap<String, String> = HashMap::new();
     let mut secrets: Vec<(String, Vec<u8>)> = Vec::new();
 
-    let operator = &policy.operator;
-    let issuers = operator
-        .issuers
-        .iter()
-        .map(|jwt| (jwt, &operator.source, Owner::Operator));
-    let tenant_issuers = policy
-        .tenants
-        .values()
-        .map(|t| (&t.jwt, &t.source, Owner::Tenant(t.id.clone())));
-    for (jwt, source, owner) in issuers.chain(tenant_issuers) {
+    for issuer in &config.issuers {
+        let (jwt, source, owner) = (issuer.jwt, issuer.source, issuer.owner.clone());
         let who = match &owner {
             Owner::Tenant(id) => format!("tenant `{id}`"),
             Owner::Operator => "the operator".to_owned(),
@@ -87,7 +80,7 @@ pub(super) fn verifiers(policy: &Policy) -> Result<(ByIssuer, ByIssuer), Vec<Pol
             Owner::Operator => "[[operator.issuers]]",
         };
         let Some((verifier, secret)) =
-            issuer_verifier(jwt, source, header, owner, &policy.dir, &mut errors)
+            issuer_verifier(jwt, source, header, owner, config.dir, &mut errors)
         else {
             continue;
         };

@@ -15,9 +15,9 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde::Serialize;
 
 use super::build::resolve;
+use super::config::JwtFile;
 use super::keys::{self, KeyKind, OID_EC, OID_ED25519, OID_P256, OID_P384, OID_RSA};
 use super::{Scope, Scopes};
-use crate::policy::{JwtFile, Policy, TenantPolicy};
 
 /// Longest lifetime of a development token.
 pub const MAX_DEV_TOKEN_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -98,32 +98,28 @@ struct DevClaims<'a> {
     scope: String,
 }
 
-/// A signed token for `tenant`, as its issuer would mint one. Only tenant
+/// A signed token for `tenant` from its `[jwt]` table `jwt`, as its issuer
+/// would mint one; key paths are relative to `policy_dir`. Only tenant
 /// scopes may be asked for.
 pub fn issue_dev_token(
-    tenant: &TenantPolicy,
+    tenant: &str,
+    jwt: &JwtFile,
     policy_dir: &Path,
     options: IssueOptions,
 ) -> Result<String, IssueError> {
-    let who = format!("tenant `{}`", tenant.id);
-    issue(
-        &tenant.jwt,
-        &who,
-        super::Principal::Tenant,
-        policy_dir,
-        options,
-    )
+    let who = format!("tenant `{tenant}`");
+    issue(jwt, &who, super::Principal::Tenant, policy_dir, options)
 }
 
-/// A signed operator token from the operator issuer named `issuer` (default:
-/// the first `[[operator.issuers]]` entry with a signing key). Only operator
-/// scopes may be asked for.
+/// A signed operator token from the operator issuer named `issuer` among
+/// `issuers` (default: the first `[[operator.issuers]]` entry with a
+/// signing key). Only operator scopes may be asked for.
 pub fn issue_operator_token(
-    policy: &Policy,
+    issuers: &[JwtFile],
+    policy_dir: &Path,
     issuer: Option<&str>,
     options: IssueOptions,
 ) -> Result<String, IssueError> {
-    let issuers = &policy.operator.issuers;
     let jwt = match issuer {
         Some(name) => issuers.iter().find(|j| j.issuer.get_ref() == name),
         None => issuers
@@ -135,7 +131,7 @@ pub fn issue_operator_token(
         issuer: issuer.map(str::to_owned),
     })?;
     let who = format!("operator issuer `{}`", jwt.issuer.get_ref());
-    issue(jwt, &who, super::Principal::Operator, &policy.dir, options)
+    issue(jwt, &who, super::Principal::Operator, policy_dir, options)
 }
 
 fn issue(

@@ -16,6 +16,7 @@
 //! Tokens are never logged and never echoed in errors.
 
 mod build;
+mod config;
 mod error;
 mod issue;
 mod keys;
@@ -32,9 +33,10 @@ use std::time::{Duration, SystemTime};
 
 use sha2::{Digest, Sha256};
 
-use crate::policy::{Policy, PolicyError};
-use verify::{IssuerVerifier, Owner, Verified};
+use crate::source::PolicyError;
+use verify::{IssuerVerifier, Verified};
 
+pub use config::{Config, Issuer, JwtFile, Owner};
 pub use error::{AuthError, bearer_token};
 pub use issue::{
     DevKeyPair, IssueError, IssueOptions, MAX_DEV_TOKEN_TTL, dev_keypair, issue_dev_token,
@@ -116,12 +118,12 @@ impl Verifiers {
     /// Loads every tenant's and operator issuer's keys and checks every
     /// `[jwt]` table and `[[operator.issuers]]`, reporting all problems at
     /// the policy field they come from.
-    pub fn build(policy: &Policy) -> Result<Verifiers, Vec<PolicyError>> {
-        let (tenants, operators) = build::verifiers(policy)?;
+    pub fn build(config: &Config) -> Result<Verifiers, Vec<PolicyError>> {
+        let (tenants, operators) = build::verifiers(config)?;
         Ok(Verifiers {
             tenants,
             operators,
-            leeway_s: policy.gateway.jwt_leeway.as_secs(),
+            leeway_s: config.leeway.as_secs(),
             tenant_cache: Mutex::new(HashMap::new()),
             operator_cache: Mutex::new(HashMap::new()),
         })

@@ -18,7 +18,7 @@ use super::{AuthError, MAX_TOKEN_BYTES, Principal, Scopes};
 
 /// Whose tokens an issuer signs.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum Owner {
+pub enum Owner {
     Tenant(String),
     Operator,
 }

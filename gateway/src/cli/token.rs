@@ -111,7 +111,7 @@ fn issue(args: IssueArgs) -> anyhow::Result<ExitCode> {
             } else {
                 scopes
             };
-            auth::issue_dev_token(tenant, &policy.dir, options(scopes))?
+            auth::issue_dev_token(&tenant.id, &tenant.jwt, &policy.dir, options(scopes))?
         }
         None => {
             if scopes.is_empty() {
@@ -121,11 +121,16 @@ fn issue(args: IssueArgs) -> anyhow::Result<ExitCode> {
                     names.join(", ")
                 );
             }
-            auth::issue_operator_token(&policy, args.issuer.as_deref(), options(scopes))?
+            auth::issue_operator_token(
+                &policy.operator.issuers,
+                &policy.dir,
+                args.issuer.as_deref(),
+                options(scopes),
+            )?
         }
     };
     // Say so now rather than with a 401 later (e.g. a key pair mismatch).
-    match Verifiers::build(&policy) {
+    match Verifiers::build(&policy.auth()) {
         Ok(verifiers) => {
             let refused = if args.tenant.is_some() {
                 verifiers.verify(&token, now).err()

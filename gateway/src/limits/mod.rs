@@ -33,6 +33,7 @@
 mod changes;
 mod clock;
 mod concurrency;
+mod config;
 mod headers;
 mod requests;
 mod shape;
@@ -46,12 +47,12 @@ mod tests;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::policy::{Limits, Policy};
 use tenant::TenantLimiter;
 
 pub use changes::ChangeLimiter;
 pub use clock::LimitClock;
 pub use concurrency::ConcurrencyGuard;
+pub use config::Limits;
 pub use headers::{RateLimitHeaders, format_reset, retry_after_secs};
 pub use requests::MAX_SUBJECTS_PER_TENANT;
 pub use shape::{ShapeError, check_request_shape};
@@ -66,18 +67,8 @@ pub struct Limiters {
 }
 
 impl Limiters {
-    /// Limiters for every tenant of `policy`, on the monotonic clock.
-    pub fn new(policy: &Policy) -> Limiters {
-        Limiters::with_clock(policy, LimitClock::monotonic())
-    }
-
-    /// Limiters for every tenant of `policy`, on `clock`.
-    pub fn with_clock(policy: &Policy, clock: LimitClock) -> Limiters {
-        Limiters::from_limits(tenant_limits(policy), clock)
-    }
-
     /// Limiters for the given `(tenant id, limits)` pairs, on `clock`.
-    pub fn from_limits<'a>(
+    pub fn new<'a>(
         tenants: impl IntoIterator<Item = (&'a str, &'a Limits)>,
         clock: LimitClock,
     ) -> Limiters {
@@ -88,14 +79,9 @@ impl Limiters {
         Limiters { tenants, clock }
     }
 
-    /// The table for a reloaded `policy`, keeping the state of limiters whose
-    /// limits did not change (see the module docs).
-    pub fn reconcile(&self, policy: &Policy) -> Limiters {
-        self.reconcile_limits(tenant_limits(policy))
-    }
-
-    /// [`Limiters::reconcile`] for `(tenant id, limits)` pairs.
-    pub fn reconcile_limits<'a>(
+    /// The table for reloaded `(tenant id, limits)` pairs, keeping the
+    /// state of limiters whose limits did not change (see the module docs).
+    pub fn reconcile<'a>(
         &self,
         tenants: impl IntoIterator<Item = (&'a str, &'a Limits)>,
     ) -> Limiters {
@@ -145,13 +131,6 @@ impl Limiters {
     pub fn clock(&self) -> &LimitClock {
         &self.clock
     }
-}
-
-fn tenant_limits(policy: &Policy) -> impl Iterator<Item = (&str, &Limits)> {
-    policy
-        .tenants
-        .values()
-        .map(|tenant| (tenant.id.as_str(), &tenant.limits))
 }
 
 /// An admitted request. Holds its concurrency slot and token reservation

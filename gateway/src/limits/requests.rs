@@ -12,8 +12,8 @@ use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
 use sha2::{Digest, Sha256};
 
+use super::Limits;
 use super::clock::LimitClock;
-use crate::policy::Limits;
 
 /// Most `sub`s tracked per tenant when limits are per subject. Each costs a
 /// small limiter (~100 bytes); the cap keeps a tenant minting subjects from

@@ -2,7 +2,7 @@
 
 use axum::http::StatusCode;
 
-use crate::policy::Limits;
+use super::Limits;
 
 /// A request the tenant's limits forbid whatever the rate.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
+use super::Limits;
 use super::clock::LimitClock;
 use super::concurrency::ConcurrencyLimiter;
 use super::headers::{RateLimitHeaders, retry_after_secs};
 use super::requests::{RequestDenied, RequestLimiter, RequestState};
 use super::tokens::{TokenBucket, TokenDenied, TokenState};
 use super::{Admission, RejectReason, Rejection};
-use crate::policy::Limits;
 
 /// A tenant's limiters. Cheap to clone: each part is shared, so a reload
 /// can keep some parts (and their state) and replace others.

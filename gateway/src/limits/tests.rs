@@ -7,8 +7,9 @@ use std::time::Duration;
 use governor::clock::FakeRelativeClock;
 
 use super::*;
+use crate::auth::JwtFile;
 use crate::policy::{
-    GatewaySettings, JwtFile, LocalGpuHost, Policy, SourceFile, TenantPolicy, UpstreamSettings,
+    GatewaySettings, LocalGpuHost, Policy, SourceFile, TenantPolicy, UpstreamSettings,
 };
 
 /// 5 requests/s, burst 10, 1200 tokens/min (20/s), 2 in flight.
@@ -24,7 +25,7 @@ const LIMITS: Limits = Limits {
 
 fn table(tenants: &[(&str, Limits)]) -> (Limiters, FakeRelativeClock) {
     let fake = FakeRelativeClock::default();
-    let limiters = Limiters::from_limits(
+    let limiters = Limiters::new(
         tenants.iter().map(|(id, limits)| (*id, limits)),
         LimitClock::fake(fake.clone()),
     );
@@ -285,7 +286,7 @@ fn reconcile_keeps_unchanged_state_resets_changed_and_drops_removed() {
         max_concurrent: 1,
         ..LIMITS
     };
-    let new = old.reconcile_limits([("acme", &acme), ("globex", &globex)]);
+    let new = old.reconcile([("acme", &acme), ("globex", &globex)]);
 
     let acme_next = new.admit("acme", None, 100).expect("acme");
     assert_eq!(acme_next.headers().remaining_requests, 8, "rate state kept");
@@ -331,7 +332,7 @@ fn reconcile_keeps_unchanged_state_resets_changed_and_drops_removed() {
 fn reconcile_with_identical_limits_changes_nothing() {
     let (old, clock) = acme(LIMITS);
     let held = old.admit("acme", None, 1000).expect("fits");
-    let new = old.reconcile_limits([("acme", &LIMITS)]);
+    let new = old.reconcile([("acme", &LIMITS)]);
     let refused = new.admit("acme", None, 300).unwrap_err();
     assert_eq!(refused.reason, RejectReason::TokenRate);
     assert_eq!(refused.retry_after, Some(Duration::from_secs(5)));
@@ -353,7 +354,6 @@ fn builds_from_a_policy() {
         limits: LIMITS,
         plugins: Default::default(),
         gpu: Default::default(),
-        kv_wait_ms: None,
         parse_special: false,
         source: Arc::new(SourceFile::new("tenants/acme.toml", "")),
     };
@@ -396,12 +396,12 @@ fn builds_from_a_policy() {
         models: Vec::new(),
     };
     let fake = FakeRelativeClock::default();
-    let limiters = Limiters::with_clock(&policy, LimitClock::fake(fake));
+    let limiters = Limiters::new(policy.limits(), LimitClock::fake(fake));
     let held = limiters.admit("acme", None, 1).expect("acme");
     assert_eq!(held.headers().remaining_requests, 9);
 
     policy.tenants.clear();
-    let reloaded = limiters.reconcile(&policy);
+    let reloaded = limiters.reconcile(policy.limits());
     assert_eq!(
         reloaded.admit("acme", None, 1).unwrap_err().reason,
         RejectReason::UnknownTenant

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::SourceFile;
+use crate::auth::JwtFile;
 
 /// `gateway.toml`: process-wide settings.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -334,35 +335,6 @@ pub struct PluginLimitsFile {
     pub max_log_bytes: Option<Spanned<u64>>,
     /// Elements any one table may grow to.
     pub max_table_elements: Option<Spanned<u64>>,
-}
-
-/// `[jwt]` in a tenant file, or one `[[operator.issuers]]` in
-/// `gateway.toml`.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct JwtFile {
-    /// Required `iss`; identifies the tenant, or the operator (unique across
-    /// tenants and the operator).
-    pub issuer: Spanned<String>,
-    /// Accepted `aud` values (a token must name at least one).
-    pub audience: Vec<Spanned<String>>,
-    /// Accepted `alg` values, e.g. `["EdDSA"]`, `["RS256", "ES256"]`. `none` is
-    /// never accepted; `HS*` only with `hs_secret_file`.
-    pub algorithms: Vec<Spanned<String>>,
-    /// PEM public keys (relative to the policy folder unless absolute).
-    #[serde(default)]
-    pub public_keys: Vec<Spanned<PathBuf>>,
-    /// A JWKS file; keys are chosen by `kid`.
-    pub jwks: Option<Spanned<PathBuf>>,
-    /// A shared HMAC secret (at least 32 bytes) for `HS*` algorithms.
-    pub hs_secret_file: Option<Spanned<PathBuf>>,
-    /// Longest a token may live, in seconds: `exp` minus `nbf` (or `iat`
-    /// without `nbf`); tokens must then carry `iat`. Default 86400 (a
-    /// day); 0: no limit (then `exp` alone bounds a token).
-    pub max_lifetime_s: Option<Spanned<u64>>,
-    /// DEVELOPMENT ONLY: a private key `bulkhead token issue` signs with.
-    /// Real deployments leave this out; their identity provider mints tokens.
-    pub dev_signing_key: Option<Spanned<PathBuf>>,
 }
 
 /// `[limits]` in a tenant or class file; unset fields fall back to the

@@ -3,7 +3,7 @@
 //! each value where it is written, then all tenants together, so
 //! over-subscription is an error naming the tenants and the numbers.
 //! Enforced by the gpu-host: the gateway sends it the tenant set
-//! (`upstream::sync_partitions`, `SetPartitions`), and the host plans the
+//! (`reconcile`, `SetPartitions`), and the host plans the
 //! same way against its own device (`--threads` cores, `--kv-memory` bytes
 //! of KV cache) and runs one pinned scheduler per partition. A local child
 //! gets `--threads` and `--kv-memory` from this device (memory − model
@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bulkhead_partition::{
     Compute, Device, GpuRequest, Isolation, Layout, PartitionError, TenantRequest,
@@ -24,31 +25,6 @@ use super::files::{GpuFile, IsolationFile, LocalGpuHostFile};
 use super::{PolicyError, SourceFile, TenantPolicy};
 
 const DEVICES: &str = "\"cpu\" or \"mi325x\"";
-
-/// The most `kv_wait_ms` a tenant may set: the gpu-host's `MAX_KV_WAIT`
-/// (a client left waiting longer is better told to retry).
-pub const MAX_KV_WAIT_MS: u64 = 120_000;
-
-/// `[gpu] kv_wait_ms`, at most [`MAX_KV_WAIT_MS`]; `None`: unset (the
-/// host's default) or wrong (the error says so).
-pub(super) fn check_kv_wait(
-    source: &SourceFile,
-    gpu: Option<&Spanned<GpuFile>>,
-    errors: &mut Vec<PolicyError>,
-) -> Option<u32> {
-    let written = gpu?.get_ref().kv_wait_ms.as_ref()?;
-    let ms = *written.get_ref();
-    match u32::try_from(ms) {
-        Ok(ms) if u64::from(ms) <= MAX_KV_WAIT_MS => Some(ms),
-        _ => {
-            errors.push(source.error_at(
-                written.span(),
-                format!("`kv_wait_ms` is {ms}; at most {MAX_KV_WAIT_MS} (2 minutes)"),
-            ));
-            None
-        }
-    }
-}
 
 /// `[local_gpu_host]`'s device (`threads` cores by default) and the memory
 /// it sets aside for model weights (by default the model files' sizes:
@@ -176,6 +152,10 @@ pub(super) fn check_tenant(
             Some(IsolationFile::Shared) | None => Isolation::Shared,
         },
         weight: file.weight.as_ref().map_or(1, |w| *w.get_ref()),
+        kv_wait: file
+            .kv_wait_ms
+            .as_ref()
+            .map(|ms| Duration::from_millis(*ms.get_ref())),
     };
     if let Err(found) = request.check(tenant, device) {
         for e in found {
@@ -203,6 +183,7 @@ fn field_span(table: &Spanned<GpuFile>, field: &str) -> Range<usize> {
         "share" => file.share.as_ref().map(Spanned::span),
         "hbm" => file.hbm.as_ref().map(Spanned::span),
         "weight" => file.weight.as_ref().map(Spanned::span),
+        "kv_wait_ms" => file.kv_wait_ms.as_ref().map(Spanned::span),
         _ => None,
     };
     span.unwrap_or_else(|| table.span())

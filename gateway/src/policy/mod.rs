@@ -10,7 +10,7 @@ mod models;
 mod names;
 mod plugins;
 mod restrict;
-mod source;
+
 #[cfg(test)]
 mod test_folder;
 mod trust;
@@ -23,16 +23,20 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bulkhead_partition::{Device, GpuRequest, Layout};
+use bulkhead_partition::{GpuRequest, Layout};
 use bulkhead_protocol::Target;
 
+use crate::auth::{self, JwtFile};
 use crate::plugins::{PluginConfig, PluginLimits};
 
+pub use crate::limits::Limits;
+pub use crate::registration::{Publisher, Trust};
+pub use crate::source::{PolicyError, PolicyErrors, SourceFile};
+pub use crate::upstream::LocalGpuHost;
 pub use files::{
     AdminFile, AuditGatewayFile, ClassFile, ConnectionsFile, GatewayFile, GpuFile, IsolationFile,
-    JwtFile, LimitsFile, LocalGpuHostFile, ModelFile, ModelsGatewayFile, OperatorFile,
-    PluginLimitsFile, PluginsGatewayFile, PublisherFile, TenantFile, TenantPluginsFile, TrustFile,
-    UpstreamFile,
+    LimitsFile, LocalGpuHostFile, ModelFile, ModelsGatewayFile, OperatorFile, PluginLimitsFile,
+    PluginsGatewayFile, PublisherFile, TenantFile, TenantPluginsFile, TrustFile, UpstreamFile,
 };
 pub use load::{MAX_CLASS_FILES, MAX_FILE_BYTES, MAX_TENANT_FILES, file_digests, load};
 pub use models::MAX_CONFIGURED_MODELS;
@@ -41,8 +45,7 @@ pub use plugins::{
     MAX_PLUGIN_DEADLINE, MAX_PLUGIN_LOG_BYTES, MAX_PLUGIN_OUTPUT_BYTES,
 };
 pub use restrict::only_restricts;
-pub use source::{PolicyError, PolicyErrors, SourceFile};
-pub use trust::{MAX_PUBLISHERS, Publisher, Trust};
+pub use trust::MAX_PUBLISHERS;
 pub use watch::{PolicyWatcher, RELOAD_DEBOUNCE, RELOAD_MAX_DELAY, ReloadStats, watch};
 
 /// Where the HTTP API listens when neither `gateway.toml` nor `--listen` says.
@@ -138,7 +141,7 @@ pub struct OperatorPolicy {
 pub fn check(dir: &Path) -> Result<Policy, PolicyErrors> {
     let policy = load(dir)?;
     // Key files are read and checked by the module that uses them.
-    crate::auth::Verifiers::build(&policy).map_err(PolicyErrors)?;
+    crate::auth::Verifiers::build(&policy.auth()).map_err(PolicyErrors)?;
     Ok(policy)
 }
 
@@ -160,7 +163,7 @@ pub struct Policy {
     /// The partitions the tenants' `[gpu]` tables give the local gpu-host's
     /// device (`None` with a remote upstream, whose device is not known
     /// here). The gpu-host plans the same tenant set itself, against its own
-    /// cores and KV memory (`upstream::sync_partitions`).
+    /// cores and KV memory (`reconcile`).
     pub partitions: Option<Arc<Layout>>,
     /// `trust.toml`: the publishers whose keys may sign served models.
     pub trust: Trust,
@@ -170,6 +173,31 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// What `auth` builds its verifiers from: the operator's issuers, then
+    /// every tenant's `[jwt]`, each with the file it is written in.
+    pub fn auth(&self) -> auth::Config<'_> {
+        let operator = self.operator.issuers.iter().map(|jwt| auth::Issuer {
+            jwt,
+            owner: auth::Owner::Operator,
+            source: &self.operator.source,
+        });
+        let tenants = self.tenants.values().map(|t| auth::Issuer {
+            jwt: &t.jwt,
+            owner: auth::Owner::Tenant(t.id.clone()),
+            source: &t.source,
+        });
+        auth::Config {
+            dir: &self.dir,
+            leeway: self.gateway.jwt_leeway,
+            issuers: operator.chain(tenants).collect(),
+        }
+    }
+
+    /// What `limits` builds its limiters from: every tenant's limits.
+    pub fn limits(&self) -> impl Iterator<Item = (&str, &Limits)> {
+        self.tenants.values().map(|t| (t.id.as_str(), &t.limits))
+    }
+
     /// Tenants with a plugin chain: they share the plugin instance pool.
     pub fn tenants_with_plugins(&self) -> usize {
         self.tenants
@@ -237,39 +265,6 @@ pub enum UpstreamSettings {
     Local(LocalGpuHost),
 }
 
-/// `[local_gpu_host]` with defaults applied and paths resolved.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LocalGpuHost {
-    /// `None`: `bulkhead-gpu-host` next to the running `bulkhead` binary.
-    pub binary: Option<PathBuf>,
-    /// `None`: all cores.
-    pub threads: Option<usize>,
-    pub workers: usize,
-    pub queue_capacity: usize,
-    pub restart_backoff_max: Duration,
-    /// `None`: the gpu-host's default scrub rate.
-    pub scrub_bytes_per_s: Option<u64>,
-    /// `None`: the gpu-host's default floor (an eighth of the rate).
-    pub scrub_min_bytes_per_s: Option<u64>,
-    /// The device tenants' `[gpu]` tables are planned on.
-    pub device: Device,
-    /// Memory of `device` set aside for model weights.
-    pub model_reservation_bytes: u64,
-}
-
-impl LocalGpuHost {
-    /// The child's `--kv-memory`: the `cpu` device's memory less the model
-    /// reservation, the same KV memory `policy check` planned the tenants
-    /// with. `None` for a GPU device, whose memory the child reads itself.
-    pub fn kv_memory_bytes(&self) -> Option<u64> {
-        (self.device.xcds.is_none() && self.device.name == "cpu").then(|| {
-            self.device
-                .memory_bytes
-                .saturating_sub(self.model_reservation_bytes)
-        })
-    }
-}
-
 /// One tenant, with its limits resolved (tenant over class over defaults).
 #[derive(Clone, Debug)]
 pub struct TenantPolicy {
@@ -283,8 +278,6 @@ pub struct TenantPolicy {
     pub plugins: TenantPlugins,
     /// Its `[gpu]` request (the default: shared, weight 1).
     pub gpu: GpuRequest,
-    /// `[gpu] kv_wait_ms` (`None`: the gpu-host's default).
-    pub kv_wait_ms: Option<u32>,
     /// `[prompts] parse_special`: control tokens spelled in a raw prompt
     /// are control tokens (default: text).
     pub parse_special: bool,
@@ -325,37 +318,4 @@ impl TenantPlugins {
 pub struct PluginSettings {
     pub config: Arc<PluginConfig>,
     pub limits: PluginLimits,
-}
-
-/// A tenant's effective limits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
-    /// Sustained requests per second (GCRA); at least 1.
-    pub requests_per_s: u32,
-    /// Requests allowed at once above the sustained rate; at least 1.
-    pub burst: u32,
-    /// Prompt + completion tokens per minute; at least 1.
-    pub tokens_per_min: u64,
-    /// Requests in flight at once; at least 1.
-    pub max_concurrent: u32,
-    /// Largest request body in bytes (never above the gateway's).
-    pub max_body_bytes: u64,
-    /// Largest `max_tokens` a request may ask for, and the default when it asks none.
-    pub max_tokens: u32,
-    /// Rate limits per `sub` claim rather than per tenant.
-    pub per_sub: bool,
-}
-
-impl Limits {
-    /// Used where neither the tenant nor its class sets a value: small enough
-    /// that a forgotten limit cannot flood a GPU, large enough for a demo.
-    pub const DEFAULT: Limits = Limits {
-        requests_per_s: 5,
-        burst: 10,
-        tokens_per_min: 20_000,
-        max_concurrent: 4,
-        max_body_bytes: 1 << 20,
-        max_tokens: 512,
-        per_sub: false,
-    };
 }

@@ -15,9 +15,9 @@ use toml::Spanned;
 
 use super::files::ModelFile;
 use super::files::io_reason;
-use super::trust::Trust;
 use super::{PolicyError, SourceFile};
 use crate::models::{ModelError, read_bundle_file};
+use crate::registration::Trust;
 use crate::registration::{
     Claim, MODEL_NAME_RULE, Registration, RegistrationError, Source, valid_model_name, verify,
 };

@@ -49,7 +49,7 @@ fn tenant_restricts(old: &TenantPolicy, new: &TenantPolicy) -> Result<(), String
     if new.plugins != old.plugins {
         return Err("its plugins changed".to_string());
     }
-    if new.gpu != old.gpu || new.kv_wait_ms != old.kv_wait_ms {
+    if new.gpu != old.gpu {
         return Err("its `[gpu]` changed".to_string());
     }
     if new.parse_special && !old.parse_special {

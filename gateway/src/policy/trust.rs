@@ -11,23 +11,11 @@ use super::files::Parsed;
 use super::files::TrustFile;
 use super::names::{NAME_RULE, is_valid_name};
 use crate::models::PublicKey;
+use crate::registration::{Publisher, Trust};
 
 /// Most publishers one `trust.toml` may list: each registration is checked
 /// against every key, so the list stays short.
 pub const MAX_PUBLISHERS: usize = 256;
-
-/// The trusted publishers, in file order.
-#[derive(Clone, Debug, Default)]
-pub struct Trust {
-    pub publishers: Vec<Publisher>,
-}
-
-/// One `[[publishers]]` entry, its key read.
-#[derive(Clone, Debug)]
-pub struct Publisher {
-    pub name: String,
-    pub key: PublicKey,
-}
 
 /// Checks `trust.toml` (absent: no publishers, so no model can be served)
 /// and reads every publisher's key, relative to the policy folder `dir`.

@@ -24,12 +24,13 @@ use super::files::{
 };
 use super::models::{HostKind, check_models};
 use super::names::{NAME_RULE, is_valid_name};
-use super::trust::{Trust, check_trust};
+use super::trust::check_trust;
 use super::{
     ClassFile, ConnectionLimits, DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, GatewayPlugins,
     GatewaySettings, Limits, ListenAddr, LocalGpuHost, OperatorPolicy, Policy, PolicyError,
     SourceFile, TenantFile, TenantPolicy, UpstreamSettings,
 };
+use crate::registration::Trust;
 use crate::registration::{MODEL_NAME_RULE, Registration, valid_model_name};
 
 mod gateway;
@@ -222,7 +223,6 @@ fn check_tenants(
 
         let device = gateway.device.as_ref().map(|(device, _)| device);
         let gpu = super::gpu::check_tenant(&source, id, doc.gpu.as_ref(), device, errors);
-        let kv_wait_ms = super::gpu::check_kv_wait(&source, doc.gpu.as_ref(), errors);
         gpu_checks.all_valid &= gpu.is_some();
         if let Some(table) = &doc.gpu {
             gpu_checks.spans.insert(id.clone(), table.span());
@@ -256,7 +256,6 @@ fn check_tenants(
                 limits,
                 plugins,
                 gpu: gpu.unwrap_or_default(),
-                kv_wait_ms,
                 parse_special: doc.prompts.parse_special.unwrap_or(false),
                 source,
             },

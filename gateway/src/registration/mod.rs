@@ -10,21 +10,20 @@
 //!
 //! - [`verify`]: a claim to a [`Registration`] (no file access).
 //! - `disk`: the registry folder, one JSON file per API registration.
-//! - `service`: [`ModelRegistry`], the control plane that keeps the
-//!   gpu-host's models equal to the registrations (after every restart of
-//!   the child, every policy reload) and publishes the table the request
-//!   path reads.
+//!
+//! `crate::reconcile` keeps the gpu-host's models equal to the registrations.
 
 mod disk;
 mod error;
 mod name;
-mod service;
+mod trust;
 mod verify;
 
 pub use disk::MAX_API_REGISTRATIONS;
+pub(crate) use disk::{Record, RegistryDir};
 pub use error::RegistrationError;
 pub use name::{MAX_MODEL_NAME_BYTES, MODEL_NAME_RULE, valid_model_name};
-pub use service::{ModelRegistry, ModelState, ModelView, RECONCILE_EVERY, Registered};
+pub use trust::{Publisher, Trust};
 pub use verify::{
     Claim, MAX_DIR_BYTES, MAX_REGISTRATION_BUNDLE_BYTES, Registration, Source, verify,
 };

@@ -9,9 +9,8 @@ use std::sync::Arc;
 use bulkhead_protocol::digest::to_hex;
 use bulkhead_protocol::v1;
 
-use super::{RegistrationError, valid_model_name};
+use super::{Publisher, RegistrationError, Trust, valid_model_name};
 use crate::models::{ModelError, SignedFile, VerifiedManifest, verify_bundle};
-use crate::policy::{Publisher, Trust};
 
 /// Largest signature bundle a registration takes. The audit entry that
 /// records a registration holds its bundle and is limited to 1 MiB; real
@@ -266,7 +265,6 @@ fn quoted(names: &[&str]) -> String {
 mod tests {
     use super::*;
     use crate::models::{DirOptions, KeyKind, Manifest, SigningKey};
-    use crate::policy::Publisher;
 
     /// A folder with `files`, signed by a fresh key; the trust that lists
     /// that key, and the bundle.

@@ -24,10 +24,8 @@ use tonic::{Code, Status, Streaming};
 
 pub use model_watch::watch_models;
 pub use models::LoadError;
-#[cfg(test)]
-pub(crate) use partitions::tenant_set;
-pub use partitions::{sync_partitions, watch_partitions};
-pub use supervisor::{ChildConfig, Supervisor, SupervisorError};
+pub use partitions::watch_partitions;
+pub use supervisor::{ChildConfig, LocalGpuHost, Supervisor, SupervisorError};
 
 /// Whether the gpu-host can take requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

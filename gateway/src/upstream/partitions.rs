@@ -1,64 +1,28 @@
-//! Partitions on the gpu-host: the gateway sends the whole tenant set with
-//! each tenant's `[gpu]` request (`SetPartitions`) whenever it brings the
-//! host up to date (after the host starts or restarts, after every accepted
-//! policy reload, and at each periodic reconcile; the host ignores a set
-//! that gives the layout it has), reads the layout back (`Partitions`) for
-//! `GET /admin/v1/partitions`, and a watcher turns it into
+//! Partitions on the gpu-host: the tenant set sent (`SetPartitions`, by
+//! `crate::reconcile`), the layout read back (`Partitions`) for `GET
+//! /admin/v1/partitions`, and a watcher that turns it into
 //! `bulkhead_partition_*` metrics.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bulkhead_partition::{Compute, GpuRequest, Isolation};
-use bulkhead_protocol::v1::{self, PartitionsRequest, SetPartitionsRequest, TenantGpu};
+use bulkhead_partition::TenantRequest;
+use bulkhead_protocol::v1::{self, PartitionsRequest, SetPartitionsRequest};
 use prometheus_client::metrics::counter::Counter;
 use tokio::task::JoinHandle;
 
 use super::{Upstream, UpstreamError, UpstreamState};
 use crate::metrics::{Metrics, PartitionLabels, PartitionTenantLabels};
-use crate::policy::Policy;
 
 /// How often the watcher reads the host's partitions for the metrics.
 pub const PARTITION_POLL: Duration = Duration::from_secs(1);
 
-/// The tenant set of `policy` as the host takes it.
-pub fn tenant_set(policy: &Policy) -> Vec<TenantGpu> {
-    policy
-        .tenants
-        .values()
-        .map(|t| TenantGpu {
-            kv_wait_ms: t.kv_wait_ms,
-            ..tenant_gpu(&t.id, &t.gpu)
-        })
-        .collect()
-}
-
-fn tenant_gpu(tenant: &str, gpu: &GpuRequest) -> TenantGpu {
-    let (cus, share) = match gpu.compute {
-        Compute::Unset => (None, None),
-        Compute::Cus(n) => (Some(n), None),
-        Compute::Share(s) => (None, Some(s)),
-    };
-    TenantGpu {
-        tenant: tenant.to_string(),
-        cus,
-        share,
-        hbm_bytes: gpu.hbm_bytes,
-        isolation: match gpu.isolation {
-            Isolation::Dedicated => v1::Isolation::Dedicated,
-            Isolation::Shared => v1::Isolation::Shared,
-        }
-        .into(),
-        weight: gpu.weight,
-        kv_wait_ms: None,
-    }
-}
-
 impl Upstream {
     /// Sends the tenant set; true when the host's layout changed. Does not
     /// wait for the host: callers call it when it is up.
-    pub async fn set_partitions(&self, tenants: Vec<TenantGpu>) -> Result<bool, UpstreamError> {
+    pub async fn set_partitions(&self, tenants: &[TenantRequest]) -> Result<bool, UpstreamError> {
+        let tenants = tenants.iter().map(v1::TenantGpu::from).collect();
         let mut client = self.client.clone();
         let response = client
             .set_partitions(SetPartitionsRequest { tenants })
@@ -77,33 +41,6 @@ impl Upstream {
         }
         let mut client = self.client.clone();
         Ok(client.partitions(PartitionsRequest {}).await?.into_inner())
-    }
-}
-
-/// Sends `policy`'s tenant set to `host`. A refusal is logged once per
-/// distinct message (`last_refusal` remembers it), and the host keeps the
-/// layout it has.
-pub async fn sync_partitions(host: &Upstream, policy: &Policy, last_refusal: &mut Option<String>) {
-    match host.set_partitions(tenant_set(policy)).await {
-        Ok(changed) => {
-            if changed {
-                tracing::info!(
-                    tenants = policy.tenants.len(),
-                    "the gpu-host re-partitioned"
-                );
-            }
-            *last_refusal = None;
-        }
-        Err(UpstreamError::InvalidArgument(message)) => {
-            if last_refusal.as_deref() != Some(&message) {
-                tracing::error!(
-                    "the gpu-host refused the tenants' partitions; its previous layout keeps \
-                     serving: {message}"
-                );
-                *last_refusal = Some(message);
-            }
-        }
-        Err(e) => tracing::warn!("cannot send the tenants' partitions to the gpu-host: {e}"),
     }
 }
 
@@ -290,22 +227,5 @@ mod tests {
         // A layout without the partition drops its gauges.
         counters.observe(&v1::PartitionsResponse::default(), &metrics);
         assert!(!metrics.render().contains("bulkhead_partition_running{"));
-    }
-
-    #[test]
-    fn the_tenant_set_carries_every_field_of_gpu() {
-        let gpu = GpuRequest {
-            compute: Compute::Share(0.5),
-            hbm_bytes: Some(1 << 30),
-            isolation: Isolation::Dedicated,
-            weight: 3,
-        };
-        let wire = tenant_gpu("acme", &gpu);
-        assert_eq!(
-            (wire.cus, wire.share, wire.hbm_bytes, wire.weight),
-            (None, Some(0.5), Some(1 << 30), 3)
-        );
-        assert_eq!(wire.isolation, v1::Isolation::Dedicated as i32);
-        assert_eq!(tenant_gpu("b", &GpuRequest::default()).cus, None);
     }
 }

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use bulkhead_partition::Device;
 use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -17,7 +18,39 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::UpstreamState;
-use crate::policy::LocalGpuHost;
+
+/// `[local_gpu_host]` with defaults applied and paths resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalGpuHost {
+    /// `None`: `bulkhead-gpu-host` next to the running `bulkhead` binary.
+    pub binary: Option<PathBuf>,
+    /// `None`: all cores.
+    pub threads: Option<usize>,
+    pub workers: usize,
+    pub queue_capacity: usize,
+    pub restart_backoff_max: Duration,
+    /// `None`: the gpu-host's default scrub rate.
+    pub scrub_bytes_per_s: Option<u64>,
+    /// `None`: the gpu-host's default floor (an eighth of the rate).
+    pub scrub_min_bytes_per_s: Option<u64>,
+    /// The device tenants' `[gpu]` tables are planned on.
+    pub device: Device,
+    /// Memory of `device` set aside for model weights.
+    pub model_reservation_bytes: u64,
+}
+
+impl LocalGpuHost {
+    /// The child's `--kv-memory`: the `cpu` device's memory less the model
+    /// reservation, the same KV memory `policy check` planned the tenants
+    /// with. `None` for a GPU device, whose memory the child reads itself.
+    pub fn kv_memory_bytes(&self) -> Option<u64> {
+        (self.device.xcds.is_none() && self.device.name == "cpu").then(|| {
+            self.device
+                .memory_bytes
+                .saturating_sub(self.model_reservation_bytes)
+        })
+    }
+}
 
 /// First wait before restarting a child that exited.
 const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
@@ -265,7 +298,6 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 
 #[cfg(test)]
 mod tests {
-    use bulkhead_partition::Device;
 
     use super::*;
 

@@ -110,6 +110,7 @@ mod tests {
                 hbm_bytes: Some(hbm_gib << 30),
                 isolation,
                 weight: 1,
+                kv_wait: None,
             },
         }
     }

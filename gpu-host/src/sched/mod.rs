@@ -22,11 +22,11 @@ mod sink;
 
 pub use batch::Batcher;
 pub(crate) use job::Job;
-pub use partitions::{MAX_TENANT_BYTES, MAX_TENANTS};
+pub use partitions::MAX_TENANTS;
 pub(crate) use partitions::{PartitionSettings, Partitions, Workers, tenant_requests};
 pub use plan::{
-    BATCH_PREFILL_CHUNK, BatchLimits, BatchStats, Chunk, DEFAULT_KV_WAIT, MAX_KV_WAIT, PartitionKv,
-    Planned, Planner, StepPlan, TenantCounts, TenantShare,
+    BATCH_PREFILL_CHUNK, BatchLimits, BatchStats, Chunk, PartitionKv, Planned, Planner, StepPlan,
+    TenantCounts, TenantShare,
 };
 pub use sequence::{NewSequence, SequenceError, SequenceSink};
 pub(crate) use sink::out_of_service;

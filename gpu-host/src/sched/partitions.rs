@@ -21,36 +21,28 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use bulkhead_partition::{
-    Compute, Device, GpuRequest, Isolation, Layout, PartitionError, PartitionKind, TenantRequest,
-    plan,
-};
+use bulkhead_partition::{Device, Layout, PartitionError, PartitionKind, TenantRequest, plan};
 use bulkhead_protocol::v1;
 use tonic::Status;
 
 use super::counters::Counters;
 use super::job::Job;
-use super::plan::{DEFAULT_KV_WAIT, MAX_KV_WAIT};
 use super::queue::{SchedulerHandle, SchedulerSettings, SchedulerView};
-use super::scheduler::{PartitionLoad, PartitionSpec, PlannedTenant};
+use super::scheduler::{PartitionLoad, PartitionSpec};
 use crate::affinity::CpuMap;
 use crate::backend::ComputeBackend;
 use crate::models::ModelRegistry;
 
 /// Most tenants one `SetPartitions` may list.
 pub const MAX_TENANTS: usize = 10_000;
-/// Longest tenant name accepted (policy ids are far shorter).
-pub const MAX_TENANT_BYTES: usize = 256;
 
 /// The layout in force and the schedulers that run it.
 #[derive(Debug)]
 struct Generation {
     number: u64,
     layout: Layout,
-    extras: BTreeMap<String, Extras>,
     schedulers: Vec<SchedulerHandle>,
     /// Tenant → index in `schedulers`.
     by_tenant: BTreeMap<String, usize>,
@@ -72,21 +64,6 @@ pub(crate) struct PartitionSettings {
     pub capacity: usize,
     /// What each partition's scheduler computes with.
     pub compute: ComputeBackend,
-}
-
-/// One tenant of a `SetPartitions`: its `[gpu]` request and what the
-/// planner does not take.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct WireTenant {
-    pub request: TenantRequest,
-    pub kv_wait: Duration,
-}
-
-/// What the host keeps of a tenant beside its slot in the layout.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Extras {
-    owns_memory: bool,
-    kv_wait: Duration,
 }
 
 /// The router and the control of the layout.
@@ -135,15 +112,7 @@ impl Partitions {
             .map_err(|errors| join(&errors))?;
         let threads = Arc::new(Mutex::new(Vec::new()));
         let host = Arc::new(Counters::default());
-        let first = start_generation(
-            1,
-            layout,
-            BTreeMap::new(),
-            &settings,
-            &registry,
-            &host,
-            &threads,
-        )?;
+        let first = start_generation(1, layout, &settings, &registry, &host, &threads)?;
         let partitions = Partitions {
             settings,
             registry,
@@ -178,37 +147,31 @@ impl Partitions {
     /// Plans `tenants`; a new layout replaces the current one (true), the
     /// same one changes nothing (false). Refused: the planner's errors,
     /// and the current layout stays.
-    pub(crate) fn set(&self, tenants: &[WireTenant]) -> Result<bool, Status> {
+    pub(crate) fn set(&self, requests: &[TenantRequest]) -> Result<bool, Status> {
         let mut draining = self.control.lock().unwrap_or_else(|e| e.into_inner());
-        let extras = extras(tenants);
-        let requests: Vec<TenantRequest> = tenants.iter().map(|t| t.request.clone()).collect();
         let settings = &self.settings;
-        let layout = plan(
-            &settings.device,
-            settings.model_reservation_bytes,
-            &requests,
-        )
-        .map_err(|errors| {
-            Status::invalid_argument(format!(
-                "the partitions cannot be planned on this host ({}, {} {}, {} of KV \
+        let layout = plan(&settings.device, settings.model_reservation_bytes, requests).map_err(
+            |errors| {
+                Status::invalid_argument(format!(
+                    "the partitions cannot be planned on this host ({}, {} {}, {} of KV \
                      memory): {}",
-                settings.device.name,
-                settings.device.compute_units,
-                settings.device.unit(),
-                bulkhead_partition::format_bytes(
-                    settings.device.memory_bytes - settings.model_reservation_bytes
-                ),
-                join(&errors)
-            ))
-        })?;
+                    settings.device.name,
+                    settings.device.compute_units,
+                    settings.device.unit(),
+                    bulkhead_partition::format_bytes(
+                        settings.device.memory_bytes - settings.model_reservation_bytes
+                    ),
+                    join(&errors)
+                ))
+            },
+        )?;
         let current = self.current.load_full();
-        if current.layout == layout && extras == current.extras {
+        if current.layout == layout {
             return Ok(false);
         }
         let next = start_generation(
             current.number + 1,
             layout,
-            extras,
             &self.settings,
             &self.registry,
             &self.host,
@@ -276,7 +239,7 @@ impl Partitions {
                     if let (false, PartitionKind::Dedicated, Some(tenant)) =
                         (draining, view.spec.kind, view.spec.tenants.first())
                     {
-                        info.lane = lanes.get(&tenant.slot.tenant).cloned().unwrap_or_default();
+                        info.lane = lanes.get(&tenant.tenant).cloned().unwrap_or_default();
                     }
                     info
                 })
@@ -299,7 +262,7 @@ impl Partitions {
             .filter(|spec| spec.kind == PartitionKind::Dedicated)
             .filter_map(|spec| {
                 let tenant = spec.tenants.first()?;
-                Some((tenant.slot.tenant.clone(), spec.cpus.clone()))
+                Some((tenant.tenant.clone(), spec.cpus.clone()))
             })
             .collect()
     }
@@ -356,21 +319,21 @@ fn partition_info(view: &SchedulerView, draining: bool) -> v1::PartitionInfo {
     let tenants = spec
         .tenants
         .iter()
-        .map(|t| t.slot.tenant.as_str())
+        .map(|t| t.tenant.as_str())
         .chain(load.tenants.keys().map(String::as_str))
         .collect::<BTreeSet<&str>>()
         .into_iter()
         .map(|tenant| {
-            let planned = spec.tenants.iter().find(|t| t.slot.tenant == tenant);
+            let planned = spec.tenants.iter().find(|t| t.tenant == tenant);
             let used = load.tenants.get(tenant).copied().unwrap_or_default();
             let queue = view.queue.of(tenant);
             v1::TenantUsage {
                 tenant: tenant.to_string(),
-                weight: planned.map_or(1, |t| t.slot.weight),
+                weight: planned.map_or(1, |t| t.weight),
                 kv_blocks: used.kv_blocks,
                 kv_bytes: used.kv_bytes,
-                guaranteed_bytes: planned.map_or(0, |t| t.slot.guaranteed_bytes),
-                budget_bytes: planned.map_or(0, |t| t.slot.budget_bytes),
+                guaranteed_bytes: planned.map_or(0, |t| t.guaranteed_bytes),
+                budget_bytes: planned.map_or(0, |t| t.budget_bytes),
                 preemptions: used.preemptions,
                 kv_refusals: used.kv_refusals,
                 queued: small(queue.queued.load(Ordering::SeqCst)),
@@ -404,7 +367,6 @@ fn partition_info(view: &SchedulerView, draining: bool) -> v1::PartitionInfo {
 fn start_generation(
     number: u64,
     layout: Layout,
-    extras: BTreeMap<String, Extras>,
     settings: &PartitionSettings,
     registry: &Arc<ModelRegistry>,
     host: &Arc<Counters>,
@@ -435,18 +397,7 @@ fn start_generation(
             cpus,
             units,
             memory_bytes: partition.memory_bytes,
-            tenants: partition
-                .tenants
-                .iter()
-                .map(|slot| {
-                    let extra = extras.get(&slot.tenant);
-                    PlannedTenant {
-                        slot: slot.clone(),
-                        owns_memory: extra.is_some_and(|e| e.owns_memory),
-                        kv_wait: extra.map_or(DEFAULT_KV_WAIT, |e| e.kv_wait),
-                    }
-                })
-                .collect(),
+            tenants: partition.tenants.clone(),
         };
         // Dropping what started so far stops it (its queue closes empty).
         let (scheduler, handle) = SchedulerHandle::start(
@@ -475,26 +426,10 @@ fn start_generation(
     Ok(Generation {
         number,
         layout,
-        extras,
         schedulers,
         by_tenant,
         shared,
     })
-}
-
-/// Each tenant's extras; memory of its own when it asked for `hbm` (the
-/// layout's slots do not say it; the requests do).
-fn extras(tenants: &[WireTenant]) -> BTreeMap<String, Extras> {
-    tenants
-        .iter()
-        .map(|t| {
-            let extra = Extras {
-                owns_memory: t.request.gpu.hbm_bytes.is_some(),
-                kv_wait: t.kv_wait,
-            };
-            (t.request.tenant.clone(), extra)
-        })
-        .collect()
 }
 
 fn join(errors: &[PartitionError]) -> String {
@@ -505,11 +440,9 @@ fn join(errors: &[PartitionError]) -> String {
         .join("; ")
 }
 
-/// The wire tenant set, checked: at most [`MAX_TENANTS`], names non-empty
-/// and at most [`MAX_TENANT_BYTES`], `cus` and `share` not both, a known
-/// isolation, `kv_wait_ms` at most [`MAX_KV_WAIT`]. Value checks (weights, sizes, over-subscription) are the
-/// planner's.
-pub(crate) fn tenant_requests(tenants: &[v1::TenantGpu]) -> Result<Vec<WireTenant>, Status> {
+/// The wire tenant set, checked: at most [`MAX_TENANTS`], each entry as
+/// `bulkhead_protocol::tenant_request` reads it.
+pub(crate) fn tenant_requests(tenants: &[v1::TenantGpu]) -> Result<Vec<TenantRequest>, Status> {
     if tenants.len() > MAX_TENANTS {
         return Err(Status::invalid_argument(format!(
             "tenants: {} listed, at most {MAX_TENANTS}",
@@ -520,65 +453,8 @@ pub(crate) fn tenant_requests(tenants: &[v1::TenantGpu]) -> Result<Vec<WireTenan
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            let bad = |what: String| Status::invalid_argument(format!("tenants[{i}]: {what}"));
-            if t.tenant.is_empty() || t.tenant.len() > MAX_TENANT_BYTES {
-                return Err(bad(format!(
-                    "tenant must be 1 to {MAX_TENANT_BYTES} bytes, not {}",
-                    t.tenant.len()
-                )));
-            }
-            // A control character (a NUL above all) cannot name the
-            // tenant's threads, and no policy tenant id has one.
-            if t.tenant.chars().any(char::is_control) {
-                return Err(bad(format!(
-                    "tenant {:?} has a control character",
-                    t.tenant
-                )));
-            }
-            let compute = match (t.cus, t.share) {
-                (Some(_), Some(_)) => {
-                    return Err(bad(format!(
-                        "tenant `{}`: set cus or share, not both",
-                        t.tenant
-                    )));
-                }
-                (Some(cus), None) => Compute::Cus(cus),
-                (None, Some(share)) => Compute::Share(share),
-                (None, None) => Compute::Unset,
-            };
-            let isolation = match v1::Isolation::try_from(t.isolation) {
-                Ok(v1::Isolation::Dedicated) => Isolation::Dedicated,
-                Ok(v1::Isolation::Shared | v1::Isolation::Unspecified) => Isolation::Shared,
-                Err(_) => {
-                    return Err(bad(format!(
-                        "tenant `{}`: unknown isolation {}",
-                        t.tenant, t.isolation
-                    )));
-                }
-            };
-            let kv_wait = match t.kv_wait_ms {
-                None => DEFAULT_KV_WAIT,
-                Some(ms) if u128::from(ms) <= MAX_KV_WAIT.as_millis() => {
-                    Duration::from_millis(u64::from(ms))
-                }
-                Some(ms) => {
-                    return Err(bad(format!(
-                        "tenant `{}`: kv_wait_ms {ms} is above the most, {}",
-                        t.tenant,
-                        MAX_KV_WAIT.as_millis()
-                    )));
-                }
-            };
-            let request = TenantRequest {
-                tenant: t.tenant.clone(),
-                gpu: GpuRequest {
-                    compute,
-                    hbm_bytes: t.hbm_bytes,
-                    isolation,
-                    weight: if t.weight == 0 { 1 } else { t.weight },
-                },
-            };
-            Ok(WireTenant { request, kv_wait })
+            bulkhead_protocol::tenant_request(t)
+                .map_err(|what| Status::invalid_argument(format!("tenants[{i}]: {what}")))
         })
         .collect()
 }

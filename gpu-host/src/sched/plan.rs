@@ -58,7 +58,7 @@ mod terms;
 pub use budget::PartitionKv;
 use memory::Grown;
 use terms::MAX_UNLISTED_COUNTED;
-pub use terms::{BatchLimits, BatchStats, DEFAULT_KV_WAIT, MAX_KV_WAIT, TenantCounts, TenantShare};
+pub use terms::{BatchLimits, BatchStats, TenantCounts, TenantShare};
 
 /// Prompt tokens one step may run, at most (one chunk).
 ///

@@ -62,18 +62,7 @@ pub(crate) struct PartitionSpec {
     /// KV-cache bytes of each model's pool in this partition.
     pub memory_bytes: u64,
     /// Its tenants as planned.
-    pub tenants: Vec<PlannedTenant>,
-}
-
-/// A tenant of a partition.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct PlannedTenant {
-    pub slot: TenantSlot,
-    /// It asked for memory of its own (`hbm`): `slot.budget_bytes` is
-    /// its alone. Otherwise it shares what no one owns, by weight.
-    pub owns_memory: bool,
-    /// How long its requests wait for its budget before they are refused.
-    pub kv_wait: Duration,
+    pub tenants: Vec<TenantSlot>,
 }
 
 /// What a scheduler runs with.
@@ -359,16 +348,15 @@ pub(crate) fn tenant_shares(
         .tenants
         .iter()
         .map(|t| {
-            let owns = partition.kind == PartitionKind::Dedicated || t.owns_memory;
-            let units = usize::try_from(t.slot.max_cus).unwrap_or(usize::MAX);
+            let units = usize::try_from(t.max_cus).unwrap_or(usize::MAX);
             let capped = partition.kind == PartitionKind::Shared && units < pool_units;
             let share = TenantShare {
-                weight: t.slot.weight.max(1),
-                own_blocks: owns.then(|| blocks_in(t.slot.budget_bytes)),
+                weight: t.weight.max(1),
+                own_blocks: t.owns_memory.then(|| blocks_in(t.budget_bytes)),
                 kv_wait: t.kv_wait,
                 max_rows: capped.then(|| (max_rows.saturating_mul(units) / pool_units).max(1)),
             };
-            (t.slot.tenant.clone(), share)
+            (t.tenant.clone(), share)
         })
         .collect()
 }
@@ -379,21 +367,19 @@ mod tests {
 
     use super::*;
 
-    fn planned(tenant: &str, max_cus: u32, owns_memory: bool) -> PlannedTenant {
-        PlannedTenant {
-            slot: TenantSlot {
-                tenant: tenant.to_string(),
-                weight: 2,
-                guaranteed_bytes: 1 << 20,
-                budget_bytes: 1 << 20,
-                max_cus,
-            },
+    fn planned(tenant: &str, max_cus: u32, owns_memory: bool) -> TenantSlot {
+        TenantSlot {
+            tenant: tenant.to_string(),
+            weight: 2,
+            guaranteed_bytes: 1 << 20,
+            budget_bytes: 1 << 20,
             owns_memory,
+            max_cus,
             kv_wait: Duration::from_secs(1),
         }
     }
 
-    fn spec(kind: PartitionKind, tenants: Vec<PlannedTenant>) -> PartitionSpec {
+    fn spec(kind: PartitionKind, tenants: Vec<TenantSlot>) -> PartitionSpec {
         PartitionSpec {
             id: "p".to_string(),
             kind,

@@ -46,7 +46,7 @@ impl QueueShares {
         let weights: Vec<(&str, u64)> = spec
             .tenants
             .iter()
-            .map(|t| (t.slot.tenant.as_str(), u64::from(t.slot.weight.max(1))))
+            .map(|t| (t.tenant.as_str(), u64::from(t.weight.max(1))))
             .collect();
         let tenants = guarantees(capacity, &weights)
             .into_iter()
@@ -121,7 +121,6 @@ mod tests {
     use bulkhead_partition::{PartitionKind, TenantSlot};
 
     use super::*;
-    use crate::sched::scheduler::PlannedTenant;
 
     fn spec(kind: PartitionKind, tenants: &[(&str, u32)]) -> PartitionSpec {
         PartitionSpec {
@@ -132,15 +131,13 @@ mod tests {
             memory_bytes: 1 << 20,
             tenants: tenants
                 .iter()
-                .map(|&(tenant, weight)| PlannedTenant {
-                    slot: TenantSlot {
-                        tenant: tenant.to_string(),
-                        weight,
-                        guaranteed_bytes: 0,
-                        budget_bytes: 0,
-                        max_cus: 1,
-                    },
+                .map(|&(tenant, weight)| TenantSlot {
+                    tenant: tenant.to_string(),
+                    weight,
+                    guaranteed_bytes: 0,
+                    budget_bytes: 0,
                     owns_memory: false,
+                    max_cus: 1,
                     kv_wait: Duration::from_secs(1),
                 })
                 .collect(),

@@ -10,6 +10,7 @@ fn dedicated(tenant: &str, cus: u32, hbm_gib: u64) -> TenantRequest {
             hbm_bytes: Some(hbm_gib * GIB),
             isolation: Isolation::Dedicated,
             weight: 1,
+            kv_wait: None,
         },
     }
 }
@@ -300,4 +301,26 @@ fn in_flight_work_keeps_the_layout_it_started_on() {
     assert_eq!(*running, before, "work that started keeps its layout");
     assert_eq!(*old, before);
     assert_eq!(*cell.current(), after);
+}
+
+#[test]
+fn slots_carry_the_whole_request() {
+    let device = Device::cpu(4, 8 * GIB).unwrap();
+    let mut waits = shared("waits", 1, None);
+    waits.gpu.kv_wait = Some(Duration::from_millis(2500));
+    let tenants = [dedicated("own", 2, 2), waits, shared("pooled", 1, Some(1))];
+    let layout = plan(&device, 0, &tenants).unwrap();
+    let slot = |t: &str| layout.placement(t).unwrap().1.clone();
+    assert!(slot("own").owns_memory);
+    assert_eq!(slot("own").kv_wait, DEFAULT_KV_WAIT);
+    assert!(!slot("waits").owns_memory);
+    assert_eq!(slot("waits").kv_wait, Duration::from_millis(2500));
+    assert!(slot("pooled").owns_memory);
+
+    let mut greedy = shared("greedy", 1, None);
+    greedy.gpu.kv_wait = Some(MAX_KV_WAIT + Duration::from_millis(1));
+    assert_eq!(
+        messages(plan(&device, 0, &[greedy])),
+        ["tenant greedy: `kv_wait_ms` is 120001; at most 120000 (2 minutes)"]
+    );
 }

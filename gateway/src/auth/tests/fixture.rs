@@ -71,7 +71,7 @@ pub(super) fn fixture() -> Fixture {
         ),
     ];
     // Verifiers hold their keys; the files may go once they are built.
-    let verifiers = Verifiers::build(&policy(&dir, tenants)).unwrap();
+    let verifiers = build(&policy(&dir, tenants)).unwrap();
     Fixture {
         verifiers,
         ed,

@@ -35,10 +35,10 @@ fn issue_and_verify(
     options: IssueOptions,
     alg: Algorithm,
 ) -> Result<Identity, AuthError> {
-    let token = issue_dev_token(&t, dir.path(), options).unwrap();
+    let token = issue_dev_token(&t.id, &t.jwt, dir.path(), options).unwrap();
     let header = jsonwebtoken::decode_header(&token).unwrap();
     assert_eq!((header.alg, header.kid), (alg, None));
-    let verifiers = Verifiers::build(&policy(dir, vec![t])).unwrap();
+    let verifiers = build(&policy(dir, vec![t])).unwrap();
     verifiers.verify(&token, at(NOW))
 }
 
@@ -150,11 +150,8 @@ fn options_reach_the_claims() {
     );
 
     for ttl in [Duration::ZERO, MAX_DEV_TOKEN_TTL + Duration::from_secs(1)] {
-        let err = issue_dev_token(
-            &dev_tenant("\"EdDSA\"", "ed"),
-            dir.path(),
-            IssueOptions { ttl, ..options() },
-        );
+        let t = dev_tenant("\"EdDSA\"", "ed");
+        let err = issue_dev_token(&t.id, &t.jwt, dir.path(), IssueOptions { ttl, ..options() });
         assert!(matches!(err, Err(IssueError::Ttl)), "{ttl:?}");
     }
 }
@@ -164,7 +161,7 @@ fn missing_or_unusable_keys_are_explained() {
     let dir = TempDir::new();
     Signer::ed25519(&dir, "ed");
     let message = |t: TenantPolicy| {
-        issue_dev_token(&t, dir.path(), options())
+        issue_dev_token(&t.id, &t.jwt, dir.path(), options())
             .unwrap_err()
             .to_string()
     };
@@ -180,8 +177,10 @@ fn missing_or_unusable_keys_are_explained() {
         "tenant `t` allows none of the algorithms an Ed25519 key can sign"
     );
     // A tenant token never carries an operator scope, however asked.
+    let t = dev_tenant("\"EdDSA\"", "ed");
     let err = issue_dev_token(
-        &dev_tenant("\"EdDSA\"", "ed"),
+        &t.id,
+        &t.jwt,
         dir.path(),
         IssueOptions {
             scopes: Scopes::from(Scope::AuditRead),

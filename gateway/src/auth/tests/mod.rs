@@ -27,6 +27,11 @@ use crate::policy::{
     TenantPolicy, UpstreamSettings,
 };
 
+/// The verifiers of `policy`, as the snapshot builds them.
+fn build(policy: &Policy) -> Result<Verifiers, Vec<PolicyError>> {
+    Verifiers::build(&policy.auth())
+}
+
 /// The test clock: 2023-11-14T22:13:20Z.
 const NOW: u64 = 1_700_000_000;
 const LEEWAY_S: u64 = 30;
@@ -200,7 +205,6 @@ fn tenant(id: &str, toml_text: &str) -> TenantPolicy {
         limits: Limits::DEFAULT,
         plugins: Default::default(),
         gpu: Default::default(),
-        kv_wait_ms: None,
         parse_special: false,
         source: Arc::new(SourceFile::new(format!("tenants/{id}.toml"), toml_text)),
     }
@@ -260,7 +264,7 @@ fn policy_with_operator(dir: &TempDir, tenants: Vec<TenantPolicy>, gateway_text:
 
 /// The errors of building verifiers for `tenants`, as `file:line:col: message`.
 fn build_errors(dir: &TempDir, tenants: Vec<TenantPolicy>) -> Vec<String> {
-    match Verifiers::build(&policy(dir, tenants)) {
+    match build(&policy(dir, tenants)) {
         Ok(v) => panic!("expected policy errors, built {v:?}"),
         Err(errors) => errors.iter().map(PolicyError::to_string).collect(),
     }

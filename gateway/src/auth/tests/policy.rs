@@ -147,7 +147,7 @@ fn every_supported_pem_form_loads() {
         pem("p384.pub.pem"),
     );
     let t = tenant("t", &tenant_toml("t", "https://t/", &lines));
-    let verifiers = Verifiers::build(&policy(&dir, vec![t])).unwrap();
+    let verifiers = build(&policy(&dir, vec![t])).unwrap();
     assert_eq!(verifiers.tenant_for_issuer("https://t/"), Some("t"));
 }
 
@@ -215,7 +215,7 @@ fn issuers_are_unique_across_tenants() {
 
 /// The errors of `tenants` with this `gateway.toml`, as `file:line:col: message`.
 fn operator_errors(dir: &TempDir, tenants: Vec<TenantPolicy>, gateway: &str) -> Vec<String> {
-    Verifiers::build(&policy_with_operator(dir, tenants, gateway))
+    build(&policy_with_operator(dir, tenants, gateway))
         .unwrap_err()
         .iter()
         .map(PolicyError::to_string)
@@ -263,7 +263,7 @@ fn operator_issuers_are_checked_like_tenants_and_keep_their_own_tokens() {
 
     let gateway = "[[operator.issuers]]\nissuer = \"https://ops/\"\naudience = [\"admin\"]\n\
                    algorithms = [\"EdDSA\"]\npublic_keys = [\"keys/ops.pub.pem\"]\n";
-    let verifiers = Verifiers::build(&policy_with_operator(
+    let verifiers = build(&policy_with_operator(
         &dir,
         vec![tenant("a", &tenant_toml("a", "https://a/", lines))],
         gateway,
@@ -299,7 +299,7 @@ fn operator_issuers_are_checked_like_tenants_and_keep_their_own_tokens() {
         Err(crate::auth::AuthError::BadSignature)
     );
     // Without any operator issuer, nothing is an operator.
-    let none = Verifiers::build(&policy(&dir, vec![])).unwrap();
+    let none = build(&policy(&dir, vec![])).unwrap();
     assert_eq!(
         none.verify_operator(&operator, now),
         Err(crate::auth::AuthError::NoOperatorIssuer)
@@ -454,7 +454,7 @@ fn a_token_lifetime_limit_is_at_most_a_year() {
             &tenant_toml("t", "https://t/", &format!("{lines}max_lifetime_s = 0\n")),
         )],
     );
-    let verifiers = Verifiers::build(&policy).unwrap();
+    let verifiers = build(&policy).unwrap();
     let long = signer.sign(&claims_with(
         "https://t/",
         json!({ "iat": null, "exp": NOW + 10 * 86_400 }),
@@ -465,7 +465,7 @@ fn a_token_lifetime_limit_is_at_most_a_year() {
 /// Verifiers for tenant `t` with these `[jwt]` lines.
 fn verifiers_for(dir: &TempDir, jwt_lines: &str) -> Verifiers {
     let tenants = vec![tenant("t", &tenant_toml("t", "https://t/", jwt_lines))];
-    Verifiers::build(&policy(dir, tenants)).unwrap()
+    build(&policy(dir, tenants)).unwrap()
 }
 
 #[test]

@@ -305,13 +305,15 @@ fn kv_wait_is_at_most_two_minutes_and_reaches_the_tenant() {
     );
     folder.write("tenants/c.toml", tenant("c", "\n[gpu]\nkv_wait_ms = 0\n"));
     let policy = load(folder.path()).unwrap_or_else(|e| panic!("{e}"));
-    let waits: Vec<Option<u32>> = ["a", "b", "c"]
+    let waits: Vec<Option<Duration>> = ["a", "b", "c"]
         .iter()
-        .map(|t| policy.tenants[*t].kv_wait_ms)
+        .map(|t| policy.tenants[*t].gpu.kv_wait)
         .collect();
-    assert_eq!(waits, [Some(500), None, Some(0)]);
-    let wire = crate::upstream::tenant_set(&policy);
-    assert_eq!(wire[0].kv_wait_ms, Some(500));
+    let ms = Duration::from_millis;
+    assert_eq!(waits, [Some(ms(500)), None, Some(ms(0))]);
+    let set = crate::reconcile::tenant_set(&policy);
+    let wire = bulkhead_protocol::v1::TenantGpu::from(&set[0]);
+    assert_eq!(wire.kv_wait_ms, Some(500));
 }
 
 /// The tenant set of `policy` planned as the local child plans it: its own

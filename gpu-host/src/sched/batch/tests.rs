@@ -6,9 +6,9 @@ use std::cell::RefCell;
 use std::ops::ControlFlow;
 use std::rc::Rc;
 
-use bulkhead_partition::TenantBlocks;
+use bulkhead_partition::{DEFAULT_KV_WAIT, TenantBlocks};
 
-use super::super::plan::{BATCH_PREFILL_CHUNK, DEFAULT_KV_WAIT};
+use super::super::plan::BATCH_PREFILL_CHUNK;
 use super::*;
 use crate::backend::CpuBackend;
 use crate::engine::{FinishReason, SamplingParams, generate};

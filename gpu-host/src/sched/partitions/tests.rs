@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use bulkhead_partition::CuSet;
+use bulkhead_partition::{Compute, CuSet, DEFAULT_KV_WAIT, GpuRequest, Isolation};
 
 use super::*;
 use crate::backend::PartitionedDevice;
@@ -24,18 +24,16 @@ fn host(cores: u32) -> (Partitions, Workers) {
     Partitions::start(settings, registry).unwrap()
 }
 
-fn tenant(name: &str, isolation: Isolation, cus: Option<u32>, hbm: Option<u64>) -> WireTenant {
-    WireTenant {
-        request: TenantRequest {
-            tenant: name.into(),
-            gpu: GpuRequest {
-                compute: cus.map_or(Compute::Unset, Compute::Cus),
-                hbm_bytes: hbm,
-                isolation,
-                weight: 1,
-            },
+fn tenant(name: &str, isolation: Isolation, cus: Option<u32>, hbm: Option<u64>) -> TenantRequest {
+    TenantRequest {
+        tenant: name.into(),
+        gpu: GpuRequest {
+            compute: cus.map_or(Compute::Unset, Compute::Cus),
+            hbm_bytes: hbm,
+            isolation,
+            weight: 1,
+            kv_wait: None,
         },
-        kv_wait: DEFAULT_KV_WAIT,
     }
 }
 
@@ -98,7 +96,7 @@ fn dedicated_tenants_get_their_own_partition_and_the_rest_share() {
     assert!(!p.set(&tenants).unwrap());
     assert_eq!(p.report(&BTreeMap::new()).generation, 2);
     let mut patient = tenants.clone();
-    patient[1].kv_wait = Duration::from_secs(1);
+    patient[1].gpu.kv_wait = Some(Duration::from_secs(1));
     assert!(p.set(&patient).unwrap());
     drained(&p);
     let generation = p.current.load();
@@ -233,9 +231,9 @@ fn bad_wire_values_are_named() {
         ..Default::default()
     }])
     .unwrap();
-    assert_eq!(ok[0].request.gpu.compute, Compute::Share(0.5));
-    assert_eq!(ok[0].request.gpu.weight, 1);
-    assert_eq!(ok[0].kv_wait, DEFAULT_KV_WAIT);
+    assert_eq!(ok[0].gpu.compute, Compute::Share(0.5));
+    assert_eq!(ok[0].gpu.weight, 1);
+    assert_eq!(ok[0].gpu.kv_wait(), DEFAULT_KV_WAIT);
     let slow = wire(v1::TenantGpu {
         tenant: "acme".into(),
         kv_wait_ms: Some(120_001),

@@ -5,10 +5,10 @@
 
 use std::time::Instant;
 
-use bulkhead_partition::{PartitionError, SeqId, TenantBlocks, Victim};
+use bulkhead_partition::{DEFAULT_KV_WAIT, PartitionError, SeqId, TenantBlocks, Victim};
 
 use super::budget::Holding;
-use super::{DEFAULT_KV_WAIT, Planner, Range, SequenceError};
+use super::{Planner, Range, SequenceError};
 use crate::engine::BLOCK_TOKENS;
 
 impl Planner {

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use bulkhead_partition::DEFAULT_KV_WAIT;
+
 /// Limits of one batcher.
 #[derive(Clone, Copy, Debug)]
 pub struct BatchLimits {
@@ -33,14 +35,6 @@ pub struct TenantShare {
     /// pool); `None`: no cap.
     pub max_rows: Option<usize>,
 }
-
-/// The KV wait of a tenant that sets none: long enough to ride out a
-/// burst of its own requests finishing, short enough that a client is
-/// told rather than left hanging behind a stuck budget.
-pub const DEFAULT_KV_WAIT: Duration = Duration::from_secs(10);
-
-/// The longest KV wait a tenant may ask for.
-pub const MAX_KV_WAIT: Duration = Duration::from_secs(120);
 
 impl Default for TenantShare {
     /// A tenant the plan does not list.

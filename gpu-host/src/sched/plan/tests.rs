@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use bulkhead_partition::DEFAULT_KV_WAIT;
+
 use super::*;
 use crate::engine::BLOCK_TOKENS;
 

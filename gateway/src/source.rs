@@ -1,4 +1,5 @@
-//! Policy errors with `file:line:col`, and the file text they point into.
+//! Config files (policy TOML) and errors at a `file:line:col` in them: the
+//! leaf every subsystem that checks its own config table reports through.
 
 use std::fmt;
 use std::ops::Range;

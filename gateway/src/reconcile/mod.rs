@@ -1,5 +1,7 @@
-//! [`ModelRegistry`]: keeps the gpu-host's models equal to the
-//! registrations, and publishes the table the request path reads.
+//! The reconciler: keeps the gpu-host's models equal to the registrations
+//! and its partitions equal to the policy's tenants, and publishes the model
+//! table the request path reads. The one place that drives the gpu-host's
+//! configuration; the request path only sends it generations.
 //!
 //! The registrations are the configured models of the current policy plus
 //! the API registrations on disk, each verified again with the current
@@ -15,6 +17,11 @@
 //! **Nothing is loaded without a signature verified with a trusted key, and
 //! the request path serves only names in the published table.**
 
+mod partitions;
+
+#[cfg(test)]
+pub(crate) use partitions::tenant_set;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,10 +31,12 @@ use arc_swap::ArcSwap;
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{Mutex, watch};
 
-use super::disk::{MAX_API_REGISTRATIONS, Record, RegistryDir};
-use super::{Claim, Registration, RegistrationError, Source, verify};
 use crate::audit::time::Timestamp;
 use crate::audit::{Actor, Audit, Event, Outcome};
+use crate::registration::{
+    Claim, MAX_API_REGISTRATIONS, Record, Registration, RegistrationError, RegistryDir, Source,
+    verify,
+};
 use crate::snapshot::Snapshot;
 use crate::upstream::{Upstream, UpstreamState};
 
@@ -39,7 +48,7 @@ const RETRY_UNREACHABLE: Duration = Duration::from_secs(1);
 
 /// The registrations and the control plane that loads them. Cheap to clone.
 #[derive(Clone, Debug)]
-pub struct ModelRegistry {
+pub struct Reconciler {
     inner: Arc<Inner>,
 }
 
@@ -152,7 +161,7 @@ pub enum ModelState {
     },
 }
 
-impl ModelRegistry {
+impl Reconciler {
     /// Opens the registry folder (when configured), publishes the
     /// configured models and starts the task that loads them. Returns the
     /// request path's handle on the host: ready once they are loaded.
@@ -166,7 +175,7 @@ impl ModelRegistry {
         audit: Audit,
         registry: Option<PathBuf>,
         starts: Counter,
-    ) -> Result<(ModelRegistry, Upstream), RegistrationError> {
+    ) -> Result<(Reconciler, Upstream), RegistrationError> {
         let (store, records) = match registry {
             Some(root) => {
                 let (store, records) =
@@ -199,7 +208,7 @@ impl ModelRegistry {
         });
         tokio::spawn(run(Arc::clone(&inner), host_state, reloads));
         let requests = host.with_state(serving_rx);
-        Ok((ModelRegistry { inner }, requests))
+        Ok((Reconciler { inner }, requests))
     }
 
     /// The registration the request path may serve under `name` (one
@@ -570,7 +579,7 @@ async fn reconcile(inner: &Inner, retry_failed: bool) -> bool {
     };
     // The host is reachable: its partitions first, so requests released by
     // this pass run in their tenants' partitions.
-    crate::upstream::sync_partitions(
+    partitions::sync(
         &inner.host,
         &snapshot.policy,
         &mut control.partitions_refused,

@@ -117,10 +117,29 @@ fn rules() -> Vec<Forbid> {
             "registration",
             "audit",
             "models",
+            "upstream",
         ],
         To::Module("policy"),
         "subsystems own their config types and policy imports them, never the reverse",
     );
+    for above in ["api", "app", "reconcile", "serving", "snapshot"] {
+        forbid(
+            gateway,
+            &[
+                "auth",
+                "limits",
+                "plugins",
+                "registration",
+                "audit",
+                "models",
+                "upstream",
+                "policy",
+                "source",
+            ],
+            To::Module(above),
+            "subsystems and policy sit below the snapshot, the reconciler and the HTTP layer",
+        );
+    }
     rules
 }
 

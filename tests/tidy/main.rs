@@ -163,19 +163,6 @@ fn rel(path: &Path) -> String {
         .to_string()
 }
 
-/// What the workspace still breaks and is known to, being removed: each
-/// entry is a finding's key. Tidy fails on a finding not listed here, and
-/// on an entry that no longer matches one (remove it: the list only
-/// shrinks).
-const KNOWN: &[&str] = &[
-    // The gateway's HTTP layer still builds and reads gRPC messages (the
-    // generate request and its event stream, the partitions report).
-    "gateway/src/api/generation.rs: layers: `api` must not import `bulkhead_protocol`",
-    "gateway/src/api/generation.rs: layers: `api` must not import `tonic`",
-    "gateway/src/api/inference.rs: layers: `api` must not import `bulkhead_protocol`",
-    "gateway/src/api/partitions.rs: layers: `api` must not import `bulkhead_protocol`",
-];
-
 /// Broken invariants, each under a key that stays put while its line moves.
 #[derive(Default)]
 struct Findings(BTreeMap<String, String>);
@@ -203,20 +190,7 @@ fn tidy() {
         sizes(krate, &mut findings);
     }
     docs(&mut findings);
-    let mut failures = String::new();
-    for (key, text) in &findings.0 {
-        if !KNOWN.contains(&key.as_str()) {
-            failures.push_str(text);
-        }
-    }
-    for known in KNOWN {
-        if !findings.0.contains_key(*known) {
-            let _ = writeln!(
-                failures,
-                "tests/tidy/main.rs: KNOWN lists `{known}`, which no longer breaks: remove it"
-            );
-        }
-    }
+    let failures: String = findings.0.values().map(String::as_str).collect();
     assert!(
         failures.is_empty(),
         "tidy found broken structural invariants:\n{failures}"

@@ -11,16 +11,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::response::sse::Event;
-use bulkhead_protocol::v1::{FinishReason, GenerateEvent, Started, generate_event};
 use futures_util::{Stream, StreamExt};
-use tonic::Streaming;
 
 use super::error::ApiError;
 use super::hooks::Hooks;
 use super::respond::{Finish, ResponseMeta, Usage};
 use crate::limits::{Admission, RequestUsage};
 use crate::metrics::{Metrics, OpenStream, TenantLabels, TokenLabels};
-use crate::upstream::UpstreamError;
+use crate::upstream::{self, Events, Started, UpstreamError};
 
 /// A piece of the generation as the HTTP layer sees it.
 enum Piece {
@@ -30,7 +28,7 @@ enum Piece {
 
 /// An admitted generation whose `Started` event has arrived.
 pub struct Generation {
-    events: Streaming<GenerateEvent>,
+    events: Events,
     admission: Admission,
     deadline: tokio::time::Instant,
     max_tokens: u32,
@@ -72,11 +70,7 @@ pub struct GenerationContext {
 impl Generation {
     /// Takes over an upstream stream whose `Started` has arrived and
     /// re-bases the token reservation on the real prompt size.
-    pub fn start(
-        started: Started,
-        events: Streaming<GenerateEvent>,
-        context: GenerationContext,
-    ) -> Generation {
+    pub fn start(started: Started, events: Events, context: GenerationContext) -> Generation {
         let admission = context.admission;
         let prompt_tokens = started.prompt_tokens;
         let tokens = admission.tokens();
@@ -113,8 +107,7 @@ impl Generation {
     async fn next_piece(&mut self) -> Result<Piece, ApiError> {
         loop {
             match next_event(&mut self.events, self.deadline).await? {
-                Some(generate_event::Event::Delta(delta)) => {
-                    let n = delta.token_ids.len() as u32;
+                Some(upstream::Event::Delta { text, tokens: n }) => {
                     self.completion_tokens += n;
                     self.admission.tokens().record_used(u64::from(n));
                     self.usage.completion(u64::from(n));
@@ -125,7 +118,7 @@ impl Generation {
                             kind: "completion",
                         })
                         .inc_by(u64::from(n));
-                    if delta.text.is_empty() {
+                    if text.is_empty() {
                         continue;
                     }
                     if !self.first_text_seen {
@@ -135,23 +128,19 @@ impl Generation {
                             .get_or_create(&self.tenant_labels())
                             .observe(self.started_at.elapsed().as_secs_f64());
                     }
-                    return Ok(Piece::Text(delta.text));
+                    return Ok(Piece::Text(text));
                 }
-                Some(generate_event::Event::Finished(finished)) => {
-                    let finish = match finished.finish_reason() {
-                        FinishReason::Length => Finish::Length,
-                        _ => Finish::Stop,
+                Some(upstream::Event::Finished { finish, usage }) => {
+                    let finish = match finish {
+                        upstream::Finish::Length => Finish::Length,
+                        upstream::Finish::Stop => Finish::Stop,
                     };
-                    let usage = finished.usage.map_or(
-                        Usage {
-                            prompt_tokens: self.prompt_tokens,
-                            completion_tokens: self.completion_tokens,
-                        },
-                        |u| Usage {
-                            prompt_tokens: u.prompt_tokens,
-                            completion_tokens: u.completion_tokens,
-                        },
-                    );
+                    let (prompt_tokens, completion_tokens) =
+                        usage.unwrap_or((self.prompt_tokens, self.completion_tokens));
+                    let usage = Usage {
+                        prompt_tokens,
+                        completion_tokens,
+                    };
                     if usage.completion_tokens > self.max_tokens {
                         return Err(ApiError::from(UpstreamError::Protocol(format!(
                             "{} tokens generated for max_tokens {}",
@@ -165,26 +154,18 @@ impl Generation {
                     self.read_to_end().await;
                     return Ok(Piece::Finished(finish, usage));
                 }
-                Some(generate_event::Event::Started(_)) => {
-                    return Err(ApiError::from(UpstreamError::Protocol(
-                        "a second Started event".into(),
-                    )));
-                }
                 None => return Err(ended_early()),
             }
         }
     }
 
-    /// Reads the stream's end (the gRPC trailers, sent right after
-    /// `Finished`) so it closes cleanly: dropping it first would cancel it
-    /// (RST_STREAM) and leave the host's trailers to arrive for a stream
-    /// the connection has to remember as reset. Bounded, and whatever it
-    /// finds is ignored: the generation is already complete.
+    /// Lets the stream close cleanly (`Events::close`), bounded: the
+    /// generation is already complete.
     async fn read_to_end(&mut self) {
         let until = self
             .deadline
             .min(tokio::time::Instant::now() + TRAILERS_WAIT);
-        let _ = tokio::time::timeout_at(until, self.events.trailers()).await;
+        let _ = tokio::time::timeout_at(until, self.events.close()).await;
     }
 
     fn tenant_labels(&self) -> TenantLabels {
@@ -311,18 +292,13 @@ fn ended_early() -> ApiError {
 
 /// The next upstream event before `deadline`; `None` when the stream ended.
 async fn next_event(
-    events: &mut Streaming<GenerateEvent>,
+    events: &mut Events,
     deadline: tokio::time::Instant,
-) -> Result<Option<generate_event::Event>, ApiError> {
-    match tokio::time::timeout_at(deadline, events.message()).await {
+) -> Result<Option<upstream::Event>, ApiError> {
+    match tokio::time::timeout_at(deadline, events.next()).await {
         Err(_) => Err(ApiError::timeout(
             "the request took longer than the gateway's request timeout",
         )),
-        Ok(Err(status)) => Err(ApiError::from(UpstreamError::from(status))),
-        Ok(Ok(None)) => Ok(None),
-        Ok(Ok(Some(GenerateEvent { event: Some(event) }))) => Ok(Some(event)),
-        Ok(Ok(Some(GenerateEvent { event: None }))) => Err(ApiError::from(
-            UpstreamError::Protocol("an empty event".into()),
-        )),
+        Ok(result) => Ok(result?),
     }
 }

@@ -22,20 +22,20 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response, Sse};
-use bulkhead_protocol::v1::{self, generate_request};
 
 use super::deadline::BodyDeadline;
 use super::error::{ApiError, header_map};
 use super::generation::{Generation, GenerationContext};
 use super::hooks::{Hooks, TenantRules, effective_max_tokens};
 use super::identity::TenantCall;
-use super::openai::{COMPLETIONS_DEFAULT_MAX_TOKENS, Endpoint, InferenceRequest, Prompt};
+use super::openai::{COMPLETIONS_DEFAULT_MAX_TOKENS, Endpoint, InferenceRequest};
 use super::respond::ResponseMeta;
 use super::{App, random_seed, request_id};
 use crate::audit::time::Timestamp;
 use crate::limits::{Admission, day_of};
 use crate::metrics::RequestLabels;
 use crate::policy::TenantPolicy;
+use crate::upstream::Generate;
 
 pub async fn chat(
     State(app): State<App>,
@@ -344,17 +344,7 @@ fn to_upstream(
     max_tokens: u32,
     tenant: &TenantPolicy,
     request_id: &str,
-) -> v1::GenerateRequest {
-    let prompt = match request.prompt {
-        Prompt::Chat(messages) => generate_request::Prompt::Chat(v1::ChatMessages {
-            messages: messages
-                .into_iter()
-                .map(|(role, content)| v1::ChatMessage { role, content })
-                .collect(),
-        }),
-        Prompt::Text(text) => generate_request::Prompt::Text(text),
-        Prompt::Tokens(ids) => generate_request::Prompt::Tokens(v1::TokenIds { ids }),
-    };
+) -> Generate {
     // Without max_tokens OpenAI generates until the context is full; the
     // tenant's maximum still caps it.
     let (max_tokens, max_tokens_cap) = match request.max_tokens {
@@ -363,17 +353,17 @@ fn to_upstream(
     };
     // Without a seed OpenAI's sampling is not reproducible; draw one.
     let seed = request.seed.unwrap_or_else(random_seed);
-    v1::GenerateRequest {
+    Generate {
         model: request.model,
-        prompt: Some(prompt),
+        prompt: request.prompt,
         max_tokens,
         max_tokens_cap,
-        temperature: Some(request.temperature),
-        top_p: Some(request.top_p),
+        temperature: request.temperature,
+        top_p: request.top_p,
         top_k: request.top_k,
         min_p: request.min_p,
         repetition_penalty: request.repetition_penalty,
-        seed: Some(seed),
+        seed,
         stop: request.stop,
         tenant: tenant.id.clone(),
         request_id: request_id.to_string(),

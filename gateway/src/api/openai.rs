@@ -8,6 +8,7 @@
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+pub use crate::upstream::Prompt;
 
 /// Which endpoint a request came in on (decides the response shapes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,15 +25,6 @@ impl Endpoint {
             Endpoint::Completion => "completions",
         }
     }
-}
-
-/// What to generate from.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Prompt {
-    /// (role, content) pairs, rendered with the model's chat template.
-    Chat(Vec<(String, String)>),
-    Text(String),
-    Tokens(Vec<u32>),
 }
 
 /// A validated completion request.

@@ -5,12 +5,12 @@
 use axum::Json;
 use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
-use bulkhead_protocol::v1;
 use serde_json::{Value, json};
 
 use super::App;
 use super::error::ApiError;
 use super::identity::OperatorCall;
+use crate::upstream::PartitionsReport;
 
 /// `GET /admin/v1/partitions`.
 pub async fn list(State(app): State<App>, Extension(_): Extension<OperatorCall>) -> Response {
@@ -27,7 +27,7 @@ pub async fn list(State(app): State<App>, Extension(_): Extension<OperatorCall>)
 
 /// The host's report as JSON: one device (the host), its partitions, and
 /// each partition's tenants.
-pub fn report_json(report: &v1::PartitionsResponse) -> Value {
+pub fn report_json(report: &PartitionsReport) -> Value {
     let partitions: Vec<Value> = report
         .partitions
         .iter()

@@ -1,6 +1,7 @@
 //! The gateway's side of the gRPC contract: a client for one gpu-host, whether
 //! a remote one or the local child [`supervisor`] keeps running.
 
+mod generate;
 mod model_watch;
 mod models;
 mod partitions;
@@ -12,7 +13,7 @@ use std::time::Duration;
 use bulkhead_protocol::v1::gpu_host_client::GpuHostClient;
 use bulkhead_protocol::v1::{
     GenerateEvent, GenerateRequest, HealthRequest, HealthResponse, ListModelsRequest, ModelInfo,
-    Started, generate_event,
+    generate_event,
 };
 use bulkhead_protocol::{AUTHORIZATION, ClientTls, Target, bearer_value, connect_lazy_with};
 use tokio::sync::{Notify, watch};
@@ -20,11 +21,12 @@ use tonic::codegen::InterceptedService;
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
 use tonic::transport::Channel;
-use tonic::{Code, Status, Streaming};
+use tonic::{Code, Status};
 
+pub use generate::{Event, Events, Finish, Generate, Prompt, Started};
 pub use model_watch::watch_models;
 pub use models::LoadError;
-pub use partitions::watch_partitions;
+pub use partitions::{PartitionsReport, watch_partitions};
 pub use supervisor::{ChildConfig, LocalGpuHost, Supervisor, SupervisorError};
 
 /// Whether the gpu-host can take requests.
@@ -223,10 +225,8 @@ impl Upstream {
     /// A local host that dies before a generation starts cost the tenant
     /// nothing yet: the call waits for the supervisor's restart (bounded)
     /// and is sent again, up to [`ATTEMPTS`] times in all.
-    pub async fn generate(
-        &self,
-        request: GenerateRequest,
-    ) -> Result<(Started, Streaming<GenerateEvent>), UpstreamError> {
+    pub async fn generate(&self, request: Generate) -> Result<(Started, Events), UpstreamError> {
+        let request = GenerateRequest::from(request);
         let mut attempt = 1;
         loop {
             self.ready().await?;
@@ -257,13 +257,13 @@ impl Upstream {
     async fn start_generation(
         &self,
         request: GenerateRequest,
-    ) -> Result<(Started, Streaming<GenerateEvent>), UpstreamError> {
+    ) -> Result<(Started, Events), UpstreamError> {
         let mut client = self.client.clone();
         let mut events = client.generate(request).await?.into_inner();
         match events.message().await? {
             Some(GenerateEvent {
                 event: Some(generate_event::Event::Started(started)),
-            }) => Ok((started, events)),
+            }) => Ok((Started::from(started), Events::new(events))),
             Some(_) => Err(UpstreamError::Protocol(
                 "the first event was not Started".into(),
             )),

@@ -35,12 +35,107 @@ impl Upstream {
     }
 
     /// The host's partitions now, without waiting for a restart.
-    pub async fn partitions(&self) -> Result<v1::PartitionsResponse, UpstreamError> {
+    pub async fn partitions(&self) -> Result<PartitionsReport, UpstreamError> {
+        Ok(PartitionsReport::from(self.fetch_partitions().await?))
+    }
+
+    async fn fetch_partitions(&self) -> Result<v1::PartitionsResponse, UpstreamError> {
         if self.state() != UpstreamState::Ready {
             return Err(UpstreamError::Unavailable("restarting".into()));
         }
         let mut client = self.client.clone();
         Ok(client.partitions(PartitionsRequest {}).await?.into_inner())
+    }
+}
+
+/// The host's partitions as `Partitions` reports them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PartitionsReport {
+    /// `cpu` or the GPU's name.
+    pub device: String,
+    /// `cores` or `CUs`.
+    pub unit: String,
+    pub compute_units: u32,
+    /// KV-cache memory of the whole device.
+    pub memory_bytes: u64,
+    /// Bumped by every layout change (1 for the host's first).
+    pub generation: u64,
+    pub partitions: Vec<PartitionReport>,
+}
+
+/// One partition: its units, memory and load.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PartitionReport {
+    /// `dedicated:TENANT` or `shared`.
+    pub id: String,
+    /// `dedicated` or `shared`.
+    pub kind: String,
+    /// Core ids (CU ids on a GPU) its workers run on.
+    pub cores: Vec<u32>,
+    /// The host's CPUs its threads run on (empty on a GPU).
+    pub host_cpus: Vec<u32>,
+    pub memory_bytes: u64,
+    pub memory_used_bytes: u64,
+    pub queued: u32,
+    pub running: u32,
+    pub preemptions: u64,
+    /// Of a replaced layout, still finishing its streams.
+    pub draining: bool,
+    pub tenants: Vec<TenantReport>,
+}
+
+/// One tenant's use of its partition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantReport {
+    pub tenant: String,
+    pub weight: u32,
+    pub kv_blocks: u64,
+    pub kv_bytes: u64,
+    pub guaranteed_bytes: u64,
+    pub budget_bytes: u64,
+    pub preemptions: u64,
+    pub kv_refusals: u64,
+    pub queued: u32,
+    pub queue_guaranteed: u32,
+    pub queue_refusals: u64,
+}
+
+impl From<v1::PartitionsResponse> for PartitionsReport {
+    fn from(r: v1::PartitionsResponse) -> PartitionsReport {
+        let tenant = |t: v1::TenantUsage| TenantReport {
+            tenant: t.tenant,
+            weight: t.weight,
+            kv_blocks: t.kv_blocks,
+            kv_bytes: t.kv_bytes,
+            guaranteed_bytes: t.guaranteed_bytes,
+            budget_bytes: t.budget_bytes,
+            preemptions: t.preemptions,
+            kv_refusals: t.kv_refusals,
+            queued: t.queued,
+            queue_guaranteed: t.queue_guaranteed,
+            queue_refusals: t.queue_refusals,
+        };
+        let partition = |p: v1::PartitionInfo| PartitionReport {
+            id: p.id,
+            kind: p.kind,
+            cores: p.cores,
+            host_cpus: p.host_cpus,
+            memory_bytes: p.memory_bytes,
+            memory_used_bytes: p.memory_used_bytes,
+            queued: p.queued,
+            running: p.running,
+            preemptions: p.preemptions,
+            draining: p.draining,
+            tenants: p.tenants.into_iter().map(tenant).collect(),
+        };
+        PartitionsReport {
+            device: r.device,
+            unit: r.unit,
+            compute_units: r.compute_units,
+            memory_bytes: r.memory_bytes,
+            generation: r.generation,
+            partitions: r.partitions.into_iter().map(partition).collect(),
+        }
     }
 }
 
@@ -153,7 +248,7 @@ pub fn watch_partitions(
                 _ = tick.tick() => {}
                 () = upstream.layout_changed.notified() => {}
             }
-            if let Ok(report) = upstream.partitions().await {
+            if let Ok(report) = upstream.fetch_partitions().await {
                 counters.observe(&report, &metrics);
                 on_report(&report);
             }

@@ -13,7 +13,6 @@ pub mod auth;
 mod durable;
 pub mod limits;
 mod metrics;
-pub mod models;
 pub mod plugins;
 pub mod policy;
 mod reconcile;
@@ -23,6 +22,8 @@ mod snapshot;
 mod source;
 mod upstream;
 
+/// Model signing and verification (crate `bulkhead-model-signing`).
+pub use bulkhead_model_signing as models;
 pub use api::{
     Access, ApiError, App, Endpoint, InferenceRequest, Listener, LocalReport, LocalRun,
     LocalRunError, Method, Prompt, ROUTES, Route, request_json, run_locally,

@@ -21,8 +21,9 @@ use std::path::{Path, PathBuf};
 use source::{Crate, ModPath, Target};
 
 /// The crates tidy reads: name, `src` folder relative to the repository.
-const CRATES: [(&str, &str); 8] = [
+const CRATES: [(&str, &str); 9] = [
     ("bulkhead-gateway", "gateway/src"),
+    ("bulkhead-model-signing", "model-signing/src"),
     ("bulkhead-gpu-host", "gpu-host/src"),
     ("bulkhead-kernels", "kernels/src"),
     ("bulkhead-partition", "partition/src"),
@@ -116,7 +117,6 @@ fn rules() -> Vec<Forbid> {
             "plugins",
             "registration",
             "audit",
-            "models",
             "upstream",
         ],
         To::Module("policy"),
@@ -131,7 +131,6 @@ fn rules() -> Vec<Forbid> {
                 "plugins",
                 "registration",
                 "audit",
-                "models",
                 "upstream",
                 "policy",
                 "source",

@@ -1,5 +1,5 @@
 //! `bulkhead model keygen|sign|verify`: publisher keys and model signatures
-//! in the OpenSSF model-signing format (`gateway/src/models/`); `register`,
+//! in the OpenSSF model-signing format (crate `bulkhead-model-signing`, `model-signing/`); `register`,
 //! `unregister` and `list` call a running gateway (`model_api.rs`).
 
 use std::path::{Path, PathBuf};

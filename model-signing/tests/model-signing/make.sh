@@ -5,7 +5,7 @@
 # (`tests/e2e/requirements.txt`). TEST KEYS, public on purpose. (No `.git`
 # folder in the fixture: git cannot commit one; the unit tests make their own.)
 #
-#   gateway/tests/model-signing/make.sh /path/to/venv/bin/python
+#   model-signing/tests/model-signing/make.sh /path/to/venv/bin/python
 set -euo pipefail
 python="${1:?usage: make.sh PYTHON (a venv with tests/e2e/requirements.txt)}"
 cd "$(dirname "$0")"

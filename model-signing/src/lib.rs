@@ -11,6 +11,8 @@
 //!
 //! Format notes and how the reference tool behaves: `docs/model-signing.md`.
 
+#![forbid(unsafe_code)]
+
 mod bundle;
 mod error;
 mod hash;

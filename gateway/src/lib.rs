@@ -8,9 +8,7 @@
 
 mod api;
 mod app;
-pub mod audit;
 pub mod auth;
-mod durable;
 pub mod limits;
 mod metrics;
 pub mod plugins;
@@ -22,11 +20,13 @@ mod snapshot;
 mod source;
 mod upstream;
 
-/// Model signing and verification (crate `bulkhead-model-signing`).
-pub use bulkhead_model_signing as models;
 pub use api::{
     Access, ApiError, App, Endpoint, InferenceRequest, Listener, LocalReport, LocalRun,
     LocalRunError, Method, Prompt, ROUTES, Route, request_json, run_locally,
 };
 pub use app::{Listening, ServeError, ServeOptions, serve};
+/// The audit log (crate `bulkhead-audit`).
+pub use bulkhead_audit as audit;
+/// Model signing and verification (crate `bulkhead-model-signing`).
+pub use bulkhead_model_signing as models;
 pub use snapshot::{Snapshot, build_snapshot};

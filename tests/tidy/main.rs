@@ -21,8 +21,10 @@ use std::path::{Path, PathBuf};
 use source::{Crate, ModPath, Target};
 
 /// The crates tidy reads: name, `src` folder relative to the repository.
-const CRATES: [(&str, &str); 9] = [
+const CRATES: [(&str, &str); 11] = [
     ("bulkhead-gateway", "gateway/src"),
+    ("bulkhead-audit", "audit/src"),
+    ("bulkhead-durable", "durable/src"),
     ("bulkhead-model-signing", "model-signing/src"),
     ("bulkhead-gpu-host", "gpu-host/src"),
     ("bulkhead-kernels", "kernels/src"),
@@ -111,14 +113,7 @@ fn rules() -> Vec<Forbid> {
     }
     forbid(
         gateway,
-        &[
-            "auth",
-            "limits",
-            "plugins",
-            "registration",
-            "audit",
-            "upstream",
-        ],
+        &["auth", "limits", "plugins", "registration", "upstream"],
         To::Module("policy"),
         "subsystems own their config types and policy imports them, never the reverse",
     );
@@ -130,7 +125,6 @@ fn rules() -> Vec<Forbid> {
                 "limits",
                 "plugins",
                 "registration",
-                "audit",
                 "upstream",
                 "policy",
                 "source",

@@ -12,22 +12,20 @@
 //! trusted: every record's signature is verified again against the current
 //! `trust.toml` before its model is loaded.
 
-use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Read};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use super::verify::MAX_REGISTRATION_BUNDLE_BYTES;
 use super::{RegistrationError, valid_model_name};
-use crate::durable::{TEMP_PREFIX, sync_dir, write_atomic};
+use bulkhead_durable::{DirLock, LOCK_FILE, LockError, TEMP_PREFIX, sync_dir, write_atomic};
 
 /// Most models registered through the API: each is loaded at every restart.
 pub const MAX_API_REGISTRATIONS: usize = 256;
 /// Largest record file: the bundle plus a few short fields.
 const MAX_RECORD_BYTES: u64 = MAX_REGISTRATION_BUNDLE_BYTES as u64 + (16 << 10);
-const LOCK: &str = "lock";
 const SUFFIX: &str = ".json";
 const VERSION: u32 = 1;
 
@@ -85,29 +83,15 @@ impl Record {
 #[derive(Debug)]
 pub(crate) struct RegistryDir {
     root: PathBuf,
-    _lock: File,
+    _lock: DirLock,
 }
 
 impl RegistryDir {
     /// Opens (creating) the folder and reads every record. Records that
     /// cannot be read are logged and left on disk, not loaded.
     pub fn open(root: &Path) -> Result<(RegistryDir, Vec<Record>), RegistrationError> {
-        DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(root)
-            .map_err(RegistrationError::store("creating", root))?;
-        let mode = fs::metadata(root)
-            .map_err(RegistrationError::store("reading", root))?
-            .permissions()
-            .mode();
-        if mode & 0o077 != 0 {
-            tracing::warn!(
-                dir = %root.display(),
-                mode = format_args!("{:o}", mode & 0o777),
-                "the model registry folder is open to other users; 0700 is expected"
-            );
-        }
+        bulkhead_durable::private_dir(root, "the model registry folder")
+            .map_err(|(action, e)| RegistrationError::store(action, root)(e))?;
         let lock = lock(root)?;
         let dir = RegistryDir {
             root: root.to_path_buf(),
@@ -208,26 +192,23 @@ fn read_record(path: &Path, stem: &str) -> Result<Record, String> {
     Ok(record)
 }
 
-fn lock(root: &Path) -> Result<File, RegistrationError> {
-    let path = root.join(LOCK);
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(RegistrationError::store("opening", &path))?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(fs::TryLockError::WouldBlock) => Err(RegistrationError::store("locking", &path)(
+fn lock(root: &Path) -> Result<DirLock, RegistrationError> {
+    bulkhead_durable::lock_dir(root).map_err(|e| match e {
+        LockError::InUse => RegistrationError::store("locking", &root.join(LOCK_FILE))(
             io::Error::other("another gateway has this model registry open"),
-        )),
-        Err(fs::TryLockError::Error(e)) => Err(RegistrationError::store("locking", &path)(e)),
-    }
+        ),
+        LockError::Io {
+            action,
+            path,
+            source,
+        } => RegistrationError::store(action, &path)(source),
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
 
     fn scratch(name: &str) -> PathBuf {

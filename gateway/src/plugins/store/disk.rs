@@ -4,9 +4,9 @@
 //! new one, never a torn one, plus at most a `.tmp-*` file that the next
 //! open removes.
 
-use std::fs::{self, DirBuilder, File, OpenOptions, Permissions};
+use std::fs::{self, File, Permissions};
 use std::io::{self, Read};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use super::artifact::{KEY_BYTES, StoreKey};
 use super::name::{PluginName, is_valid_tenant};
 use super::{EntryMeta, LoadFailure, StoreError};
-use crate::durable::{TEMP_PREFIX, sync_dir, write_atomic};
 use crate::plugins::{MAX_COMPONENT_BYTES, PluginDigest};
+use bulkhead_durable::{DirLock, LockError, TEMP_PREFIX, sync_dir, write_atomic};
 
 /// Prefix of temp files; no stored name starts with a dot.
 /// Largest entry file read: an entry is a few hundred bytes.
@@ -35,7 +35,6 @@ const TENANTS: &str = "tenants";
 /// so that a re-upload under its name cannot roll it back.
 const VERSIONS: &str = "versions";
 const KEY: &str = "key";
-const LOCK: &str = "lock";
 
 /// An open store folder: its key, and the lock that keeps a second gateway
 /// out while this one runs.
@@ -44,7 +43,7 @@ pub(crate) struct StoreDir {
     root: PathBuf,
     key: StoreKey,
     /// Holds an exclusive `flock` on `lock` until dropped.
-    _lock: File,
+    _lock: DirLock,
 }
 
 /// What opening the folder tidied.
@@ -81,14 +80,6 @@ impl StoreDir {
     pub(crate) fn open(root: &Path) -> Result<(StoreDir, Tidied), StoreError> {
         let mut tidied = Tidied::default();
         make_dir(root)?;
-        let meta = fs::metadata(root).map_err(io_error("reading", root))?;
-        if meta.permissions().mode() & 0o077 != 0 {
-            tracing::warn!(
-                store = %root.display(),
-                mode = format_args!("{:o}", meta.permissions().mode() & 0o777),
-                "the plugin store folder is open to other users; 0700 is expected"
-            );
-        }
         let lock = lock(root)?;
         for sub in [BLOBS, ARTIFACTS, TENANTS, VERSIONS] {
             make_dir(&root.join(sub))?;
@@ -391,22 +382,17 @@ fn check_tenant(tenant: &str) -> Result<(), StoreError> {
 }
 
 /// Takes the store's exclusive lock, or says another process holds it.
-fn lock(root: &Path) -> Result<File, StoreError> {
-    let path = root.join(LOCK);
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(io_error("opening", &path))?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(fs::TryLockError::WouldBlock) => Err(StoreError::InUse {
+fn lock(root: &Path) -> Result<DirLock, StoreError> {
+    bulkhead_durable::lock_dir(root).map_err(|e| match e {
+        LockError::InUse => StoreError::InUse {
             store: root.to_path_buf(),
-        }),
-        Err(fs::TryLockError::Error(e)) => Err(io_error("locking", &path)(e)),
-    }
+        },
+        LockError::Io {
+            action,
+            path,
+            source,
+        } => io_error(action, &path)(source),
+    })
 }
 
 /// The key in `root/key`, created (0600) when missing; a key file of the
@@ -448,11 +434,8 @@ fn read_or_create_key(root: &Path) -> Result<(StoreKey, bool), StoreError> {
 
 /// Creates `dir` (and missing parents) with mode 0700.
 fn make_dir(dir: &Path) -> Result<(), StoreError> {
-    DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(io_error("creating", dir))
+    bulkhead_durable::private_dir(dir, "the plugin store folder")
+        .map_err(|(action, e)| io_error(action, dir)(e))
 }
 
 /// File names in `dir` (not UTF-8 ones are skipped: the store writes none).

@@ -20,12 +20,14 @@
 //! that no longer matches its stored checkpoint is refused.
 
 use std::collections::HashMap;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::io::{BufReader, Write};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
+
+use bulkhead_durable::{DirLock, LockError};
 
 use super::AuditError;
 use super::entry::{Actor, Entry, Event};
@@ -40,7 +42,6 @@ use super::time::Timestamp;
 pub const ENTRIES_FILE: &str = "entries.log";
 /// The latest signed checkpoint.
 pub const CHECKPOINT_FILE: &str = "checkpoint";
-const LOCK_FILE: &str = "lock";
 /// The checkpoint origin (and key name) when `[audit] origin` is unset.
 pub const DEFAULT_ORIGIN: &str = "bulkhead.local/audit";
 /// Most entries one fsync covers: bounds a batch's latency and memory.
@@ -114,7 +115,7 @@ struct Inner {
     /// Batches whose write or fsync failed.
     append_failures: AtomicU64,
     /// Holds the folder's `flock` while open.
-    _lock: File,
+    _lock: DirLock,
 }
 
 #[derive(Debug, Default)]
@@ -654,22 +655,17 @@ impl AuditLog {
 }
 
 /// Takes the folder's exclusive lock, or says another process holds it.
-fn take_lock(dir: &Path) -> Result<File, AuditError> {
-    let path = dir.join(LOCK_FILE);
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(AuditError::io("opening", &path))?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(fs::TryLockError::WouldBlock) => Err(AuditError::InUse {
+fn take_lock(dir: &Path) -> Result<DirLock, AuditError> {
+    bulkhead_durable::lock_dir(dir).map_err(|e| match e {
+        LockError::InUse => AuditError::InUse {
             dir: dir.to_path_buf(),
-        }),
-        Err(fs::TryLockError::Error(e)) => Err(AuditError::io("locking", &path)(e)),
-    }
+        },
+        LockError::Io {
+            action,
+            path,
+            source,
+        } => AuditError::io(action, &path)(source),
+    })
 }
 
 /// The stored checkpoint, its signature checked with this log's key.

@@ -12,6 +12,8 @@
 //!
 //! The file format, the schema and how to verify are in `docs/audit-log.md`.
 
+#![forbid(unsafe_code)]
+
 pub mod entry;
 mod files;
 pub mod frame;

@@ -2,9 +2,8 @@
 //! by temp file + fsync + rename + fsync of the folder, so a crash leaves
 //! the old file or the new one.
 
-use std::fs::{self, DirBuilder, File};
+use std::fs::File;
 use std::io::{self, Read};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::Path;
 
 use super::AuditError;
@@ -12,28 +11,13 @@ use super::AuditError;
 /// Creates `dir` (and missing parents) 0700; warns when an existing one is
 /// open to other users.
 pub(crate) fn make_dir(dir: &Path) -> Result<(), AuditError> {
-    DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(AuditError::io("creating", dir))?;
-    let mode = fs::metadata(dir)
-        .map_err(AuditError::io("reading", dir))?
-        .permissions()
-        .mode();
-    if mode & 0o077 != 0 {
-        tracing::warn!(
-            dir = %dir.display(),
-            mode = format_args!("{:o}", mode & 0o777),
-            "the audit log folder is open to other users; 0700 is expected"
-        );
-    }
-    Ok(())
+    bulkhead_durable::private_dir(dir, "the audit log folder")
+        .map_err(|(action, e)| AuditError::io(action, dir)(e))
 }
 
 /// Replaces `path` with `bytes` atomically (0600).
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AuditError> {
-    crate::durable::write_atomic(path, bytes).map_err(AuditError::io("writing", path))
+    bulkhead_durable::write_atomic(path, bytes).map_err(AuditError::io("writing", path))
 }
 
 /// A file's contents up to `limit` bytes; `None` when it does not exist.

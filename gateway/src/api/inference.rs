@@ -6,7 +6,7 @@
 //! ```text
 //! headers ─auth (routes.rs, before the body is read)─▶ TenantCall
 //!     +body ─shape,model─▶ Validated ─limits─▶ Admitted
-//!     ─on-request plugins─▶ ─gRPC─▶ Generation (Started seen)
+//!     ─on-request plugins─▶ Processed ─gRPC─▶ Generation (Started seen)
 //!     ─on-response / on-chunk plugins─▶ JSON body | SSE stream
 //! ```
 //! Nothing reaches the gpu-host before `Admitted`, so a refused request costs
@@ -31,6 +31,7 @@ use super::identity::TenantCall;
 use super::openai::{COMPLETIONS_DEFAULT_MAX_TOKENS, Endpoint, InferenceRequest};
 use super::respond::ResponseMeta;
 use super::{App, random_seed, request_id};
+use crate::Snapshot;
 use crate::audit::time::Timestamp;
 use crate::limits::{Admission, day_of};
 use crate::metrics::RequestLabels;
@@ -120,6 +121,37 @@ async fn handle(app: App, call: TenantCall, endpoint: Endpoint, body: Bytes) -> 
     response
 }
 
+/// What every stage of one request may read.
+struct Call<'a> {
+    app: &'a App,
+    request_id: &'a str,
+    started_at: Instant,
+}
+
+/// A body that passed the tenant's shape, model and size checks, with the
+/// `max_tokens` it gets. Nothing has been spent on it yet.
+struct Validated<'a> {
+    tenant: &'a TenantPolicy,
+    request: InferenceRequest,
+    max_tokens: u32,
+}
+
+/// A validated request the tenant's limits let in, holding its rate,
+/// concurrency and token reservation until it ends. Nothing reaches the
+/// gpu-host before this.
+struct Admitted<'a> {
+    validated: Validated<'a>,
+    admission: Admission,
+    deadline: tokio::time::Instant,
+}
+
+/// An admitted request after its `on-request` plugins: what goes upstream,
+/// and the hooks its response still passes through.
+struct Processed<'a> {
+    admitted: Admitted<'a>,
+    hooks: Option<Hooks>,
+}
+
 async fn serve(
     app: &App,
     call: TenantCall,
@@ -135,9 +167,12 @@ async fn serve(
         .tenants
         .get(&identity.tenant)
         .ok_or_else(|| ApiError::internal("a verified tenant is missing from the policy"))?;
-
-    // Validated: shape, model and size, before any budget is spent.
-    let (request, max_tokens) = validate(tenant, endpoint, &body)?;
+    let call = Call {
+        app,
+        request_id,
+        started_at,
+    };
+    let validated = validate(tenant, endpoint, &body)?;
     let hooks = Hooks::resolve(
         &tenant.id,
         &tenant.plugins,
@@ -145,36 +180,11 @@ async fn serve(
         &app.metrics,
         &app.plugin_gate,
     )?;
-
-    // Admitted.
-    let estimate = request.prompt_token_bound() + u64::from(max_tokens);
-    let admission = snapshot
-        .limiters
-        .admit(&tenant.id, identity.sub.as_deref(), estimate)
-        .map_err(ApiError::from)?;
-    let rate_headers = header_map(admission.headers().to_header_pairs());
-
-    let deadline =
-        tokio::time::Instant::from_std(started_at + snapshot.policy.gateway.request_timeout);
+    let admitted = admit(validated, &snapshot, identity.sub.as_deref(), &call)?;
+    let rate_headers = header_map(admitted.admission.headers().to_header_pairs());
     let result = async {
-        let (hooks, request) = match hooks {
-            Some(hooks) if hooks.has_request_chain() => {
-                let rules = Arc::new(TenantRules::of(tenant));
-                let (hooks, request) = hooks
-                    .on_request(request, rules, request_id.to_string())
-                    .await?;
-                (Some(hooks), request)
-            }
-            hooks => (hooks, request),
-        };
-        let max_tokens = match hooks {
-            Some(_) => effective_max_tokens(&request, tenant.limits.max_tokens),
-            None => max_tokens,
-        };
-        run(
-            app, tenant, request, max_tokens, admission, hooks, deadline, started_at, request_id,
-        )
-        .await
+        let processed = process(admitted, hooks, &call).await?;
+        run(processed, &call).await
     }
     .await;
     Ok(match result {
@@ -186,12 +196,77 @@ async fn serve(
     })
 }
 
+/// Admission: the request's estimate (prompt bound + `max_tokens`) against
+/// the tenant's limits in `snapshot`.
+fn admit<'a>(
+    validated: Validated<'a>,
+    snapshot: &Snapshot,
+    sub: Option<&str>,
+    call: &Call,
+) -> Result<Admitted<'a>, ApiError> {
+    let estimate = validated.request.prompt_token_bound() + u64::from(validated.max_tokens);
+    let admission = snapshot
+        .limiters
+        .admit(&validated.tenant.id, sub, estimate)
+        .map_err(ApiError::from)?;
+    let deadline =
+        tokio::time::Instant::from_std(call.started_at + snapshot.policy.gateway.request_timeout);
+    Ok(Admitted {
+        validated,
+        admission,
+        deadline,
+    })
+}
+
+/// The tenant's `on-request` chain, if it has one, over the admitted
+/// request (a rewrite is checked like a client's request).
+async fn process<'a>(
+    admitted: Admitted<'a>,
+    hooks: Option<Hooks>,
+    call: &Call<'_>,
+) -> Result<Processed<'a>, ApiError> {
+    let Admitted {
+        validated:
+            Validated {
+                tenant,
+                request,
+                max_tokens,
+            },
+        admission,
+        deadline,
+    } = admitted;
+    let (hooks, request, max_tokens) = match hooks {
+        Some(hooks) if hooks.has_request_chain() => {
+            let rules = Arc::new(TenantRules::of(tenant));
+            let (hooks, request) = hooks
+                .on_request(request, rules, call.request_id.to_string())
+                .await?;
+            let max_tokens = effective_max_tokens(&request, tenant.limits.max_tokens);
+            (Some(hooks), request, max_tokens)
+        }
+        hooks => (hooks, request, max_tokens),
+    };
+    let validated = Validated {
+        tenant,
+        request,
+        max_tokens,
+    };
+    Ok(Processed {
+        admitted: Admitted {
+            validated,
+            admission,
+            deadline,
+        },
+        hooks,
+    })
+}
+
 /// Parses the body and applies the tenant's shape limits.
-fn validate(
-    tenant: &TenantPolicy,
+fn validate<'a>(
+    tenant: &'a TenantPolicy,
     endpoint: Endpoint,
     body: &[u8],
-) -> Result<(InferenceRequest, u32), ApiError> {
+) -> Result<Validated<'a>, ApiError> {
     let limits = &tenant.limits;
     if body.len() as u64 > limits.max_body_bytes {
         return Err(ApiError::too_large(format!(
@@ -231,22 +306,34 @@ fn validate(
             Endpoint::Completion => COMPLETIONS_DEFAULT_MAX_TOKENS.min(limits.max_tokens),
         },
     };
-    Ok((request, max_tokens))
+    Ok(Validated {
+        tenant,
+        request,
+        max_tokens,
+    })
 }
 
-/// Sends the admitted request upstream and builds the response.
-#[allow(clippy::too_many_arguments)]
-async fn run(
-    app: &App,
-    tenant: &TenantPolicy,
-    request: InferenceRequest,
-    max_tokens: u32,
-    admission: Admission,
-    hooks: Option<Hooks>,
-    deadline: tokio::time::Instant,
-    started_at: Instant,
-    request_id: &str,
-) -> Result<Response, ApiError> {
+/// Sends the processed request upstream and builds the response.
+async fn run(processed: Processed<'_>, call: &Call<'_>) -> Result<Response, ApiError> {
+    let Processed {
+        admitted:
+            Admitted {
+                validated:
+                    Validated {
+                        tenant,
+                        request,
+                        max_tokens,
+                    },
+                admission,
+                deadline,
+            },
+        hooks,
+    } = processed;
+    let Call {
+        app,
+        request_id,
+        started_at,
+    } = *call;
     // Checked here, after the plugins, so a rewritten model is checked too.
     let registration = app.models.get(&request.model).ok_or_else(|| {
         ApiError::not_found(

@@ -82,8 +82,8 @@ struct Control {
     /// Audit entries written by reconciles (so a crash loop or a periodic
     /// check does not write the same refusal again and again).
     audited: BTreeSet<(String, String, String)>,
-    /// The child generation (`starts`) the loads above are for.
-    generation: Option<u64>,
+    /// Which start of the child (`starts`) the loads above are for.
+    child_start: Option<u64>,
     /// The host's last refusal of the tenants' partitions (logged once).
     partitions_refused: Option<String>,
 }
@@ -558,11 +558,11 @@ async fn reload(reloads: &mut Option<watch::Receiver<u64>>) -> bool {
 /// asked.
 async fn reconcile(inner: &Inner, retry_failed: bool) -> bool {
     let mut control = inner.control.lock().await;
-    let generation = inner.starts.get();
-    if control.generation != Some(generation) {
+    let child_start = inner.starts.get();
+    if control.child_start != Some(child_start) {
         // A fresh child holds no models: load everything, tell readiness.
         inner.serving.send_replace(UpstreamState::Starting);
-        control.generation = Some(generation);
+        control.child_start = Some(child_start);
         control.loaded.clear();
         control.states.clear();
     }

@@ -128,9 +128,11 @@ fn rules() -> Vec<Forbid> {
                 "upstream",
                 "policy",
                 "source",
+                "pipeline",
+                "request",
             ],
             To::Module(above),
-            "subsystems and policy sit below the snapshot, the reconciler and the HTTP layer",
+            "subsystems, policy and the plugin pipeline sit below the snapshot, the reconciler and the HTTP layer",
         );
     }
     rules

@@ -2,6 +2,8 @@
 //! `{"error":{"message","type","param","code"}}`, with an honest status and a
 //! stable `code`. Messages say what was wrong and never carry secrets.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -9,6 +11,7 @@ use serde_json::json;
 
 use crate::auth::AuthError;
 use crate::limits::{RejectReason, Rejection};
+use crate::pipeline::HookFailure;
 use crate::upstream::UpstreamError;
 
 /// An error response.
@@ -327,6 +330,57 @@ impl IntoResponse for ApiError {
                 .or_insert(HeaderValue::from_static("1"));
         }
         response
+    }
+}
+
+/// The plugin a failure came from, for the client (`x-bulkhead-plugin`).
+const PLUGIN_HEADER: HeaderName = HeaderName::from_static("x-bulkhead-plugin");
+
+/// A plugin chain's failure as the client sees it: the plugin's own
+/// status and message for a rejection, 502 naming the plugin otherwise.
+impl From<HookFailure> for ApiError {
+    fn from(failure: HookFailure) -> ApiError {
+        let (plugin, error) = match failure {
+            HookFailure::Rejected { plugin, rejection } => (
+                plugin,
+                ApiError::plugin_rejected(rejection.status, rejection.message),
+            ),
+            HookFailure::Failed { plugin, error } => {
+                let api =
+                    ApiError::plugin_failed(error.code(), error.retryable(), error.to_string());
+                (plugin, api)
+            }
+            HookFailure::Invalid { plugin, reason } => (
+                Arc::clone(&plugin),
+                ApiError::plugin_failed(
+                    "plugin_invalid_output",
+                    false,
+                    format!("plugin `{plugin}` {reason}"),
+                ),
+            ),
+            HookFailure::NotFound {
+                plugin,
+                tenant,
+                hook,
+            } => {
+                return ApiError::plugin_failed(
+                    "plugin_not_found",
+                    false,
+                    format!(
+                        "plugin `{plugin}` is in tenant `{tenant}`'s {hook} chain but has not \
+                         been uploaded (PUT /v1/plugins/{plugin})"
+                    ),
+                );
+            }
+            HookFailure::Lost => {
+                return ApiError::internal("a plugin call's thread failed (see the gateway log)");
+            }
+        };
+        let mut headers = HeaderMap::new();
+        if let Ok(value) = HeaderValue::from_str(&plugin) {
+            headers.insert(PLUGIN_HEADER, value);
+        }
+        error.with_headers(headers)
     }
 }
 

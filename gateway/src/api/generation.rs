@@ -14,10 +14,10 @@ use axum::response::sse::Event;
 use futures_util::{Stream, StreamExt};
 
 use super::error::ApiError;
-use super::hooks::Hooks;
 use super::respond::{Finish, ResponseMeta, Usage};
 use crate::limits::{Admission, RequestUsage};
 use crate::metrics::{Metrics, OpenStream, TenantLabels, TokenLabels};
+use crate::pipeline::Hooks;
 use crate::upstream::{self, Events, Started, UpstreamError};
 
 /// A piece of the generation as the HTTP layer sees it.
@@ -238,7 +238,7 @@ impl Generation {
                     let (hooks, text) = match hooks {
                         Some(hooks) => match hooks.on_chunk(text).await {
                             Ok((hooks, text)) => (Some(hooks), text),
-                            Err(error) => return failed(&generation, error),
+                            Err(error) => return failed(&generation, error.into()),
                         },
                         None => (None, text),
                     };
@@ -263,7 +263,7 @@ impl Generation {
                                 events.push(json(meta.chunk(&tail, false, None, include_usage)));
                             }
                             Ok(_) => {}
-                            Err(error) => return failed(&generation, error),
+                            Err(error) => return failed(&generation, error.into()),
                         }
                     }
                     let meta = &generation.meta;

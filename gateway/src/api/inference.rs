@@ -26,7 +26,6 @@ use axum::response::{IntoResponse, Response, Sse};
 use super::deadline::BodyDeadline;
 use super::error::{ApiError, header_map};
 use super::generation::{Generation, GenerationContext};
-use super::hooks::{Hooks, TenantRules, effective_max_tokens};
 use super::identity::TenantCall;
 use super::openai::{COMPLETIONS_DEFAULT_MAX_TOKENS, Endpoint, InferenceRequest};
 use super::respond::ResponseMeta;
@@ -35,6 +34,7 @@ use crate::Snapshot;
 use crate::audit::time::Timestamp;
 use crate::limits::{Admission, day_of};
 use crate::metrics::RequestLabels;
+use crate::pipeline::{Hooks, TenantRules, effective_max_tokens};
 use crate::policy::TenantPolicy;
 use crate::upstream::Generate;
 

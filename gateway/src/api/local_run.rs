@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::hooks::{TenantRules, apply, to_plugin};
 use super::openai::{Endpoint, InferenceRequest, Prompt};
+use crate::pipeline::{TenantRules, apply, to_plugin};
 use crate::plugins::{
     self, CallContext, CompiledPlugin, Hook, LogStats, PluginCall, PluginConfig, PluginError,
     PluginLimits, Rejection,

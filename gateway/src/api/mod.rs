@@ -8,7 +8,6 @@ mod audit;
 mod deadline;
 mod error;
 mod generation;
-mod hooks;
 mod identity;
 mod inference;
 mod local_run;

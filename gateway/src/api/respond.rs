@@ -5,24 +5,7 @@ use serde_json::{Value, json};
 
 use super::openai::Endpoint;
 
-/// How a generation ended, in OpenAI's words.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Finish {
-    Stop,
-    Length,
-    /// A tenant plugin withheld or cut the text.
-    ContentFilter,
-}
-
-impl Finish {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Finish::Stop => "stop",
-            Finish::Length => "length",
-            Finish::ContentFilter => "content_filter",
-        }
-    }
-}
+pub use crate::request::Finish;
 
 /// Token counts of one request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -18,19 +18,17 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::http::{HeaderMap, HeaderName, HeaderValue};
-
-use super::error::ApiError;
-use super::openai::{Endpoint, InferenceRequest, MAX_MESSAGES, MAX_STOP, MAX_STOP_BYTES, Prompt};
-use super::respond::Finish;
 use crate::metrics::{HookLabels, Metrics, PluginCallLabels, TenantLabels};
 use crate::plugins::{
     self, CallContext, CompiledPlugin, Hook, HookGate, PluginCall, PluginError, Rejection,
 };
 use crate::policy::{PluginSettings, TenantPlugins, TenantPolicy};
+use crate::request::{
+    COMPLETIONS_DEFAULT_MAX_TOKENS, Endpoint, Finish, InferenceRequest, MAX_MESSAGES, MAX_STOP,
+    MAX_STOP_BYTES, Prompt,
+};
 
 /// Names the plugin behind a plugin error or rejection on the response.
-const PLUGIN_HEADER: HeaderName = HeaderName::from_static("x-bulkhead-plugin");
 
 /// A tenant's plugins for one request. Moved onto a blocking thread for
 /// each hook and back.
@@ -80,35 +78,14 @@ pub enum HookFailure {
     },
     /// The plugin returned something the gateway cannot send on.
     Invalid { plugin: Arc<str>, reason: String },
-}
-
-impl From<HookFailure> for ApiError {
-    fn from(failure: HookFailure) -> ApiError {
-        let (plugin, error) = match failure {
-            HookFailure::Rejected { plugin, rejection } => (
-                plugin,
-                ApiError::plugin_rejected(rejection.status, rejection.message),
-            ),
-            HookFailure::Failed { plugin, error } => {
-                let api =
-                    ApiError::plugin_failed(error.code(), error.retryable(), error.to_string());
-                (plugin, api)
-            }
-            HookFailure::Invalid { plugin, reason } => (
-                Arc::clone(&plugin),
-                ApiError::plugin_failed(
-                    "plugin_invalid_output",
-                    false,
-                    format!("plugin `{plugin}` {reason}"),
-                ),
-            ),
-        };
-        let mut headers = HeaderMap::new();
-        if let Ok(value) = HeaderValue::from_str(&plugin) {
-            headers.insert(PLUGIN_HEADER, value);
-        }
-        error.with_headers(headers)
-    }
+    /// A chain names a plugin the tenant has not uploaded.
+    NotFound {
+        plugin: Arc<str>,
+        tenant: Arc<str>,
+        hook: &'static str,
+    },
+    /// The thread running the hooks died (its panic is in the gateway log).
+    Lost,
 }
 
 impl Hooks {
@@ -123,24 +100,19 @@ impl Hooks {
         lookup: impl Fn(&str) -> Option<CompiledPlugin>,
         metrics: &Arc<Metrics>,
         gate: &Arc<HookGate>,
-    ) -> Result<Option<Hooks>, ApiError> {
+    ) -> Result<Option<Hooks>, HookFailure> {
         if chains.is_empty() {
             return Ok(None);
         }
         let mut slots: Vec<Slot> = Vec::with_capacity(chains.settings.len());
-        let mut index_of = |name: &Arc<str>, hook: &str| -> Result<usize, ApiError> {
+        let mut index_of = |name: &Arc<str>, hook: &'static str| -> Result<usize, HookFailure> {
             if let Some(i) = slots.iter().position(|s| s.name == *name) {
                 return Ok(i);
             }
-            let plugin = lookup(name).ok_or_else(|| {
-                ApiError::plugin_failed(
-                    "plugin_not_found",
-                    false,
-                    format!(
-                        "plugin `{name}` is in tenant `{tenant}`'s {hook} chain but has not been \
-                         uploaded (PUT /v1/plugins/{name})"
-                    ),
-                )
+            let plugin = lookup(name).ok_or_else(|| HookFailure::NotFound {
+                plugin: Arc::clone(name),
+                tenant: Arc::from(tenant),
+                hook,
             })?;
             slots.push(Slot {
                 name: Arc::clone(name),
@@ -187,7 +159,7 @@ impl Hooks {
     async fn blocking<T: Send + 'static>(
         mut self,
         f: impl FnOnce(&mut Hooks) -> T + Send + 'static,
-    ) -> Result<(Hooks, T), ApiError> {
+    ) -> Result<(Hooks, T), HookFailure> {
         let queued = Instant::now();
         let gate = Arc::clone(&self.gate);
         let pass = gate.enter(&self.tenant).await;
@@ -203,9 +175,7 @@ impl Hooks {
             // The request may be gone; then so is what it would have got.
             let _ = sender.send((self, out));
         });
-        receiver
-            .await
-            .map_err(|_| ApiError::internal("a plugin call's thread failed (see the gateway log)"))
+        receiver.await.map_err(|_| HookFailure::Lost)
     }
 
     /// The `on-request` chain over `request`, each rewrite checked against
@@ -216,7 +186,7 @@ impl Hooks {
         request: InferenceRequest,
         tenant: Arc<TenantRules>,
         request_id: String,
-    ) -> Result<(Hooks, InferenceRequest), ApiError> {
+    ) -> Result<(Hooks, InferenceRequest), HookFailure> {
         if self.on_request.is_empty() {
             return Ok((self, request));
         }
@@ -260,7 +230,7 @@ impl Hooks {
     pub async fn on_response(
         self,
         response: plugins::Response,
-    ) -> Result<(Hooks, (String, Finish)), ApiError> {
+    ) -> Result<(Hooks, (String, Finish)), HookFailure> {
         let (hooks, out) = self
             .blocking(move |hooks| hooks.response_chain(response))
             .await?;
@@ -300,7 +270,7 @@ impl Hooks {
 
     /// One streamed delta through the `on-chunk` chain: what to send now
     /// (possibly empty).
-    pub async fn on_chunk(self, text: String) -> Result<(Hooks, String), ApiError> {
+    pub async fn on_chunk(self, text: String) -> Result<(Hooks, String), HookFailure> {
         let (hooks, out) = self.blocking(move |hooks| hooks.chunk_chain(text)).await?;
         Ok((hooks, out?))
     }
@@ -318,7 +288,7 @@ impl Hooks {
     /// The end of a stream: each plugin's held-back text, passed through
     /// the `on-chunk` of the plugins after it before their own
     /// `on-stream-end`.
-    pub async fn on_stream_end(self) -> Result<(Hooks, String), ApiError> {
+    pub async fn on_stream_end(self) -> Result<(Hooks, String), HookFailure> {
         let (hooks, out) = self.blocking(|hooks| hooks.end_chain()).await?;
         Ok((hooks, out?))
     }
@@ -573,7 +543,6 @@ pub fn apply(
 /// The effective `max_tokens` of a request after the chain: as asked, or
 /// the endpoint's default capped by the tenant.
 pub fn effective_max_tokens(request: &InferenceRequest, tenant_max: u32) -> u32 {
-    use super::openai::COMPLETIONS_DEFAULT_MAX_TOKENS;
     match request.max_tokens {
         Some(n) => n.min(tenant_max),
         None => match request.endpoint {

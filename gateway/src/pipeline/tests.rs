@@ -3,6 +3,7 @@ use std::collections::BTreeSet;
 use axum::http::StatusCode;
 
 use super::*;
+use crate::ApiError;
 use crate::plugins::tests::{compiled, guests, require_guests};
 
 fn chat(text: &str) -> InferenceRequest {
@@ -86,12 +87,13 @@ async fn the_request_chain_rewrites_in_order_and_rejections_name_the_plugin() {
     let error = hooks(&["rewrite"], &[], 10_000)
         .on_request(chat("a forbidden word"), Arc::new(rules()), "r2".into())
         .await
+        .map_err(ApiError::from)
         .expect_err("rejected");
     assert_eq!(error.status, StatusCode::FORBIDDEN);
     assert_eq!(error.code, "plugin_rejected");
     assert_eq!(error.message, "the word \"forbidden\" is forbidden");
     let headers = error.headers.expect("headers");
-    assert_eq!(headers[PLUGIN_HEADER], "rewrite");
+    assert_eq!(headers["x-bulkhead-plugin"], "rewrite");
 }
 
 #[tokio::test]
@@ -103,6 +105,7 @@ async fn a_failing_plugin_is_a_502_naming_it_and_the_limit() {
     let error = hooks(&["hostile"], &[], 20)
         .on_request(request, Arc::new(rules()), "r".into())
         .await
+        .map_err(ApiError::from)
         .expect_err("times out");
     assert_eq!(error.status, StatusCode::BAD_GATEWAY);
     assert_eq!(error.kind, "plugin_error");
@@ -189,6 +192,7 @@ fn a_chained_plugin_that_was_never_uploaded_fails_closed() {
         &Arc::new(Metrics::new()),
         &HookGate::new(2),
     )
+    .map_err(ApiError::from)
     .expect_err("missing");
     assert_eq!(error.status, StatusCode::BAD_GATEWAY);
     assert_eq!(error.code, "plugin_not_found");

@@ -94,6 +94,14 @@ fn rules() -> Vec<Forbid> {
         To::Module("server"),
         "the scheduler is below the gRPC transport",
     );
+    for wire in ["tonic", "bulkhead_protocol", "prost"] {
+        forbid(
+            host,
+            &["sched", "engine", "backend"],
+            To::Crate(wire),
+            "only the transport (server/) speaks gRPC; below it, domain types",
+        );
+    }
     for above in ["backend", "engine", "sched", "server", "models"] {
         forbid(
             host,

@@ -1,18 +1,41 @@
-//! A validated generation on its way to a partition's scheduler, and the
-//! channel its events go back on.
+//! A validated generation on its way to a partition's scheduler, the
+//! events it streams back and the channel they go on.
 
 use std::sync::Arc;
 
-use bulkhead_protocol::v1;
 use tokio::sync::mpsc;
-use tonic::Status;
 
 use super::counters::Counted;
-use crate::engine::GenerateRequest;
+use super::error::SchedError;
+use crate::engine::{FinishReason, GenerateRequest};
 use crate::models::LoadedModel;
 
+/// What a generation's stream carries, in order: `Started`, any number of
+/// `Delta`s, then `Finished`, or an error in their place that ends it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// The sequence joined a batch.
+    Started {
+        prompt_tokens: usize,
+        model: String,
+        model_digest: String,
+        /// When the model's weights were last verified (Unix ms), read as
+        /// the sequence started.
+        weights_verified_at_ms: u64,
+    },
+    /// Text now final and the tokens generated since the previous delta
+    /// (the last delta may carry tokens and no text).
+    Delta { text: String, token_ids: Vec<u32> },
+    /// The sequence ended with its output.
+    Finished {
+        reason: FinishReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+}
+
 /// Where a generation's events go; dropped by the client side when it leaves.
-pub(crate) type EventSender = mpsc::Sender<Result<v1::GenerateEvent, Status>>;
+pub(crate) type EventSender = mpsc::Sender<Result<Event, SchedError>>;
 
 /// One queued generation, already validated.
 #[derive(Debug)]

@@ -7,10 +7,13 @@
 //! (`batch`).
 //!
 //! May import the engine, the backends, `models` and `affinity`; never the
-//! server (`sink` turns a sequence's events into the wire's stream).
+//! server, nor the wire's types or status codes: a stream carries
+//! `Event`s and `SchedError`s, the partitions report a `PartitionsReport`,
+//! and the server turns them into gRPC.
 
 mod batch;
 mod counters;
+mod error;
 mod job;
 mod partitions;
 mod plan;
@@ -21,12 +24,14 @@ mod shares;
 mod sink;
 
 pub use batch::Batcher;
-pub(crate) use job::Job;
+pub(crate) use error::SchedError;
+pub(crate) use job::{Event, Job};
 pub use partitions::MAX_TENANTS;
-pub(crate) use partitions::{PartitionSettings, Partitions, Workers, tenant_requests};
+pub(crate) use partitions::{
+    PartitionReport, PartitionSettings, Partitions, PartitionsReport, TenantReport, Workers,
+};
 pub use plan::{
     BATCH_PREFILL_CHUNK, BatchLimits, BatchStats, Chunk, PartitionKv, Planned, Planner, StepPlan,
     TenantCounts, TenantShare,
 };
 pub use sequence::{NewSequence, SequenceError, SequenceSink};
-pub(crate) use sink::out_of_service;

@@ -17,17 +17,16 @@
 //! (**a re-partition drops no request in flight**). The same set again
 //! changes nothing.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use arc_swap::ArcSwap;
 use bulkhead_partition::{Device, Layout, PartitionError, PartitionKind, TenantRequest, plan};
-use bulkhead_protocol::v1;
-use tonic::Status;
 
 use super::counters::Counters;
+use super::error::SchedError;
 use super::job::Job;
 use super::queue::{SchedulerHandle, SchedulerSettings, SchedulerView};
 use super::scheduler::{PartitionLoad, PartitionSpec};
@@ -35,12 +34,17 @@ use crate::affinity::CpuMap;
 use crate::backend::ComputeBackend;
 use crate::models::ModelRegistry;
 
+mod report;
+
+pub(crate) use report::{PartitionReport, PartitionsReport, TenantReport};
+
 /// Most tenants one `SetPartitions` may list.
 pub const MAX_TENANTS: usize = 10_000;
 
-/// The layout in force and the schedulers that run it.
+/// A layout and the schedulers that run it. Its number is 1 for the
+/// layout the host starts with and one more for every change.
 #[derive(Debug)]
-struct Generation {
+struct Epoch {
     number: u64,
     layout: Layout,
     schedulers: Vec<SchedulerHandle>,
@@ -72,7 +76,8 @@ pub(crate) struct Partitions {
     settings: PartitionSettings,
     registry: Arc<ModelRegistry>,
     host: Arc<Counters>,
-    current: ArcSwap<Generation>,
+    /// The epoch in force.
+    current: ArcSwap<Epoch>,
     /// Serializes layout changes; the views of replaced schedulers still draining.
     control: Mutex<Vec<Arc<SchedulerView>>>,
     /// Every scheduler thread started, joined at shutdown.
@@ -112,7 +117,7 @@ impl Partitions {
             .map_err(|errors| join(&errors))?;
         let threads = Arc::new(Mutex::new(Vec::new()));
         let host = Arc::new(Counters::default());
-        let first = start_generation(1, layout, &settings, &registry, &host, &threads)?;
+        let first = start_epoch(1, layout, &settings, &registry, &host, &threads)?;
         let partitions = Partitions {
             settings,
             registry,
@@ -127,49 +132,42 @@ impl Partitions {
     }
 
     /// Routes a job to its tenant's partition and queues it there.
-    pub(crate) fn submit(&self, job: Job) -> Result<(), Status> {
-        let generation = self.current.load();
-        let at = generation
-            .by_tenant
-            .get(&job.tenant)
-            .copied()
-            .or(generation.shared)
-            .ok_or_else(|| {
-                Status::failed_precondition(format!(
-                    "tenant `{}` has no partition on this host: every core is dedicated to \
-                     other tenants",
-                    job.tenant
-                ))
-            })?;
-        generation.schedulers[at].submit(job)
+    pub(crate) fn submit(&self, job: Job) -> Result<(), SchedError> {
+        let epoch = self.current.load();
+        let Some(at) = epoch.by_tenant.get(&job.tenant).copied().or(epoch.shared) else {
+            return Err(SchedError::NoPartition { tenant: job.tenant });
+        };
+        epoch.schedulers[at].submit(job)
     }
 
     /// Plans `tenants`; a new layout replaces the current one (true), the
     /// same one changes nothing (false). Refused: the planner's errors,
     /// and the current layout stays.
-    pub(crate) fn set(&self, requests: &[TenantRequest]) -> Result<bool, Status> {
+    pub(crate) fn set(&self, requests: &[TenantRequest]) -> Result<bool, SchedError> {
         let mut draining = self.control.lock().unwrap_or_else(|e| e.into_inner());
         let settings = &self.settings;
         let layout = plan(&settings.device, settings.model_reservation_bytes, requests).map_err(
             |errors| {
-                Status::invalid_argument(format!(
-                    "the partitions cannot be planned on this host ({}, {} {}, {} of KV \
-                     memory): {}",
-                    settings.device.name,
-                    settings.device.compute_units,
-                    settings.device.unit(),
-                    bulkhead_partition::format_bytes(
-                        settings.device.memory_bytes - settings.model_reservation_bytes
+                let device = &settings.device;
+                SchedError::Unplannable {
+                    host: format!(
+                        "{}, {} {}, {} of KV memory",
+                        device.name,
+                        device.compute_units,
+                        device.unit(),
+                        bulkhead_partition::format_bytes(
+                            device.memory_bytes - settings.model_reservation_bytes
+                        ),
                     ),
-                    join(&errors)
-                ))
+                    errors: join(&errors),
+                }
             },
         )?;
         let current = self.current.load_full();
         if current.layout == layout {
             return Ok(false);
         }
-        let next = start_generation(
+        let next = start_epoch(
             current.number + 1,
             layout,
             &self.settings,
@@ -177,7 +175,7 @@ impl Partitions {
             &self.host,
             &self.threads,
         )
-        .map_err(Status::internal)?;
+        .map_err(SchedError::Internal)?;
         let old = self.current.swap(Arc::new(next));
         draining.extend(old.schedulers.iter().map(|s| Arc::clone(&s.view)));
         // `old` drops here (or when the last submit that loaded it ends),
@@ -204,42 +202,37 @@ impl Partitions {
     }
 
     /// Every live scheduler: the current layout's, then the draining ones.
-    fn views(&self) -> (Arc<Generation>, Vec<Arc<SchedulerView>>) {
+    fn views(&self) -> (Arc<Epoch>, Vec<Arc<SchedulerView>>) {
         let mut draining = self.control.lock().unwrap_or_else(|e| e.into_inner());
         self.reap(&mut draining);
         (self.current.load_full(), draining.clone())
     }
 
-    /// The `Partitions` answer; `lanes` maps a tenant to the target of its
-    /// I/O lane, advertised on its dedicated partition.
-    pub(crate) fn report(&self, lanes: &BTreeMap<String, String>) -> v1::PartitionsResponse {
-        let (generation, draining) = self.views();
+    /// The partitions and their load; `lanes` maps a tenant to the target
+    /// of its I/O lane, advertised on its dedicated partition.
+    pub(crate) fn report(&self, lanes: &BTreeMap<String, String>) -> PartitionsReport {
+        let (epoch, draining) = self.views();
         let device = &self.settings.device;
         let on_cpus = matches!(self.settings.compute, ComputeBackend::Cpu);
-        let current = generation.schedulers.iter().map(|s| (&*s.view, false));
+        let current = epoch.schedulers.iter().map(|s| (&*s.view, false));
         let old = draining.iter().map(|v| (&**v, true));
-        v1::PartitionsResponse {
+        PartitionsReport {
             device: device.name.clone(),
-            unit: device.unit().to_string(),
+            unit: device.unit(),
             compute_units: device.compute_units,
             memory_bytes: device.memory_bytes,
-            generation: generation.number,
+            epoch: epoch.number,
             partitions: current
                 .chain(old)
                 .map(|(view, draining)| {
-                    let mut info = partition_info(view, draining);
+                    let mut info = report::partition_report(view, draining);
                     if on_cpus {
-                        info.host_cpus = view
-                            .spec
-                            .cpus
-                            .iter()
-                            .map(|&c| u32::try_from(c).unwrap_or(u32::MAX))
-                            .collect();
+                        info.host_cpus = view.spec.cpus.clone();
                     }
                     if let (false, PartitionKind::Dedicated, Some(tenant)) =
                         (draining, view.spec.kind, view.spec.tenants.first())
                     {
-                        info.lane = lanes.get(&tenant.tenant).cloned().unwrap_or_default();
+                        info.lane = lanes.get(&tenant.tenant).cloned();
                     }
                     info
                 })
@@ -254,8 +247,8 @@ impl Partitions {
         if !matches!(self.settings.compute, ComputeBackend::Cpu) {
             return BTreeMap::new();
         }
-        let generation = self.current.load();
-        generation
+        let epoch = self.current.load();
+        epoch
             .schedulers
             .iter()
             .map(|s| &s.view.spec)
@@ -275,8 +268,8 @@ impl Partitions {
 
     /// Host-wide numbers for `Health`.
     pub(crate) fn health(&self) -> HostLoad {
-        let (generation, draining) = self.views();
-        let views: Vec<&SchedulerView> = generation
+        let (epoch, draining) = self.views();
+        let views: Vec<&SchedulerView> = epoch
             .schedulers
             .iter()
             .map(|s| &*s.view)
@@ -312,66 +305,15 @@ pub(crate) struct HostLoad {
     pub kv_refusals: u64,
 }
 
-fn partition_info(view: &SchedulerView, draining: bool) -> v1::PartitionInfo {
-    let spec = &view.spec;
-    let load = view.load.load();
-    let small = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-    let tenants = spec
-        .tenants
-        .iter()
-        .map(|t| t.tenant.as_str())
-        .chain(load.tenants.keys().map(String::as_str))
-        .collect::<BTreeSet<&str>>()
-        .into_iter()
-        .map(|tenant| {
-            let planned = spec.tenants.iter().find(|t| t.tenant == tenant);
-            let used = load.tenants.get(tenant).copied().unwrap_or_default();
-            let queue = view.queue.of(tenant);
-            v1::TenantUsage {
-                tenant: tenant.to_string(),
-                weight: planned.map_or(1, |t| t.weight),
-                kv_blocks: used.kv_blocks,
-                kv_bytes: used.kv_bytes,
-                guaranteed_bytes: planned.map_or(0, |t| t.guaranteed_bytes),
-                budget_bytes: planned.map_or(0, |t| t.budget_bytes),
-                preemptions: used.preemptions,
-                kv_refusals: used.kv_refusals,
-                queued: small(queue.queued.load(Ordering::SeqCst)),
-                queue_guaranteed: small(queue.guaranteed),
-                queue_refusals: queue.refusals.load(Ordering::Relaxed),
-            }
-        })
-        .collect();
-    v1::PartitionInfo {
-        id: spec.id.clone(),
-        kind: match spec.kind {
-            PartitionKind::Dedicated => "dedicated",
-            PartitionKind::Shared => "shared",
-        }
-        .to_string(),
-        cores: spec.units.clone(),
-        memory_bytes: spec.memory_bytes,
-        memory_used_bytes: load.kv_bytes_used,
-        queued: small(view.counters.queued.load(Ordering::SeqCst)),
-        running: small(view.counters.running.load(Ordering::SeqCst)),
-        preemptions: load.preemptions,
-        tenants,
-        draining,
-        // Filled by `report`, which knows the backend and the lanes.
-        host_cpus: Vec::new(),
-        lane: String::new(),
-    }
-}
-
 /// Starts one scheduler per partition of `layout`; none if one fails.
-fn start_generation(
+fn start_epoch(
     number: u64,
     layout: Layout,
     settings: &PartitionSettings,
     registry: &Arc<ModelRegistry>,
     host: &Arc<Counters>,
     threads: &Mutex<Vec<JoinHandle<()>>>,
-) -> Result<Generation, String> {
+) -> Result<Epoch, String> {
     let mut schedulers = Vec::new();
     let mut by_tenant = BTreeMap::new();
     let mut shared = None;
@@ -423,7 +365,7 @@ fn start_generation(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .extend(handles);
-    Ok(Generation {
+    Ok(Epoch {
         number,
         layout,
         schedulers,
@@ -438,25 +380,6 @@ fn join(errors: &[PartitionError]) -> String {
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join("; ")
-}
-
-/// The wire tenant set, checked: at most [`MAX_TENANTS`], each entry as
-/// `bulkhead_protocol::tenant_request` reads it.
-pub(crate) fn tenant_requests(tenants: &[v1::TenantGpu]) -> Result<Vec<TenantRequest>, Status> {
-    if tenants.len() > MAX_TENANTS {
-        return Err(Status::invalid_argument(format!(
-            "tenants: {} listed, at most {MAX_TENANTS}",
-            tenants.len()
-        )));
-    }
-    tenants
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            bulkhead_protocol::tenant_request(t)
-                .map_err(|what| Status::invalid_argument(format!("tenants[{i}]: {what}")))
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -1,10 +1,12 @@
 //! One partition's scheduler and the queue in front of it: the router
 //! ([`super::partitions`]) submits validated jobs; the partition refuses one
-//! at once (RESOURCE_EXHAUSTED) when its tenant has used its part of the
-//! partition's queue and the rest is full ([`super::shares`]): a queue is
-//! never shared across partitions, so a dedicated tenant's is its own. The engine is synchronous and CPU-bound, so each
-//! partition runs on its own thread ([`super::scheduler`]), off the async
-//! runtime, and streams events back through each request's channel.
+//! at once ([`SchedError::QueueFull`], RESOURCE_EXHAUSTED on the wire) when
+//! its tenant has used its part of the partition's queue and the rest is
+//! full ([`super::shares`]): a queue is never shared across partitions, so
+//! a dedicated tenant's is its own. The engine is synchronous and
+//! CPU-bound, so each partition runs on its own thread
+//! ([`super::scheduler`]), off the async runtime, and streams events back
+//! through each request's channel.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,9 +15,9 @@ use std::thread::JoinHandle;
 
 use arc_swap::ArcSwap;
 use bulkhead_partition::CuSet;
-use tonic::Status;
 
 use super::counters::{Counted, Counters};
+use super::error::SchedError;
 use super::job::{Job, Queued};
 use super::scheduler::{self, PartitionLoad, PartitionSpec, SchedulerConfig, Shared};
 use super::shares::QueueShares;
@@ -158,7 +160,7 @@ impl SchedulerHandle {
 
     /// Queues a job, or refuses it at once when its tenant has used its
     /// part of this partition's queue and the rest is full.
-    pub(crate) fn submit(&self, job: Job) -> Result<(), Status> {
+    pub(crate) fn submit(&self, job: Job) -> Result<(), SchedError> {
         let tenant_queued = self
             .view
             .queue
@@ -171,7 +173,7 @@ impl SchedulerHandle {
         };
         if let Err(refused) = self.sender.send(Queued { job, counted }) {
             refused.0.counted.unqueue();
-            return Err(Status::unavailable("the host is shutting down"));
+            return Err(SchedError::ShuttingDown);
         }
         Ok(())
     }

@@ -24,9 +24,9 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bulkhead_partition::{PartitionKind, TenantSlot};
-use tonic::Status;
 
 use super::batch::Batcher;
+use super::error::SchedError;
 use super::job::{Job, Queued};
 use super::plan::{BatchLimits, PartitionKv, TenantCounts, TenantShare};
 use super::sequence::{NewSequence, SequenceSink};
@@ -289,7 +289,7 @@ fn accept(
                 });
                 batches.len() - 1
             }
-            Err(status) => return sink.refuse(status),
+            Err(error) => return sink.refuse(error),
         },
     };
     let b = &mut batches[at];
@@ -312,11 +312,11 @@ fn new_batch(
     model: &LoadedModel,
     config: &SchedulerConfig,
     kv: &PartitionKv,
-) -> Result<(Batcher, u64), Status> {
+) -> Result<(Batcher, u64), SchedError> {
     let geometry = model
         .model
         .kv_geometry()
-        .map_err(|e| Status::internal(format!("KV geometry of `{}`: {e}", model.name)))?;
+        .map_err(|e| SchedError::Internal(format!("KV geometry of `{}`: {e}", model.name)))?;
     let partition = &config.partition;
     let blocks = u32::try_from(geometry.blocks_in(partition.memory_bytes)).unwrap_or(u32::MAX);
     let limits = BatchLimits {
@@ -328,7 +328,7 @@ fn new_batch(
         geometry.blocks_in(bytes)
     });
     let batcher = Batcher::in_partition(&model.model, limits, shares, kv.clone())
-        .map_err(|e| Status::internal(format!("KV pool of `{}`: {e}", model.name)))?;
+        .map_err(|e| SchedError::Internal(format!("KV pool of `{}`: {e}", model.name)))?;
     Ok((batcher, geometry.bytes_per_block()))
 }
 

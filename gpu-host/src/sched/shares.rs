@@ -16,8 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use tonic::Status;
-
+use super::error::SchedError;
 use super::scheduler::PartitionSpec;
 
 /// One tenant's part of a partition's queue.
@@ -81,7 +80,7 @@ impl QueueShares {
         &self,
         tenant: &str,
         partition_queued: &AtomicUsize,
-    ) -> Result<Arc<AtomicUsize>, Status> {
+    ) -> Result<Arc<AtomicUsize>, SchedError> {
         let queue = self.of(tenant);
         let mine = queue.queued.fetch_add(1, Ordering::SeqCst);
         let all = partition_queued.fetch_add(1, Ordering::SeqCst);
@@ -91,11 +90,13 @@ impl QueueShares {
         queue.queued.fetch_sub(1, Ordering::SeqCst);
         partition_queued.fetch_sub(1, Ordering::SeqCst);
         queue.refusals.fetch_add(1, Ordering::Relaxed);
-        Err(Status::resource_exhausted(format!(
-            "the request queue is full in partition `{}` ({} places) and tenant `{tenant}` \
-             has {mine} requests waiting, its guaranteed part is {}; retry later",
-            self.partition, self.capacity, queue.guaranteed
-        )))
+        Err(SchedError::QueueFull {
+            partition: self.partition.clone(),
+            capacity: self.capacity,
+            tenant: tenant.to_string(),
+            waiting: mine,
+            guaranteed: queue.guaranteed,
+        })
     }
 }
 
@@ -165,10 +166,13 @@ mod tests {
         // `a` takes its 4 and borrows the 4 `b` is not using.
         let held: Vec<_> = (0..8).map(|_| shares.enter("a", &all).unwrap()).collect();
         let refused = shares.enter("a", &all).unwrap_err();
-        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            matches!(refused, SchedError::QueueFull { .. }),
+            "{refused:?}"
+        );
         assert!(
             refused
-                .message()
+                .to_string()
                 .contains("tenant `a` has 8 requests waiting, its guaranteed part is 4"),
             "{refused:?}"
         );

@@ -1,5 +1,6 @@
 //! One generation's stream as the scheduler sees it: the engine's
-//! [`SequenceSink`] turned into gRPC events.
+//! [`SequenceSink`] turned into the stream's [`Event`]s (the transport
+//! turns those into the wire's).
 //!
 //! Events go through a per-stream backlog and `try_send`, never a blocking
 //! send: one scheduler thread runs every sequence of a batch, so a client
@@ -12,17 +13,16 @@ use std::ops::ControlFlow;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use bulkhead_protocol::v1::{self, generate_event::Event};
 use tokio::sync::mpsc::error::TrySendError;
-use tonic::Status;
 
 use super::counters::Counted;
-use super::job::EventSender;
+use super::error::SchedError;
+use super::job::{Event, EventSender};
 use super::sequence::{SequenceError, SequenceSink};
-use crate::engine::{Decoded, FinishReason, GenerateError, Piece};
+use crate::engine::{Decoded, GenerateError, Piece};
 use crate::models::LoadedModel;
 
-type Item = Result<v1::GenerateEvent, Status>;
+type Item = Result<Event, SchedError>;
 
 /// A stream's events not yet taken by its channel.
 #[derive(Debug)]
@@ -110,19 +110,17 @@ impl StreamSink {
     }
 
     fn send(&mut self, event: Event) {
-        self.outbox
-            .borrow_mut()
-            .push(Ok(v1::GenerateEvent { event: Some(event) }));
+        self.outbox.borrow_mut().push(Ok(event));
     }
 
     /// Answers with an error before the sequence reaches a batch.
-    pub(crate) fn refuse(mut self, status: Status) {
-        self.fail(status);
+    pub(crate) fn refuse(mut self, error: SchedError) {
+        self.fail(error);
     }
 
-    fn fail(&mut self, status: Status) {
+    fn fail(&mut self, error: SchedError) {
         self.answered = true;
-        self.outbox.borrow_mut().push(Err(status));
+        self.outbox.borrow_mut().push(Err(error));
     }
 }
 
@@ -132,20 +130,20 @@ impl SequenceSink for StreamSink {
             self.counters.start();
             self.stage = Stage::Running;
         }
-        let started = Event::Started(v1::Started {
-            prompt_tokens: count(self.prompt_tokens),
+        let started = Event::Started {
+            prompt_tokens: self.prompt_tokens,
             model: self.model.name.clone(),
             model_digest: self.model.digest.clone(),
-            weights_verified_at_unix_ms: self.model.weights.verified_at_ms(),
-        });
+            weights_verified_at_ms: self.model.weights.verified_at_ms(),
+        };
         self.send(started);
     }
 
     fn piece(&mut self, piece: Piece<'_>) -> ControlFlow<()> {
-        self.send(Event::Delta(v1::Delta {
+        self.send(Event::Delta {
             text: piece.text.to_string(),
             token_ids: piece.tokens.to_vec(),
-        }));
+        });
         if self.outbox.borrow().is_closed() {
             return ControlFlow::Break(()); // client gone: stop generating
         }
@@ -160,7 +158,10 @@ impl SequenceSink for StreamSink {
         // Out of service at once: a sequence in flight stops at the next
         // step rather than finishing on weights that no longer verify.
         if let Some(reason) = self.model.weights.unavailable_reason() {
-            self.fail(out_of_service(&self.model.name, reason));
+            self.fail(SchedError::OutOfService {
+                model: self.model.name.clone(),
+                reason: reason.to_string(),
+            });
             return ControlFlow::Break(());
         }
         ControlFlow::Continue(())
@@ -169,21 +170,15 @@ impl SequenceSink for StreamSink {
     fn finished(&mut self, result: Result<Decoded, SequenceError>) {
         match result {
             Ok(done) => {
-                let reason = match done.finish_reason {
-                    FinishReason::Stop => v1::FinishReason::Stop,
-                    FinishReason::Length => v1::FinishReason::Length,
-                };
                 self.answered = true;
-                self.send(Event::Finished(v1::Finished {
-                    finish_reason: reason.into(),
-                    usage: Some(v1::Usage {
-                        prompt_tokens: count(self.prompt_tokens),
-                        completion_tokens: count(done.tokens.len()),
-                    }),
-                }));
+                self.send(Event::Finished {
+                    reason: done.finish_reason,
+                    prompt_tokens: self.prompt_tokens,
+                    completion_tokens: done.tokens.len(),
+                });
             }
             Err(e @ (SequenceError::KvBudget { .. } | SequenceError::KvWait { .. })) => {
-                self.fail(Status::resource_exhausted(e.to_string()));
+                self.fail(SchedError::KvBudget(e));
             }
             Err(SequenceError::Generate(GenerateError::Cancelled)) => self.answered = true,
             Err(
@@ -191,12 +186,10 @@ impl SequenceSink for StreamSink {
                 | SequenceError::Accounting(_)
                 | SequenceError::StepFailed(_)),
             ) => {
-                self.fail(Status::internal(e.to_string()));
+                self.fail(SchedError::Internal(e.to_string()));
             }
             // Validated before queueing; kept as the client's fault should it happen.
-            Err(e @ SequenceError::Generate(_)) => {
-                self.fail(Status::invalid_argument(e.to_string()));
-            }
+            Err(SequenceError::Generate(e)) => self.fail(SchedError::BadRequest(e)),
         }
     }
 }
@@ -208,16 +201,7 @@ impl Drop for StreamSink {
             Stage::Running => self.counters.stop(),
         }
         if !self.answered {
-            self.fail(Status::internal("generation failed (a bug)"));
+            self.fail(SchedError::Internal("generation failed (a bug)".into()));
         }
     }
-}
-
-/// The status of a request for a model taken out of service.
-pub(crate) fn out_of_service(name: &str, reason: &str) -> Status {
-    Status::failed_precondition(format!("model `{name}` is out of service: {reason}"))
-}
-
-fn count(n: usize) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
 }

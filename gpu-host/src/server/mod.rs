@@ -3,12 +3,14 @@
 //! wire's requests turned into the engine's, on the main listener and,
 //! for each dedicated partition on the CPU backend, on its I/O lane
 //! (`lanes.rs`). The models it serves are `crate::models`'; the
-//! partitions' queues and scheduler threads are `crate::sched`'.
+//! partitions' queues and scheduler threads are `crate::sched`', whose
+//! events, errors and reports become the wire's messages and status codes
+//! here (`wire.rs`) and nowhere else.
 //!
 //! ```text
 //! gRPC request ─auth─▶ GpuHostService::generate ─validate─▶ Job ─route by tenant─▶ partition's queue ─▶ its scheduler thread
 //!      ▲                                                                                                │ Batcher::step per model
-//!      └──── tokio mpsc (Started, Delta…, Finished) ◀─ outbox (try_send) ◀──────────────────────────────┘
+//!      └─ wire ◀─ tokio mpsc (Started, Delta…, Finished) ◀─ outbox (try_send) ◀─────────────────────────┘
 //! ```
 
 mod auth;
@@ -16,6 +18,7 @@ mod lanes;
 mod listen;
 mod request;
 mod service;
+mod wire;
 
 use std::future::Future;
 use std::path::PathBuf;

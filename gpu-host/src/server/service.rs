@@ -1,18 +1,22 @@
 //! The `GpuHost` gRPC service: resolves the model, validates the request,
-//! queues it and hands back the stream its worker fills.
+//! queues it and hands back the stream its worker fills (its events put on
+//! the wire as they are read, see `wire.rs`).
 
 use std::sync::Arc;
 
 use bulkhead_protocol::v1;
 use bulkhead_protocol::v1::gpu_host_server::{GpuHost, GpuHostServer};
 use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::adapters::Map;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
 use super::auth::BearerAuth;
 use super::lanes::Lanes;
-use crate::sched::{Job, Partitions, out_of_service, tenant_requests};
+use super::wire::{self, StreamItem};
+use crate::sched::{Event, Job, Partitions, SchedError};
 use bulkhead_protocol::digest::Hash;
 
 use super::request::to_engine;
@@ -23,6 +27,9 @@ use crate::verify::flip_resident_bit;
 /// Events buffered per stream in its channel; beyond that they wait in the
 /// stream's backlog on the scheduler (see `sink.rs`).
 const EVENT_BUFFER: usize = 64;
+
+/// How a stream's items go on the wire ([`wire::stream_item`]).
+type ToWire = fn(Result<Event, SchedError>) -> StreamItem;
 
 /// Whether the test-only RPCs answer (`--enable-test-hooks`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,7 +114,7 @@ fn digest_field(bytes: &[u8], field: &str) -> Result<Option<Hash>, Status> {
 
 #[tonic::async_trait]
 impl GpuHost for GpuHostService {
-    type GenerateStream = ReceiverStream<Result<v1::GenerateEvent, Status>>;
+    type GenerateStream = Map<ReceiverStream<Result<Event, SchedError>>, ToWire>;
 
     async fn generate(
         &self,
@@ -116,7 +123,11 @@ impl GpuHost for GpuHostService {
         let req = request.into_inner();
         let model = self.model(&req.model)?;
         if let Some(reason) = model.weights.unavailable_reason() {
-            return Err(out_of_service(&model.name, reason));
+            return Err(SchedError::OutOfService {
+                model: model.name.clone(),
+                reason: reason.to_string(),
+            }
+            .into());
         }
         let engine_request = to_engine(&model, &req)?;
         let (events, stream) = mpsc::channel(EVENT_BUFFER);
@@ -127,7 +138,9 @@ impl GpuHost for GpuHostService {
             priority: req.priority.unwrap_or(0),
             events,
         })?;
-        Ok(Response::new(ReceiverStream::new(stream)))
+        Ok(Response::new(
+            ReceiverStream::new(stream).map(wire::stream_item as ToWire),
+        ))
     }
 
     async fn list_models(
@@ -161,7 +174,7 @@ impl GpuHost for GpuHostService {
         &self,
         request: Request<v1::SetPartitionsRequest>,
     ) -> Result<Response<v1::SetPartitionsResponse>, Status> {
-        let tenants = tenant_requests(&request.into_inner().tenants)?;
+        let tenants = wire::tenant_requests(&request.into_inner().tenants)?;
         let changed = self.partitions.set(&tenants)?;
         if changed {
             // Blocks while a new lane's thread starts, as `set` does while
@@ -175,20 +188,20 @@ impl GpuHost for GpuHostService {
                 .partitions
                 .iter()
                 .filter(|p| !p.draining)
-                .map(|p| match p.lane.as_str() {
-                    "" => format!("{} on cores {:?}", p.id, p.cores),
-                    lane => format!("{} on cores {:?}, lane {lane}", p.id, p.cores),
+                .map(|p| match &p.lane {
+                    None => format!("{} on cores {:?}", p.id, p.units),
+                    Some(lane) => format!("{} on cores {:?}, lane {lane}", p.id, p.units),
                 })
                 .collect();
             eprintln!(
                 "partitions: layout {} ({})",
-                layout.generation,
+                layout.epoch,
                 described.join(", ")
             );
         }
         Ok(Response::new(v1::SetPartitionsResponse {
             changed,
-            layout: Some(layout),
+            layout: Some(wire::partitions(layout)),
         }))
     }
 
@@ -196,9 +209,8 @@ impl GpuHost for GpuHostService {
         &self,
         _request: Request<v1::PartitionsRequest>,
     ) -> Result<Response<v1::PartitionsResponse>, Status> {
-        Ok(Response::new(
-            self.partitions.report(&self.lanes.advertised()),
-        ))
+        let report = self.partitions.report(&self.lanes.advertised());
+        Ok(Response::new(wire::partitions(report)))
     }
 
     async fn corrupt_resident_weights(

@@ -2,8 +2,7 @@
 //! `bulkhead-protocol` client over a Unix socket (and TCP for auth).
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bulkhead_protocol::digest::{FileDigest, to_hex};
@@ -16,43 +15,11 @@ use serde_json::Value;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
 
-/// How long a host may take to load its models and listen.
-const READY_TIMEOUT: Duration = Duration::from_secs(60);
+mod common;
+
+use common::{Host, bin, model, temp_dir};
+
 const SECRET: &str = "correct-horse-battery-staple-0123";
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_bulkhead-gpu-host"))
-}
-
-fn model(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/models")
-        .join(name)
-        .display()
-        .to_string()
-}
-
-/// A running `serve`, killed and cleaned up on drop.
-struct Host {
-    child: Child,
-    dir: PathBuf,
-    target: Target,
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("bulkhead-serve-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// Both fixture models, as `llama` and `qwen`.
 fn model_args() -> Vec<String> {
@@ -66,24 +33,13 @@ fn model_args() -> Vec<String> {
     ]
 }
 
-/// Starts a host on a Unix socket in a fresh directory.
+/// Starts a host with both fixture models on a Unix socket.
 fn start_unix(name: &str, extra: &[&str]) -> Host {
-    let dir = temp_dir(name);
-    let socket = dir.join("host.sock");
-    let child = bin()
-        .arg("serve")
-        .arg("--listen")
-        .arg(format!("unix:{}", socket.display()))
-        .args(model_args())
-        .args(extra)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("binary starts");
-    Host {
-        child,
-        dir,
-        target: Target::Unix(socket),
-    }
+    let args: Vec<String> = model_args()
+        .into_iter()
+        .chain(extra.iter().map(|a| a.to_string()))
+        .collect();
+    common::start_unix(name, &args)
 }
 
 /// Starts a host on TCP port 0 with the test secret, without TLS (TLS is
@@ -117,25 +73,6 @@ fn start_tcp(name: &str) -> Host {
         .parse()
         .unwrap();
     Host { child, dir, target }
-}
-
-impl Host {
-    /// Connects, retrying (bounded) until the host listens.
-    async fn client(&mut self) -> GpuHostClient<Channel> {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            match connect(&self.target).await {
-                Ok(channel) => return GpuHostClient::new(channel),
-                Err(e) => {
-                    if let Some(status) = self.child.try_wait().unwrap() {
-                        panic!("host exited with {status} before listening");
-                    }
-                    assert!(Instant::now() < deadline, "host not ready: {e}");
-                    tokio::time::sleep(Duration::from_millis(25)).await;
-                }
-            }
-        }
-    }
 }
 
 fn text_request(model: &str, prompt: &str, max_tokens: u32) -> v1::GenerateRequest {

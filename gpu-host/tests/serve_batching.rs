@@ -1,70 +1,25 @@
 //! `serve` with continuous batching: KV admission over gRPC, many streams
 //! in one batch, and the load numbers in `Health`.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use bulkhead_protocol::v1::generate_event::Event;
 use bulkhead_protocol::v1::generate_request::Prompt;
+mod common;
+
+use bulkhead_protocol::v1;
 use bulkhead_protocol::v1::gpu_host_client::GpuHostClient;
-use bulkhead_protocol::{Target, connect, v1};
+use common::{Host, model, start_unix};
 use tonic::Code;
 use tonic::transport::Channel;
 
-struct Host {
-    child: Child,
-    dir: PathBuf,
-    target: Target,
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
+/// A host with the llama fixture on one core, and `extra` arguments.
 fn start(name: &str, extra: &[&str]) -> Host {
-    let dir = std::env::temp_dir().join(format!("bulkhead-batch-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let socket = dir.join("host.sock");
-    let model =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/llama-q8_0.gguf");
-    let child = Command::new(env!("CARGO_BIN_EXE_bulkhead-gpu-host"))
-        .arg("serve")
-        .arg("--listen")
-        .arg(format!("unix:{}", socket.display()))
-        .arg("--model")
-        .arg(format!("llama={}", model.display()))
-        .args(["--threads", "1"])
-        .args(extra)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("binary starts");
-    Host {
-        child,
-        dir,
-        target: Target::Unix(socket),
-    }
-}
-
-impl Host {
-    async fn client(&mut self) -> GpuHostClient<Channel> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            match connect(&self.target).await {
-                Ok(channel) => return GpuHostClient::new(channel),
-                Err(e) => {
-                    assert!(self.child.try_wait().unwrap().is_none(), "host exited");
-                    assert!(Instant::now() < deadline, "host not ready: {e}");
-                    tokio::time::sleep(Duration::from_millis(25)).await;
-                }
-            }
-        }
-    }
+    let llama = format!("llama={}", model("llama-q8_0.gguf"));
+    let args: Vec<&str> = ["--model", &llama, "--threads", "1"]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    start_unix(name, &args)
 }
 
 fn request(tenant: &str, prompt: &str, max_tokens: u32) -> v1::GenerateRequest {

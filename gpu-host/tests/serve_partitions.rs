@@ -5,32 +5,20 @@
 //! layout keeps serving.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bulkhead_protocol::v1::generate_event::Event;
 use bulkhead_protocol::v1::generate_request::Prompt;
+mod common;
+
 use bulkhead_protocol::v1::gpu_host_client::GpuHostClient;
 use bulkhead_protocol::{Target, connect, v1};
+use common::{Host, model, start_unix};
 use tonic::Code;
 use tonic::transport::Channel;
 
 const MIB: u64 = 1 << 20;
-
-struct Host {
-    child: Child,
-    dir: PathBuf,
-    target: Target,
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 /// A host with the llama fixture on a 2-core CPU device with 4 MiB of KV
 /// memory (2 KiB a token for this model: 2,048 tokens).
@@ -40,44 +28,12 @@ fn start(name: &str) -> Host {
 
 /// [`start`] with more `serve` arguments.
 fn start_with(name: &str, extra: &[&str]) -> Host {
-    let dir = std::env::temp_dir().join(format!("bulkhead-part-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let socket = dir.join("host.sock");
-    let model =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/llama-q8_0.gguf");
-    let child = Command::new(env!("CARGO_BIN_EXE_bulkhead-gpu-host"))
-        .arg("serve")
-        .arg("--listen")
-        .arg(format!("unix:{}", socket.display()))
-        .arg("--model")
-        .arg(format!("llama={}", model.display()))
-        .args(["--threads", "2", "--kv-memory", "4MiB"])
-        .args(extra)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("binary starts");
-    Host {
-        child,
-        dir,
-        target: Target::Unix(socket),
-    }
-}
-
-impl Host {
-    async fn client(&mut self) -> GpuHostClient<Channel> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            match connect(&self.target).await {
-                Ok(channel) => return GpuHostClient::new(channel),
-                Err(e) => {
-                    assert!(self.child.try_wait().unwrap().is_none(), "host exited");
-                    assert!(Instant::now() < deadline, "host not ready: {e}");
-                    tokio::time::sleep(Duration::from_millis(25)).await;
-                }
-            }
-        }
-    }
+    let llama = format!("llama={}", model("llama-q8_0.gguf"));
+    let args: Vec<&str> = ["--model", &llama, "--threads", "2", "--kv-memory", "4MiB"]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    start_unix(name, &args)
 }
 
 fn dedicated(tenant: &str, cus: u32, hbm: u64) -> v1::TenantGpu {
@@ -343,6 +299,84 @@ async fn a_flood_in_the_shared_pool_refuses_no_dedicated_or_guaranteed_request()
         refused += f.await.unwrap();
     }
     assert!(refused > 0, "acme's flood never met its limit");
+}
+
+/// Two shared tenants with weights 3 and 1, both flooding the pool with
+/// the same number of requests in flight, get 0.75 and 0.25 of the decode
+/// tokens (within 0.05). A FIFO queue, or one row per sequence, gives each
+/// half: the requests go in alternately and neither tenant has more.
+#[tokio::test]
+async fn weights_three_to_one_give_three_quarters_of_the_decode_tokens() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+
+    // Steps of four decode rows; the batch keeps eight sequences in KV,
+    // so every request in flight runs and each tenant always has more
+    // sequences than its share of a step's rows.
+    let mut host = start_with("weights", &["--max-batch", "4"]);
+    let mut client = host.client().await;
+    let weighted = |tenant: &str, weight| v1::TenantGpu {
+        weight,
+        ..shared(tenant)
+    };
+    set(
+        &mut client,
+        vec![weighted("heavy", 3), weighted("light", 1)],
+    )
+    .await
+    .unwrap();
+    until(&mut client, "replaced the first layout", no_draining).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let tokens: Arc<[AtomicU64; 2]> = Arc::default();
+    let mut floods = Vec::new();
+    for _ in 0..4 {
+        for (i, tenant) in ["heavy", "light"].into_iter().enumerate() {
+            let (mut client, stop, tokens) = (client.clone(), stop.clone(), tokens.clone());
+            floods.push(tokio::spawn(async move {
+                while !stop.load(SeqCst) {
+                    let mut stream = client
+                        .generate(v1::GenerateRequest {
+                            temperature: Some(0.0),
+                            ..request(tenant, 128)
+                        })
+                        .await
+                        .unwrap()
+                        .into_inner();
+                    while let Some(event) = stream.message().await.unwrap() {
+                        if let Some(Event::Delta(d)) = event.event {
+                            tokens[i].fetch_add(d.token_ids.len() as u64, SeqCst);
+                        }
+                    }
+                }
+            }));
+        }
+    }
+    let read = || [tokens[0].load(SeqCst), tokens[1].load(SeqCst)];
+    // Measured from when both decode, over the next 600 tokens.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let wait_for = |done: &dyn Fn([u64; 2]) -> bool| {
+        let tokens = read();
+        assert!(Instant::now() < deadline, "stuck at {tokens:?} tokens");
+        done(tokens)
+    };
+    while !wait_for(&|t| t[0] > 0 && t[1] > 0) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let start = read();
+    while !wait_for(&|t| t[0] + t[1] >= start[0] + start[1] + 600) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let end = read();
+    stop.store(true, SeqCst);
+    for flood in floods {
+        flood.await.unwrap();
+    }
+    let (heavy, light) = (end[0] - start[0], end[1] - start[1]);
+    let share = heavy as f64 / (heavy + light) as f64;
+    assert!(
+        (share - 0.75).abs() <= 0.05,
+        "heavy got {heavy} and light {light} decode tokens: {share:.3} of them"
+    );
 }
 
 /// Tokens of the stream kept in flight across a layout change.

@@ -1,7 +1,6 @@
 //! `serve` with continuous batching: KV admission over gRPC, many streams
 //! in one batch, and the load numbers in `Health`.
 
-
 use bulkhead_protocol::v1::generate_event::Event;
 use bulkhead_protocol::v1::generate_request::Prompt;
 mod common;

@@ -333,7 +333,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// The plugin a failure came from, for the client (`x-bulkhead-plugin`).
+/// Names the plugin behind a plugin error or rejection on the response.
 const PLUGIN_HEADER: HeaderName = HeaderName::from_static("x-bulkhead-plugin");
 
 /// A plugin chain's failure as the client sees it: the plugin's own

@@ -28,8 +28,6 @@ use crate::request::{
     MAX_STOP_BYTES, Prompt,
 };
 
-/// Names the plugin behind a plugin error or rejection on the response.
-
 /// A tenant's plugins for one request. Moved onto a blocking thread for
 /// each hook and back.
 pub struct Hooks {

@@ -42,6 +42,9 @@ pub fn bin(name: &str) -> PathBuf {
         "protocol",
         "partition/src",
         "kernels/src",
+        "audit/src",
+        "durable/src",
+        "model-signing/src",
     ]
     .iter()
     .filter_map(|d| newest_mtime(&repo().join(d)))

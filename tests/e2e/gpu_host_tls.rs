@@ -39,8 +39,12 @@ impl Drop for Host {
     }
 }
 
-fn start_host() -> Host {
-    let dir = std::env::temp_dir().join(format!("bulkhead-e2e-tls-host-{}", std::process::id()));
+/// A host for test `name`, in a folder of its own (the tests run at once).
+fn start_host(name: &str) -> Host {
+    let dir = std::env::temp_dir().join(format!(
+        "bulkhead-e2e-tls-host-{name}-{}",
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let secret = dir.join("secret");
@@ -91,7 +95,7 @@ async fn health(target: &Target, tls: Option<&ClientTls>) -> Result<bool, String
 
 #[tokio::test]
 async fn a_tls_host_serves_only_clients_with_a_certificate_its_ca_signed() {
-    let host = start_host();
+    let host = start_host("ca");
     let client = |identity: Option<(&str, &str)>, ca: &str| ClientTls {
         ca_pem: read(ca),
         identity: identity.map(|(cert, key)| (read(cert), read(key))),
@@ -135,7 +139,7 @@ async fn a_tls_host_serves_only_clients_with_a_certificate_its_ca_signed() {
 
 #[test]
 fn the_gateway_serves_completions_through_a_mutual_tls_host() {
-    let host = start_host();
+    let host = start_host("gateway");
     let policies = PolicyDir::new("tls-upstream");
     policies.write("secret", &format!("{SECRET}\n"));
     let Target::Tcp(addr) = host.target else {

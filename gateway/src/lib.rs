@@ -2,9 +2,7 @@
 //! gpu-hosts, with per-tenant JWT auth, limits and policy files, and model
 //! signing and verification.
 
-// One `unsafe` block: loading compiled plugin code this gateway sealed
-// itself (`plugins/engine.rs`, `deserialize_verified`).
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 mod api;
 mod app;
@@ -12,7 +10,6 @@ pub mod auth;
 pub mod limits;
 mod metrics;
 mod pipeline;
-pub mod plugins;
 pub mod policy;
 mod reconcile;
 pub mod registration;
@@ -31,4 +28,6 @@ pub use app::{Listening, ServeError, ServeOptions, serve};
 pub use bulkhead_audit as audit;
 /// Model signing and verification (crate `bulkhead-model-signing`).
 pub use bulkhead_model_signing as models;
+/// Tenants' WebAssembly plugins (crate `bulkhead-plugin-host`).
+pub use bulkhead_plugin_host as plugins;
 pub use snapshot::{Snapshot, build_snapshot};

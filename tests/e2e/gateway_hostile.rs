@@ -118,7 +118,7 @@ fn plugin_changes_are_rate_limited_per_tenant_and_audited_subjects_bounded() {
     let gateway = Gateway::start(&policies);
     let long_sub = "m".repeat(4000);
     let flooder = policies.token("demo", &["--scope", "plugins:write", "--sub", &long_sub]);
-    let component = bulkhead_tests::plugin_wasm("guest-sdk", "prompt-guard");
+    let component = bulkhead_testkit::wasm::example("prompt-guard");
     let mut statuses = Vec::new();
     for i in 0..6 {
         let r = gateway.request_bytes(
@@ -520,7 +520,7 @@ fn two_tenants_flooding_uploads_leave_a_third_its_compiles() {
         );
     }
     let gateway = Gateway::start(&policies);
-    let component = bulkhead_tests::plugin_wasm("guest-sdk", "prompt-guard");
+    let component = bulkhead_testkit::wasm::example("prompt-guard");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let uploads = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let flood: Vec<_> = ["flood1", "flood2"]

@@ -5,7 +5,8 @@
 //! request the model was sent; `script` replaces the model's deltas with
 //! scripted pieces).
 
-use bulkhead_tests::{Gateway, PolicyDir, plugin_wasm};
+use bulkhead_testkit::wasm::{example, test_guest as guest};
+use bulkhead_tests::{Gateway, PolicyDir};
 use serde_json::{Value, json};
 
 const MODEL: &str = "bulkhead-demo-tiny";
@@ -34,14 +35,6 @@ fn upload(gateway: &Gateway, token: &str, name: &str, wasm: &[u8]) {
         response.status,
         response.body
     );
-}
-
-fn example(name: &str) -> Vec<u8> {
-    plugin_wasm("guest-sdk", name)
-}
-
-fn guest(name: &str) -> Vec<u8> {
-    plugin_wasm("gateway/tests/plugins", &format!("test-plugin-{name}"))
 }
 
 fn chat(content: &str, extra: Value) -> String {

@@ -280,7 +280,7 @@ fn audit_entries(world: &World) -> Vec<Value> {
 
 fn upload_guard(world: &World, tenant: &str) {
     let token = world.policies.token(tenant, &["--scope", "plugins:write"]);
-    let wasm = bulkhead_tests::plugin_wasm("guest-sdk", "prompt-guard");
+    let wasm = bulkhead_testkit::wasm::example("prompt-guard");
     let r = world.gateway.request_bytes(
         "PUT",
         "/v1/plugins/guard",

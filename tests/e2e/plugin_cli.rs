@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use bulkhead_tests::{bin, plugin_wasm};
+use bulkhead_testkit::wasm;
+use bulkhead_tests::bin;
 use serde_json::Value;
 
 /// A scratch folder with the files a run needs.
@@ -46,7 +47,7 @@ fn text(bytes: &[u8]) -> String {
 #[test]
 fn check_accepts_a_plugin_and_names_what_is_wrong_with_anything_else() {
     let scratch = Scratch::new("check");
-    let pii = scratch.file("pii-redact.wasm", &plugin_wasm("guest-sdk", "pii-redact"));
+    let pii = scratch.file("pii-redact.wasm", &wasm::example("pii-redact"));
     let out = bulkhead(&["plugin".as_ref(), "check".as_ref(), pii.as_os_str()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
@@ -87,11 +88,8 @@ fn check_accepts_a_plugin_and_names_what_is_wrong_with_anything_else() {
 #[test]
 fn run_prints_the_rewritten_request_and_response_and_reports_rejections() {
     let scratch = Scratch::new("run");
-    let pii = scratch.file("pii-redact.wasm", &plugin_wasm("guest-sdk", "pii-redact"));
-    let guard = scratch.file(
-        "prompt-guard.wasm",
-        &plugin_wasm("guest-sdk", "prompt-guard"),
-    );
+    let pii = scratch.file("pii-redact.wasm", &wasm::example("pii-redact"));
+    let guard = scratch.file("prompt-guard.wasm", &wasm::example("prompt-guard"));
     let request = scratch.file(
         "req.json",
         br#"{"model": "m", "messages": [{"role": "user", "content": "Mail ana@example.com"}], "max_tokens": 5}"#,

@@ -45,6 +45,7 @@ pub fn bin(name: &str) -> PathBuf {
         "audit/src",
         "durable/src",
         "model-signing/src",
+        "plugin-host/src",
     ]
     .iter()
     .filter_map(|d| newest_mtime(&repo().join(d)))
@@ -60,9 +61,16 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// The newest modification time under `dir`, leaving out unit-test
+/// modules (`tests/`, `tests.rs`): they are not part of a binary, so
+/// editing one does not relink it.
 fn newest_mtime(dir: &Path) -> Option<std::time::SystemTime> {
     let mut newest = None;
     for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let name = entry.file_name();
+        if name == "tests" || name == "tests.rs" {
+            continue;
+        }
         let meta = entry.metadata().ok()?;
         let mtime = if meta.is_dir() {
             newest_mtime(&entry.path())
@@ -72,62 +80,6 @@ fn newest_mtime(dir: &Path) -> Option<std::time::SystemTime> {
         newest = newest.max(mtime);
     }
     newest
-}
-
-/// A plugin component built from Rust for `wasm32-wasip2`: `crate_name`
-/// of the guest SDK's examples (`guest-sdk/`, e.g. `pii-redact`) or of the
-/// test guests (`gateway/tests/plugins/`, e.g. `test-plugin-mirror`). Each
-/// workspace is built (release) once per test process into the target
-/// dir's `wasm32-wasip2/` (where `tests/run-all` already built the
-/// examples, so that build is a no-op in CI).
-pub fn plugin_wasm(workspace: &str, crate_name: &str) -> Vec<u8> {
-    use std::collections::HashMap;
-    use std::sync::OnceLock;
-    static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
-    let dir = {
-        let mut built = BUILT.get_or_init(Mutex::default).lock().unwrap();
-        built
-            .entry(workspace.to_string())
-            .or_insert_with(|| build_plugins(workspace))
-            .clone()
-    };
-    let file = dir.join(format!("{}.wasm", crate_name.replace('-', "_")));
-    std::fs::read(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()))
-}
-
-fn build_plugins(workspace: &str) -> PathBuf {
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join("target"));
-    // The test guests keep their own dir, as the gateway's unit tests build them.
-    let target_dir = match workspace {
-        "guest-sdk" => target_dir,
-        _ => target_dir.join("test-plugins"),
-    };
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
-        .args([
-            "build",
-            "--release",
-            "--locked",
-            "--target",
-            "wasm32-wasip2",
-        ])
-        .arg("--manifest-path")
-        .arg(repo().join(workspace).join("Cargo.toml"))
-        .arg("--target-dir")
-        .arg(&target_dir)
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .env_remove("CARGO_BUILD_TARGET")
-        .output()
-        .expect("cargo runs");
-    assert!(
-        out.status.success(),
-        "building the plugins of {workspace} failed (`rustup target add wasm32-wasip2`?):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    target_dir.join("wasm32-wasip2/release")
 }
 
 /// The demo model's folder, signed as a whole by the development

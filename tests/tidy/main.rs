@@ -21,11 +21,12 @@ use std::path::{Path, PathBuf};
 use source::{Crate, ModPath, Target};
 
 /// The crates tidy reads: name, `src` folder relative to the repository.
-const CRATES: [(&str, &str); 11] = [
+const CRATES: [(&str, &str); 12] = [
     ("bulkhead-gateway", "gateway/src"),
     ("bulkhead-audit", "audit/src"),
     ("bulkhead-durable", "durable/src"),
     ("bulkhead-model-signing", "model-signing/src"),
+    ("bulkhead-plugin-host", "plugin-host/src"),
     ("bulkhead-gpu-host", "gpu-host/src"),
     ("bulkhead-kernels", "kernels/src"),
     ("bulkhead-partition", "partition/src"),

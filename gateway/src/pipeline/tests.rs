@@ -1,10 +1,14 @@
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::Duration;
 
 use axum::http::StatusCode;
 
 use super::*;
 use crate::ApiError;
-use crate::plugins::tests::{compiled, guests, require_guests};
+use bulkhead_testkit::wasm;
+
+use crate::plugins::{CompiledPlugin, PluginEngine, PluginEngineConfig};
 
 fn chat(text: &str) -> InferenceRequest {
     InferenceRequest::parse(
@@ -67,6 +71,32 @@ fn hooks_on(
     .expect("has plugins")
 }
 
+/// A test guest, compiled once per process on one shared engine.
+fn compiled(name: &str) -> CompiledPlugin {
+    static ENGINE: OnceLock<PluginEngine> = OnceLock::new();
+    static CACHE: OnceLock<Mutex<HashMap<String, CompiledPlugin>>> = OnceLock::new();
+    let engine = ENGINE.get_or_init(|| {
+        PluginEngine::new(PluginEngineConfig {
+            // Tests compile in parallel on a possibly loaded machine.
+            compile_budget: Duration::from_secs(120),
+            ..PluginEngineConfig::default()
+        })
+        .expect("plugin engine")
+    });
+    let mut cache = CACHE
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    cache
+        .entry(name.to_string())
+        .or_insert_with(|| {
+            engine
+                .validate_and_compile(&wasm::test_guest(name))
+                .unwrap_or_else(|e| panic!("compiling {name}: {e}"))
+        })
+        .clone()
+}
+
 fn content(request: &InferenceRequest) -> &str {
     match &request.prompt {
         Prompt::Chat(messages) => &messages[0].1,
@@ -76,7 +106,9 @@ fn content(request: &InferenceRequest) -> &str {
 
 #[tokio::test]
 async fn the_request_chain_rewrites_in_order_and_rejections_name_the_plugin() {
-    require_guests!();
+    if !wasm::require() {
+        return;
+    }
     let (_, request) = hooks(&["echo", "rewrite"], &[], 10_000)
         .on_request(chat("hello"), Arc::new(rules()), "r1".into())
         .await
@@ -98,7 +130,9 @@ async fn the_request_chain_rewrites_in_order_and_rejections_name_the_plugin() {
 
 #[tokio::test]
 async fn a_failing_plugin_is_a_502_naming_it_and_the_limit() {
-    require_guests!();
+    if !wasm::require() {
+        return;
+    }
     let request =
         InferenceRequest::parse(Endpoint::Completion, br#"{"model":"m","prompt":"loop"}"#)
             .expect("valid");
@@ -121,7 +155,9 @@ async fn a_failing_plugin_is_a_502_naming_it_and_the_limit() {
 
 #[tokio::test]
 async fn a_hook_run_holds_its_gate_slot_until_the_guest_stops_even_if_the_request_is_gone() {
-    require_guests!();
+    if !wasm::require() {
+        return;
+    }
     let gate = HookGate::new(1);
     let hostile = hooks_on(&gate, "attacker", &["hostile"], &[], 1_000);
     let request =
@@ -154,7 +190,9 @@ async fn a_hook_run_holds_its_gate_slot_until_the_guest_stops_even_if_the_reques
 
 #[tokio::test]
 async fn responses_and_streams_pass_through_the_response_chain() {
-    require_guests!();
+    if !wasm::require() {
+        return;
+    }
     let response = plugins::Response {
         model: "m".into(),
         text: "all good".into(),

@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use bulkhead_tests::{Gateway, PolicyDir, plugin_wasm};
+use bulkhead_testkit::wasm;
+use bulkhead_tests::{Gateway, PolicyDir};
 use serde_json::json;
 
 const MODEL: &str = "bulkhead-demo-tiny";
@@ -100,18 +101,8 @@ fn plugin_overhead_and_isolation_through_the_gateway() {
     let noop = policies.token("noop", &[]);
     let attacker = policies.token("attacker", &["--scope", "inference", "plugins:write"]);
     let noop_admin = policies.token("noop", &["--scope", "plugins:write"]);
-    upload(
-        &gateway,
-        &noop_admin,
-        "echo",
-        &plugin_wasm("gateway/tests/plugins", "test-plugin-echo"),
-    );
-    upload(
-        &gateway,
-        &attacker,
-        "hostile",
-        &plugin_wasm("gateway/tests/plugins", "test-plugin-hostile"),
-    );
+    upload(&gateway, &noop_admin, "echo", &wasm::test_guest("echo"));
+    upload(&gateway, &attacker, "hostile", &wasm::test_guest("hostile"));
 
     // Warm up both paths (model pages, connection setup, plugin code).
     let body = completion("Hi");

@@ -10,6 +10,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod wasm;
+
 use std::fmt;
 use std::io::Write;
 

@@ -95,8 +95,8 @@ fn upload_get_list_replace_and_delete() {
     let (registry, report) = store.open();
     assert!(report.new_key);
     assert_eq!(report.plugins, 0);
-    let echo = guests::guest("echo");
-    let rewrite = guests::guest("rewrite");
+    let echo = guests::test_guest("echo");
+    let rewrite = guests::test_guest("rewrite");
 
     let (info, outcome) = upload(&registry, "acme", "filter", &echo);
     assert_eq!(outcome, UploadOutcome::Created);
@@ -154,8 +154,8 @@ fn upload_get_list_replace_and_delete() {
 fn a_reopened_store_serves_the_same_plugins_from_cached_artifacts() {
     require_guests!();
     let store = TempStore::new();
-    let echo = guests::guest("echo");
-    let rewrite = guests::guest("rewrite");
+    let echo = guests::test_guest("echo");
+    let rewrite = guests::test_guest("rewrite");
     {
         let (registry, _) = store.open();
         upload(&registry, "acme", "echo", &echo);
@@ -180,7 +180,7 @@ fn a_reopened_store_serves_the_same_plugins_from_cached_artifacts() {
 fn an_altered_artifact_is_compiled_again_not_loaded() {
     require_guests!();
     let store = TempStore::new();
-    let rewrite = guests::guest("rewrite");
+    let rewrite = guests::test_guest("rewrite");
     let digest = PluginDigest::of(&rewrite);
     let artifact = store.path(&format!("artifacts/{digest}.cwasm"));
     {
@@ -227,8 +227,8 @@ fn an_altered_artifact_is_compiled_again_not_loaded() {
 fn an_altered_blob_is_refused_and_the_rest_still_load() {
     require_guests!();
     let store = TempStore::new();
-    let echo = guests::guest("echo");
-    let rewrite = guests::guest("rewrite");
+    let echo = guests::test_guest("echo");
+    let rewrite = guests::test_guest("rewrite");
     {
         let (registry, _) = store.open();
         upload(&registry, "acme", "echo", &echo);
@@ -307,7 +307,7 @@ fn tenants_see_and_touch_only_their_own_plugins() {
     require_guests!();
     let store = TempStore::new();
     let (registry, _) = store.open();
-    upload(&registry, "acme", "filter", &guests::guest("echo"));
+    upload(&registry, "acme", "filter", &guests::test_guest("echo"));
     assert!(registry.get("beta", "filter").is_none());
     assert!(registry.info("beta", "filter").is_none());
     assert!(registry.list("beta").is_empty());
@@ -315,7 +315,7 @@ fn tenants_see_and_touch_only_their_own_plugins() {
         registry.delete("beta", &name("filter")),
         Err(StoreError::NotFound { .. })
     ));
-    let (_, outcome) = upload(&registry, "beta", "filter", &guests::guest("rewrite"));
+    let (_, outcome) = upload(&registry, "beta", "filter", &guests::test_guest("rewrite"));
     assert_eq!(outcome, UploadOutcome::Created);
     assert_runs(&registry.get("acme", "filter").unwrap(), false);
     assert_runs(&registry.get("beta", "filter").unwrap(), true);
@@ -323,7 +323,7 @@ fn tenants_see_and_touch_only_their_own_plugins() {
     // A tenant id that could escape the store is refused outright.
     for tenant in ["../acme", "", "a/b"] {
         assert!(matches!(
-            registry.upload(tenant, &name("x"), &guests::guest("echo"), None),
+            registry.upload(tenant, &name("x"), &guests::test_guest("echo"), None),
             Err(StoreError::InvalidTenant { .. })
         ));
     }
@@ -373,7 +373,7 @@ fn a_tenant_may_keep_at_most_the_cap() {
     require_guests!();
     let store = TempStore::new();
     let (registry, _) = store.open();
-    let echo = guests::guest("echo");
+    let echo = guests::test_guest("echo");
     // One compile; the rest reuse it (same tenant, same bytes).
     for i in 0..MAX_PLUGINS_PER_TENANT {
         upload(&registry, "acme", &format!("p{i}"), &echo);
@@ -383,7 +383,7 @@ fn a_tenant_may_keep_at_most_the_cap() {
         .unwrap_err();
     assert!(matches!(e, StoreError::TooManyPlugins { max: 64 }), "{e}");
     // Replacing a name is not one more; another tenant has its own cap.
-    let (_, outcome) = upload(&registry, "acme", "p0", &guests::guest("rewrite"));
+    let (_, outcome) = upload(&registry, "acme", "p0", &guests::test_guest("rewrite"));
     assert_eq!(outcome, UploadOutcome::Replaced);
     upload(&registry, "beta", "one-more", &echo);
     registry.delete("acme", &name("p1")).unwrap();
@@ -394,7 +394,7 @@ fn a_tenant_may_keep_at_most_the_cap() {
 fn interrupted_writes_and_orphans_are_cleaned_at_open() {
     require_guests!();
     let store = TempStore::new();
-    let echo = guests::guest("echo");
+    let echo = guests::test_guest("echo");
     {
         let (registry, _) = store.open();
         upload(&registry, "acme", "echo", &echo);
@@ -429,7 +429,7 @@ fn racing_uploads_of_one_name_leave_index_and_disk_agreeing() {
     require_guests!();
     let store = TempStore::new();
     let (registry, _) = store.open();
-    let versions = [guests::guest("echo"), guests::guest("rewrite")];
+    let versions = [guests::test_guest("echo"), guests::test_guest("rewrite")];
     let barrier = Barrier::new(versions.len());
     let outcomes: Vec<UploadOutcome> = std::thread::scope(|scope| {
         let handles: Vec<_> = versions
@@ -473,7 +473,7 @@ fn a_plugin_held_by_a_request_outlives_its_deletion() {
     require_guests!();
     let store = TempStore::new();
     let (registry, _) = store.open();
-    upload(&registry, "acme", "shout", &guests::guest("rewrite"));
+    upload(&registry, "acme", "shout", &guests::test_guest("rewrite"));
     let held = registry.get("acme", "shout").unwrap();
     registry.delete("acme", &name("shout")).unwrap();
     assert!(registry.get("acme", "shout").is_none());
@@ -490,23 +490,23 @@ fn a_tenant_compiles_one_upload_at_a_time_and_leaves_the_others_theirs() {
         .hold_compile_slot(Compiler::Tenant("acme"))
         .expect("acme's turn");
     let e = registry
-        .upload("acme", &name("x"), &guests::guest("echo"), None)
+        .upload("acme", &name("x"), &guests::test_guest("echo"), None)
         .unwrap_err();
     assert!(
         matches!(e, StoreError::Refused(PluginError::TenantCompileBusy { ref tenant }) if tenant == "acme"),
         "{e:?}"
     );
     // ...while beta compiles its own.
-    upload(&registry, "beta", "x", &guests::guest("echo"));
+    upload(&registry, "beta", "x", &guests::test_guest("echo"));
     drop(turn);
-    upload(&registry, "acme", "x", &guests::guest("echo"));
+    upload(&registry, "acme", "x", &guests::test_guest("echo"));
 }
 
 #[test]
 fn a_signed_version_only_grows_and_survives_a_restart() {
     let store = TempStore::new();
     let (registry, _) = store.open();
-    let (echo, rewrite) = (guests::guest("echo"), guests::guest("rewrite"));
+    let (echo, rewrite) = (guests::test_guest("echo"), guests::test_guest("rewrite"));
     let (info, _) = registry
         .upload_version("acme", &name("x"), &echo, None, Some(5))
         .unwrap();
@@ -537,7 +537,7 @@ fn a_signed_version_only_grows_and_survives_a_restart() {
 fn a_deleted_signed_plugin_keeps_its_version_so_it_cannot_be_rolled_back() {
     let store = TempStore::new();
     let (registry, _) = store.open();
-    let (echo, rewrite) = (guests::guest("echo"), guests::guest("rewrite"));
+    let (echo, rewrite) = (guests::test_guest("echo"), guests::test_guest("rewrite"));
     registry
         .upload_version("acme", &name("guard"), &rewrite, None, Some(7))
         .unwrap();

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::artifact::{KEY_BYTES, StoreKey};
 use super::name::{PluginName, is_valid_tenant};
 use super::{EntryMeta, LoadFailure, StoreError};
-use crate::plugins::{MAX_COMPONENT_BYTES, PluginDigest};
+use crate::{MAX_COMPONENT_BYTES, PluginDigest};
 use bulkhead_durable::{DirLock, LockError, TEMP_PREFIX, sync_dir, write_atomic};
 
 /// Prefix of temp files; no stored name starts with a dot.

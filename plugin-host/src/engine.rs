@@ -316,7 +316,7 @@ fn check_upload(bytes: &[u8]) -> Result<validate::Surface, PluginError> {
     validate::check_surface(bytes)
 }
 
-/// The one `unsafe` in the gateway: wasmtime trusts a serialized component
+/// The one `unsafe` in the plugin host (the gateway has none): wasmtime trusts a serialized component
 /// to be its own output (it maps the machine code in it as executable).
 #[allow(unsafe_code)]
 fn deserialize_verified(

@@ -1,27 +1,21 @@
 //! The plugin host against real components: Rust guests built for
-//! `wasm32-wasip2` from `gateway/tests/plugins/` (see `guests.rs`),
+//! `wasm32-wasip2` from `plugin-host/tests/plugins/` (`bulkhead_testkit::wasm`),
 //! hand-written components in WAT, and the C example plugin (see
 //! `c_guest.rs`).
 
 /// Returns from a test that needs the Rust guests when they cannot be
-/// built here, saying why (see `guests::available`).
+/// built here, saying why (see `bulkhead_testkit::wasm::available`).
 macro_rules! require_guests {
     () => {
-        if !guests::available() {
-            bulkhead_testkit::skip(
-                bulkhead_testkit::Need::WasmGuests,
-                "the wasm32-wasip2 target is not installed (`rustup target add wasm32-wasip2`)",
-            );
+        if !guests::require() {
             return;
         }
     };
 }
-pub(crate) use require_guests;
 
 mod bench;
 mod c_guest;
 mod calls;
-pub(crate) mod guests;
 mod hostile;
 mod store;
 mod upload;
@@ -31,6 +25,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use super::*;
+use bulkhead_testkit::wasm as guests;
 
 /// One engine for the tests that need no special engine settings.
 fn engine() -> &'static PluginEngine {
@@ -63,7 +58,7 @@ pub(crate) fn compiled(name: &str) -> CompiledPlugin {
         .entry(name.to_string())
         .or_insert_with(|| {
             engine()
-                .validate_and_compile(&guests::guest(name))
+                .validate_and_compile(&guests::test_guest(name))
                 .unwrap_or_else(|e| panic!("compiling {name}: {e}"))
         })
         .clone()

@@ -20,7 +20,7 @@ use std::fmt;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::plugins::PluginDigest;
+use crate::PluginDigest;
 
 /// First bytes of an artifact file: names the format and its version.
 const MAGIC: &[u8; 8] = b"BHCWASM1";

@@ -36,7 +36,7 @@ const RUST_GUEST_IMPORTS: &[&str] = &[
 #[test]
 fn a_rust_guest_is_accepted_with_its_digest_and_imports() {
     require_guests!();
-    let bytes = guests::guest("rewrite");
+    let bytes = guests::test_guest("rewrite");
     let plugin = engine().validate_and_compile(&bytes).unwrap();
     assert_eq!(plugin.digest(), PluginDigest::of(&bytes));
     assert_eq!(plugin.digest().to_string().len(), 64);
@@ -68,7 +68,7 @@ fn a_guest_using_std_time_and_hashmap_imports_clocks_and_random() {
 #[test]
 fn a_guest_using_the_filesystem_is_refused_naming_the_import() {
     require_guests!();
-    let e = refuse(&guests::guest("fs-user"));
+    let e = refuse(&guests::test_guest("fs-user"));
     assert!(
         matches!(&e, PluginError::ForbiddenImport { import, reason }
             if import.starts_with("wasi:filesystem/") && *reason == "plugins have no filesystem"),

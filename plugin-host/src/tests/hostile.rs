@@ -29,7 +29,7 @@ fn an_infinite_loop_stops_at_the_deadline() {
     // Its own engine, so that no other test's call shares the ticks.
     let engine = test_engine();
     let plugin = engine
-        .validate_and_compile(&guests::guest("hostile"))
+        .validate_and_compile(&guests::test_guest("hostile"))
         .unwrap();
     let mut call = plugin
         .instantiate(context("hostile", limits.clone()))
@@ -181,7 +181,9 @@ fn a_full_pool_fails_fast_and_frees_with_the_call() {
         ..PluginEngineConfig::default()
     })
     .unwrap();
-    let echo = engine.validate_and_compile(&guests::guest("echo")).unwrap();
+    let echo = engine
+        .validate_and_compile(&guests::test_guest("echo"))
+        .unwrap();
     let held = echo.instantiate(context("echo", relaxed_limits())).unwrap();
     let e = echo
         .instantiate(context("echo", relaxed_limits()))
@@ -205,7 +207,9 @@ fn a_tenant_holding_instances_leaves_another_tenant_its_part_of_the_pool() {
     })
     .unwrap();
     engine.share_instances_among(2);
-    let echo = engine.validate_and_compile(&guests::guest("echo")).unwrap();
+    let echo = engine
+        .validate_and_compile(&guests::test_guest("echo"))
+        .unwrap();
     let of = |tenant: &str| CallContext {
         tenant: Arc::from(tenant),
         ..context("echo", relaxed_limits())
@@ -234,7 +238,7 @@ fn a_call_keeps_its_deadline_after_the_engine_is_dropped() {
     })
     .unwrap();
     let plugin = engine
-        .validate_and_compile(&guests::guest("hostile"))
+        .validate_and_compile(&guests::test_guest("hostile"))
         .unwrap();
     let mut call = plugin
         .instantiate(context(

@@ -14,11 +14,15 @@
 //! compiled code cached under a MAC, and an in-memory index the request
 //! path reads with [`PluginRegistry::get`].
 //!
-//! The HTTP layer sees only the plain types here ([`Request`],
+//! The gateway sees only the plain types here ([`Request`],
 //! [`Response`], [`Rejection`], …); the generated bindings stay inside.
 //! Calls are synchronous: run them on a blocking thread, each holding a
 //! [`GatePass`] from the gateway's [`HookGate`] (the cap on plugin code
 //! running at once, fair between tenants).
+
+// One `unsafe` block: loading compiled plugin code this host sealed
+// itself (`engine.rs`, `deserialize_verified`).
+#![deny(unsafe_code)]
 
 mod bindings;
 mod call;
@@ -38,7 +42,7 @@ mod validate;
 mod wasi;
 
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;
 
 pub use call::{CallContext, PluginCall};
 pub use compile_queue::Compiler;

@@ -47,6 +47,23 @@ pub enum PartitionKind {
     Shared,
 }
 
+impl PartitionKind {
+    /// `dedicated` or `shared`: how reports and the wire name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PartitionKind::Dedicated => "dedicated",
+            PartitionKind::Shared => "shared",
+        }
+    }
+
+    /// The kind [`PartitionKind::as_str`] names, if any.
+    pub fn from_name(name: &str) -> Option<PartitionKind> {
+        [PartitionKind::Dedicated, PartitionKind::Shared]
+            .into_iter()
+            .find(|kind| kind.as_str() == name)
+    }
+}
+
 /// A set of compute units with a memory budget and the tenants that use it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Partition {

@@ -13,6 +13,7 @@ mod error;
 mod kv;
 mod layout;
 mod manager;
+mod report;
 mod rows;
 mod size;
 
@@ -25,5 +26,6 @@ pub use layout::{Layout, LayoutCell, Partition, PartitionKind, TenantSlot};
 pub use manager::{
     Compute, DEFAULT_KV_WAIT, GpuRequest, Isolation, MAX_KV_WAIT, TenantRequest, plan,
 };
+pub use report::{PartitionReport, PartitionsReport, TenantReport};
 pub use rows::{RowCandidate, RowPicker, RowTerms};
 pub use size::{format_bytes, parse_bytes};

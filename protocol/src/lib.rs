@@ -1,13 +1,14 @@
 //! The gRPC contract between Bulkhead's gateway and its GPU hosts: the
 //! generated `bulkhead.gpu_host.v1` messages, client and server, and how to
-//! reach a host (`unix:PATH` or `tcp:ADDR`); the tenant set's one wire
-//! conversion; and the weight digests both sides (and the model-signing
+//! reach a host (`unix:PATH` or `tcp:ADDR`); the one wire conversion of
+//! the tenant set and of the partitions report; and the weight digests both sides (and the model-signing
 //! CLI) agree on.
 
 #![forbid(unsafe_code)]
 
 mod connect;
 pub mod digest;
+mod report;
 mod tenants;
 
 /// `bulkhead.gpu_host.v1`, generated from `proto/bulkhead/gpu_host/v1/gpu_host.proto`.

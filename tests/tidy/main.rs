@@ -122,7 +122,7 @@ fn rules() -> Vec<Forbid> {
     }
     forbid(
         gateway,
-        &["auth", "limits", "plugins", "registration", "upstream"],
+        &["auth", "limits", "registration", "upstream"],
         To::Module("policy"),
         "subsystems own their config types and policy imports them, never the reverse",
     );
@@ -132,7 +132,6 @@ fn rules() -> Vec<Forbid> {
             &[
                 "auth",
                 "limits",
-                "plugins",
                 "registration",
                 "upstream",
                 "policy",

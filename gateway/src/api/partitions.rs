@@ -5,12 +5,12 @@
 use axum::Json;
 use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
+use bulkhead_partition::PartitionsReport;
 use serde_json::{Value, json};
 
 use super::App;
 use super::error::ApiError;
 use super::identity::OperatorCall;
-use crate::upstream::PartitionsReport;
 
 /// `GET /admin/v1/partitions`.
 pub async fn list(State(app): State<App>, Extension(_): Extension<OperatorCall>) -> Response {
@@ -53,8 +53,8 @@ pub fn report_json(report: &PartitionsReport) -> Value {
                 .collect();
             json!({
                 "id": p.id,
-                "kind": p.kind,
-                "cores": p.cores,
+                "kind": p.kind.as_str(),
+                "cores": p.units,
                 "host_cpus": p.host_cpus,
                 "memory_bytes": p.memory_bytes,
                 "memory_used_bytes": p.memory_used_bytes,
@@ -74,7 +74,7 @@ pub fn report_json(report: &PartitionsReport) -> Value {
             "unit": report.unit,
             "compute_units": report.compute_units,
             "memory_bytes": report.memory_bytes,
-            "generation": report.generation,
+            "generation": report.epoch,
             "partitions": partitions,
         }],
     })

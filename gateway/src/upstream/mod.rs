@@ -26,7 +26,7 @@ use tonic::{Code, Status};
 pub use generate::{Event, Events, Finish, Generate, Prompt, Started};
 pub use model_watch::watch_models;
 pub use models::LoadError;
-pub use partitions::{PartitionsReport, watch_partitions};
+pub use partitions::watch_partitions;
 pub use supervisor::{ChildConfig, LocalGpuHost, Supervisor, SupervisorError};
 
 /// Whether the gpu-host can take requests.

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bulkhead_partition::TenantRequest;
+use bulkhead_partition::{PartitionsReport, TenantRequest};
 use bulkhead_protocol::v1::{self, PartitionsRequest, SetPartitionsRequest};
 use prometheus_client::metrics::counter::Counter;
 use tokio::task::JoinHandle;
@@ -36,106 +36,12 @@ impl Upstream {
 
     /// The host's partitions now, without waiting for a restart.
     pub async fn partitions(&self) -> Result<PartitionsReport, UpstreamError> {
-        Ok(PartitionsReport::from(self.fetch_partitions().await?))
-    }
-
-    async fn fetch_partitions(&self) -> Result<v1::PartitionsResponse, UpstreamError> {
         if self.state() != UpstreamState::Ready {
             return Err(UpstreamError::Unavailable("restarting".into()));
         }
         let mut client = self.client.clone();
-        Ok(client.partitions(PartitionsRequest {}).await?.into_inner())
-    }
-}
-
-/// The host's partitions as `Partitions` reports them.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PartitionsReport {
-    /// `cpu` or the GPU's name.
-    pub device: String,
-    /// `cores` or `CUs`.
-    pub unit: String,
-    pub compute_units: u32,
-    /// KV-cache memory of the whole device.
-    pub memory_bytes: u64,
-    /// Bumped by every layout change (1 for the host's first).
-    pub generation: u64,
-    pub partitions: Vec<PartitionReport>,
-}
-
-/// One partition: its units, memory and load.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PartitionReport {
-    /// `dedicated:TENANT` or `shared`.
-    pub id: String,
-    /// `dedicated` or `shared`.
-    pub kind: String,
-    /// Core ids (CU ids on a GPU) its workers run on.
-    pub cores: Vec<u32>,
-    /// The host's CPUs its threads run on (empty on a GPU).
-    pub host_cpus: Vec<u32>,
-    pub memory_bytes: u64,
-    pub memory_used_bytes: u64,
-    pub queued: u32,
-    pub running: u32,
-    pub preemptions: u64,
-    /// Of a replaced layout, still finishing its streams.
-    pub draining: bool,
-    pub tenants: Vec<TenantReport>,
-}
-
-/// One tenant's use of its partition.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TenantReport {
-    pub tenant: String,
-    pub weight: u32,
-    pub kv_blocks: u64,
-    pub kv_bytes: u64,
-    pub guaranteed_bytes: u64,
-    pub budget_bytes: u64,
-    pub preemptions: u64,
-    pub kv_refusals: u64,
-    pub queued: u32,
-    pub queue_guaranteed: u32,
-    pub queue_refusals: u64,
-}
-
-impl From<v1::PartitionsResponse> for PartitionsReport {
-    fn from(r: v1::PartitionsResponse) -> PartitionsReport {
-        let tenant = |t: v1::TenantUsage| TenantReport {
-            tenant: t.tenant,
-            weight: t.weight,
-            kv_blocks: t.kv_blocks,
-            kv_bytes: t.kv_bytes,
-            guaranteed_bytes: t.guaranteed_bytes,
-            budget_bytes: t.budget_bytes,
-            preemptions: t.preemptions,
-            kv_refusals: t.kv_refusals,
-            queued: t.queued,
-            queue_guaranteed: t.queue_guaranteed,
-            queue_refusals: t.queue_refusals,
-        };
-        let partition = |p: v1::PartitionInfo| PartitionReport {
-            id: p.id,
-            kind: p.kind,
-            cores: p.cores,
-            host_cpus: p.host_cpus,
-            memory_bytes: p.memory_bytes,
-            memory_used_bytes: p.memory_used_bytes,
-            queued: p.queued,
-            running: p.running,
-            preemptions: p.preemptions,
-            draining: p.draining,
-            tenants: p.tenants.into_iter().map(tenant).collect(),
-        };
-        PartitionsReport {
-            device: r.device,
-            unit: r.unit,
-            compute_units: r.compute_units,
-            memory_bytes: r.memory_bytes,
-            generation: r.generation,
-            partitions: r.partitions.into_iter().map(partition).collect(),
-        }
+        let wire = client.partitions(PartitionsRequest {}).await?.into_inner();
+        PartitionsReport::try_from(wire).map_err(UpstreamError::Protocol)
     }
 }
 
@@ -153,7 +59,7 @@ pub(crate) struct PartitionCounters {
 
 impl PartitionCounters {
     /// Sets the gauges from `report` and advances the counters.
-    pub(crate) fn observe(&mut self, report: &v1::PartitionsResponse, metrics: &Metrics) {
+    pub(crate) fn observe(&mut self, report: &PartitionsReport, metrics: &Metrics) {
         // Draining partitions share ids with their successors: sum them.
         let mut gauges: BTreeMap<PartitionLabels, [i64; 4]> = BTreeMap::new();
         let mut blocks: BTreeMap<PartitionTenantLabels, i64> = BTreeMap::new();
@@ -164,8 +70,8 @@ impl PartitionCounters {
                 partition: p.id.clone(),
             };
             let g = gauges.entry(labels.clone()).or_default();
-            g[0] += i64::from(p.running);
-            g[1] += i64::from(p.queued);
+            g[0] += i64::try_from(p.running).unwrap_or(i64::MAX);
+            g[1] += i64::try_from(p.queued).unwrap_or(i64::MAX);
             g[2] += i64::try_from(p.memory_used_bytes).unwrap_or(i64::MAX);
             if !p.draining {
                 g[3] = i64::try_from(p.memory_bytes).unwrap_or(i64::MAX);
@@ -237,7 +143,7 @@ fn advance(counter: &Counter, before: Option<u64>, now: u64) {
 pub fn watch_partitions(
     upstream: Upstream,
     metrics: Arc<Metrics>,
-    mut on_report: impl FnMut(&v1::PartitionsResponse) + Send + 'static,
+    mut on_report: impl FnMut(&PartitionsReport) + Send + 'static,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut counters = PartitionCounters::default();
@@ -248,7 +154,7 @@ pub fn watch_partitions(
                 _ = tick.tick() => {}
                 () = upstream.layout_changed.notified() => {}
             }
-            if let Ok(report) = upstream.fetch_partitions().await {
+            if let Ok(report) = upstream.partitions().await {
                 counters.observe(&report, &metrics);
                 on_report(&report);
             }
@@ -258,28 +164,33 @@ pub fn watch_partitions(
 
 #[cfg(test)]
 mod tests {
+    use bulkhead_partition::{PartitionKind, PartitionReport, TenantReport};
+
     use super::*;
 
-    fn report(preemptions: u64, refusals: u64, draining: bool) -> v1::PartitionsResponse {
-        let tenant = v1::TenantUsage {
+    fn report(preemptions: u64, refusals: u64, draining: bool) -> PartitionsReport {
+        let tenant = TenantReport {
             tenant: "acme".into(),
             kv_blocks: 7,
             kv_refusals: refusals,
             ..Default::default()
         };
-        let mut partitions = vec![v1::PartitionInfo {
+        let mut partitions = vec![PartitionReport {
             id: "dedicated:acme".into(),
-            kind: "dedicated".into(),
+            kind: PartitionKind::Dedicated,
+            units: vec![0],
             memory_bytes: 1 << 20,
             memory_used_bytes: 4096,
-            running: 2,
             queued: 1,
+            running: 2,
             preemptions,
             tenants: vec![tenant.clone()],
-            ..Default::default()
+            draining: false,
+            host_cpus: Vec::new(),
+            lane: None,
         }];
         if draining {
-            partitions.push(v1::PartitionInfo {
+            partitions.push(PartitionReport {
                 draining: true,
                 running: 1,
                 preemptions: 1,
@@ -287,7 +198,7 @@ mod tests {
                 ..partitions[0].clone()
             });
         }
-        v1::PartitionsResponse {
+        PartitionsReport {
             partitions,
             ..Default::default()
         }
@@ -320,7 +231,7 @@ mod tests {
             text.contains("bulkhead_partition_preemptions_total{partition=\"dedicated:acme\"} 6")
         );
         // A layout without the partition drops its gauges.
-        counters.observe(&v1::PartitionsResponse::default(), &metrics);
+        counters.observe(&PartitionsReport::default(), &metrics);
         assert!(!metrics.render().contains("bulkhead_partition_running{"));
     }
 }

@@ -27,9 +27,7 @@ pub use batch::Batcher;
 pub(crate) use error::SchedError;
 pub(crate) use job::{Event, Job};
 pub use partitions::MAX_TENANTS;
-pub(crate) use partitions::{
-    PartitionReport, PartitionSettings, Partitions, PartitionsReport, TenantReport, Workers,
-};
+pub(crate) use partitions::{PartitionSettings, Partitions, Workers};
 pub use plan::{
     BATCH_PREFILL_CHUNK, BatchLimits, BatchStats, Chunk, PartitionKv, Planned, Planner, StepPlan,
     TenantCounts, TenantShare,

@@ -23,7 +23,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use arc_swap::ArcSwap;
-use bulkhead_partition::{Device, Layout, PartitionError, PartitionKind, TenantRequest, plan};
+use bulkhead_partition::{
+    Device, Layout, PartitionError, PartitionKind, PartitionsReport, TenantRequest, plan,
+};
 
 use super::counters::Counters;
 use super::error::SchedError;
@@ -35,8 +37,6 @@ use crate::backend::ComputeBackend;
 use crate::models::ModelRegistry;
 
 mod report;
-
-pub(crate) use report::{PartitionReport, PartitionsReport, TenantReport};
 
 /// Most tenants one `SetPartitions` may list.
 pub const MAX_TENANTS: usize = 10_000;
@@ -218,7 +218,7 @@ impl Partitions {
         let old = draining.iter().map(|v| (&**v, true));
         PartitionsReport {
             device: device.name.clone(),
-            unit: device.unit(),
+            unit: device.unit().to_string(),
             compute_units: device.compute_units,
             memory_bytes: device.memory_bytes,
             epoch: epoch.number,
@@ -320,7 +320,7 @@ fn start_epoch(
     let mut handles = Vec::new();
     for (i, partition) in layout.partitions.iter().enumerate() {
         let id = match partition.kind {
-            PartitionKind::Shared => "shared".to_string(),
+            PartitionKind::Shared => PartitionKind::Shared.as_str().to_string(),
             PartitionKind::Dedicated => format!(
                 "dedicated:{}",
                 partition.tenants.first().map_or("", |t| t.tenant.as_str())

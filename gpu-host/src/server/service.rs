@@ -201,7 +201,7 @@ impl GpuHost for GpuHostService {
         }
         Ok(Response::new(v1::SetPartitionsResponse {
             changed,
-            layout: Some(wire::partitions(layout)),
+            layout: Some(v1::PartitionsResponse::from(layout)),
         }))
     }
 
@@ -210,7 +210,7 @@ impl GpuHost for GpuHostService {
         _request: Request<v1::PartitionsRequest>,
     ) -> Result<Response<v1::PartitionsResponse>, Status> {
         let report = self.partitions.report(&self.lanes.advertised());
-        Ok(Response::new(wire::partitions(report)))
+        Ok(Response::new(v1::PartitionsResponse::from(report)))
     }
 
     async fn corrupt_resident_weights(

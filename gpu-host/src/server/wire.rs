@@ -1,18 +1,16 @@
 //! Where the schedulers' types meet the wire's: a stream's events and
-//! errors, the partitions report, and the `SetPartitions` tenant set read
-//! into the planner's requests. `crate::sched` knows neither the protocol's
+//! errors, and the `SetPartitions` tenant set read into the planner's
+//! requests (the partitions report converts in `bulkhead_protocol`). `crate::sched` knows neither the protocol's
 //! messages nor gRPC status codes; this module gives each scheduler error
 //! its code, and the clients (the gateway above all) read those codes and
 //! the texts.
 
-use bulkhead_partition::{PartitionKind, TenantRequest};
+use bulkhead_partition::TenantRequest;
 use bulkhead_protocol::v1::{self, generate_event};
 use tonic::Status;
 
 use crate::engine::FinishReason;
-use crate::sched::{
-    Event, MAX_TENANTS, PartitionReport, PartitionsReport, SchedError, TenantReport,
-};
+use crate::sched::{Event, MAX_TENANTS, SchedError};
 
 /// A stream's item as `Generate` answers it.
 pub(super) type StreamItem = Result<v1::GenerateEvent, Status>;
@@ -81,56 +79,6 @@ fn event(event: Event) -> v1::GenerateEvent {
         }
     };
     v1::GenerateEvent { event: Some(event) }
-}
-
-/// The `Partitions` answer (also `SetPartitions`' layout). The layout's
-/// epoch is the wire's `generation`.
-pub(super) fn partitions(report: PartitionsReport) -> v1::PartitionsResponse {
-    v1::PartitionsResponse {
-        device: report.device,
-        unit: report.unit.to_string(),
-        compute_units: report.compute_units,
-        memory_bytes: report.memory_bytes,
-        generation: report.epoch,
-        partitions: report.partitions.into_iter().map(partition).collect(),
-    }
-}
-
-fn partition(p: PartitionReport) -> v1::PartitionInfo {
-    v1::PartitionInfo {
-        id: p.id,
-        kind: match p.kind {
-            PartitionKind::Dedicated => "dedicated",
-            PartitionKind::Shared => "shared",
-        }
-        .to_string(),
-        cores: p.units,
-        memory_bytes: p.memory_bytes,
-        memory_used_bytes: p.memory_used_bytes,
-        queued: small(p.queued),
-        running: small(p.running),
-        preemptions: p.preemptions,
-        tenants: p.tenants.into_iter().map(tenant_usage).collect(),
-        draining: p.draining,
-        host_cpus: p.host_cpus.into_iter().map(small).collect(),
-        lane: p.lane.unwrap_or_default(),
-    }
-}
-
-fn tenant_usage(t: TenantReport) -> v1::TenantUsage {
-    v1::TenantUsage {
-        tenant: t.tenant,
-        weight: t.weight,
-        kv_blocks: t.kv_blocks,
-        kv_bytes: t.kv_bytes,
-        guaranteed_bytes: t.guaranteed_bytes,
-        budget_bytes: t.budget_bytes,
-        preemptions: t.preemptions,
-        kv_refusals: t.kv_refusals,
-        queued: small(t.queued),
-        queue_guaranteed: small(t.queue_guaranteed),
-        queue_refusals: t.queue_refusals,
-    }
 }
 
 /// The wire tenant set, checked: at most [`MAX_TENANTS`], each entry as

@@ -27,8 +27,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
+use bulkhead_partition::PartitionsReport;
 use bulkhead_protocol::Target;
-use bulkhead_protocol::v1;
 use hyper_util::server::graceful::Watcher;
 use rustix::thread::{CpuSet, Pid, sched_getaffinity, sched_setaffinity};
 use tokio::net::TcpStream;
@@ -169,7 +169,7 @@ impl Lanes {
     /// Brings the lanes in line with the host's partitions: each dedicated
     /// partition with host CPUs gets its tenant a lane pinned to them,
     /// connected to the partition's own listener when it has one.
-    pub fn update(&self, report: &v1::PartitionsResponse) {
+    pub fn update(&self, report: &PartitionsReport) {
         let wanted = wanted(report, &self.inner.host);
         let mut lanes = self
             .inner
@@ -313,22 +313,19 @@ impl Lane {
 /// Tenant → (CPUs, gpu-host listener) of every lane `report` calls for:
 /// each dedicated, non-draining partition with host CPUs, at its own
 /// listener when it has one, else at `host`.
-fn wanted(
-    report: &v1::PartitionsResponse,
-    host: &Target,
-) -> BTreeMap<String, (Vec<usize>, Target)> {
+fn wanted(report: &PartitionsReport, host: &Target) -> BTreeMap<String, (Vec<usize>, Target)> {
     report
         .partitions
         .iter()
-        .filter(|p| p.kind == "dedicated" && !p.draining && !p.host_cpus.is_empty())
+        .filter(|p| !p.draining && !p.host_cpus.is_empty())
         .filter_map(|p| {
-            let tenant = p.id.strip_prefix("dedicated:")?;
-            let mut cpus: Vec<usize> = p.host_cpus.iter().map(|&c| c as usize).collect();
+            let tenant = p.dedicated_tenant()?;
+            let mut cpus = p.host_cpus.clone();
             cpus.sort_unstable();
             cpus.dedup();
-            let target = match p.lane.as_str() {
-                "" => host.clone(),
-                lane => lane.parse().unwrap_or_else(|e| {
+            let target = match &p.lane {
+                None => host.clone(),
+                Some(lane) => lane.parse().unwrap_or_else(|e| {
                     tracing::warn!(tenant, "the partition's lane listener: {e}");
                     host.clone()
                 }),
@@ -439,23 +436,31 @@ async fn owners_only(
 mod tests {
     use std::path::PathBuf;
 
+    use bulkhead_partition::{PartitionKind, PartitionReport};
+
     use super::*;
 
-    fn partition(id: &str, host_cpus: Vec<u32>, lane: &str, draining: bool) -> v1::PartitionInfo {
-        v1::PartitionInfo {
+    fn partition(id: &str, host_cpus: Vec<usize>, lane: &str, draining: bool) -> PartitionReport {
+        PartitionReport {
             id: id.into(),
-            kind: id.split(':').next().unwrap().into(),
-            host_cpus,
-            lane: lane.into(),
+            kind: PartitionKind::from_name(id.split(':').next().unwrap()).unwrap(),
+            units: Vec::new(),
+            memory_bytes: 0,
+            memory_used_bytes: 0,
+            queued: 0,
+            running: 0,
+            preemptions: 0,
+            tenants: Vec::new(),
             draining,
-            ..Default::default()
+            host_cpus,
+            lane: Some(lane.to_string()).filter(|l| !l.is_empty()),
         }
     }
 
     #[test]
     fn dedicated_partitions_with_host_cpus_get_lanes_at_their_own_listener_if_any() {
         let host = Target::Unix(PathBuf::from("/run/host.sock"));
-        let report = v1::PartitionsResponse {
+        let report = PartitionsReport {
             partitions: vec![
                 partition("dedicated:acme", vec![3, 2, 3], "", false),
                 partition("dedicated:beta", vec![1], "unix:/run/beta.sock", false),

@@ -1,4 +1,4 @@
-//! Fuzzes model-signature checking (`models::verify_bundle`): the Sigstore
+//! Fuzzes model-signature checking (`signing::verify_bundle`): the Sigstore
 //! bundle JSON, its DSSE envelope and the in-toto statement inside.
 //!
 //! Two kinds of input:
@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use bulkhead_gateway::models::{KeyKind, MAX_FILES, PublicKey, SigningKey, verify_bundle};
+use bulkhead_gateway::signing::{KeyKind, MAX_FILES, PublicKey, SigningKey, verify_bundle};
 use ed25519_dalek::Signer;
 use ed25519_dalek::pkcs8::EncodePublicKey;
 use libfuzzer_sys::fuzz_target;

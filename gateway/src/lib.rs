@@ -27,7 +27,7 @@ pub use app::{Listening, ServeError, ServeOptions, serve};
 /// The audit log (crate `bulkhead-audit`).
 pub use bulkhead_audit as audit;
 /// Model signing and verification (crate `bulkhead-model-signing`).
-pub use bulkhead_model_signing as models;
+pub use bulkhead_model_signing as signing;
 /// Tenants' WebAssembly plugins (crate `bulkhead-plugin-host`).
 pub use bulkhead_plugin_host as plugins;
 pub use snapshot::{Snapshot, build_snapshot};

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use super::write_new;
 use anyhow::{Context, bail};
-use bulkhead_gateway::models::{
+use bulkhead_gateway::signing::{
     DirOptions, KeyKind, Manifest, PublicKey, SigningKey, read_bundle_file, verify_dir,
 };
 use bulkhead_protocol::digest::to_hex;

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use bulkhead_gateway::models::read_bundle_file;
+use bulkhead_gateway::signing::read_bundle_file;
 use clap::Args;
 use serde_json::json;
 

@@ -16,11 +16,11 @@ use toml::Spanned;
 use super::files::ModelFile;
 use super::files::io_reason;
 use super::{PolicyError, SourceFile};
-use crate::models::{ModelError, read_bundle_file};
 use crate::registration::Trust;
 use crate::registration::{
     Claim, MODEL_NAME_RULE, Registration, RegistrationError, Source, valid_model_name, verify,
 };
+use crate::signing::{ModelError, read_bundle_file};
 
 /// Where the configured models' gpu-host runs, which decides what can be
 /// checked here.

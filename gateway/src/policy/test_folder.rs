@@ -4,7 +4,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::models::{DirOptions, KeyKind, Manifest, SigningKey};
+use crate::signing::{DirOptions, KeyKind, Manifest, SigningKey};
 
 #[derive(Debug)]
 pub(crate) struct TestFolder {

@@ -10,8 +10,8 @@ use super::PolicyError;
 use super::files::Parsed;
 use super::files::TrustFile;
 use super::names::{NAME_RULE, is_valid_name};
-use crate::models::PublicKey;
 use crate::registration::{Publisher, Trust};
+use crate::signing::PublicKey;
 
 /// Most publishers one `trust.toml` may list: each registration is checked
 /// against every key, so the list stays short.

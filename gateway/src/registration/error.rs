@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use super::MODEL_NAME_RULE;
 use crate::audit::AuditError;
-use crate::models::ModelError;
+use crate::signing::ModelError;
 use crate::upstream::{LoadError, UpstreamError};
 
 /// Every way registering or unregistering a model can fail. The caller's

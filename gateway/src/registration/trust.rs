@@ -1,7 +1,7 @@
 //! The publishers whose keys may sign served models (policy reads them
 //! from `trust.toml`).
 
-use crate::models::PublicKey;
+use crate::signing::PublicKey;
 
 /// The trusted publishers, in file order.
 #[derive(Clone, Debug, Default)]

@@ -10,7 +10,7 @@ use bulkhead_protocol::digest::to_hex;
 use bulkhead_protocol::v1;
 
 use super::{Publisher, RegistrationError, Trust, valid_model_name};
-use crate::models::{ModelError, SignedFile, VerifiedManifest, verify_bundle};
+use crate::signing::{ModelError, SignedFile, VerifiedManifest, verify_bundle};
 
 /// Largest signature bundle a registration takes. The audit entry that
 /// records a registration holds its bundle and is limited to 1 MiB; real
@@ -264,7 +264,7 @@ fn quoted(names: &[&str]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::{DirOptions, KeyKind, Manifest, SigningKey};
+    use crate::signing::{DirOptions, KeyKind, Manifest, SigningKey};
 
     /// A folder with `files`, signed by a fresh key; the trust that lists
     /// that key, and the bundle.

@@ -600,10 +600,10 @@ fn gateway_models_must_be_unique_and_readable() {
 fn configured_models_must_verify_with_a_trusted_publisher() {
     let folder = valid_folder();
     // Another key signs `small`: nothing in trust.toml verifies it.
-    let other = crate::models::SigningKey::generate(crate::models::KeyKind::P256);
-    let manifest = crate::models::Manifest::of_dir(
+    let other = crate::signing::SigningKey::generate(crate::signing::KeyKind::P256);
+    let manifest = crate::signing::Manifest::of_dir(
         &folder.path().join("models/small"),
-        &crate::models::DirOptions::default(),
+        &crate::signing::DirOptions::default(),
     )
     .unwrap();
     folder.write("models/small.sig", manifest.sign(&other));

@@ -49,7 +49,7 @@ impl FinishReason {
 
 /// The result of one generation.
 #[derive(Clone, Debug)]
-pub struct Generation {
+pub struct Completion {
     pub prompt_tokens: Vec<u32>,
     /// Generated tokens (an end-of-generation token is not included).
     pub tokens: Vec<u32>,
@@ -85,8 +85,8 @@ pub enum GenerateError {
 }
 
 /// A piece of streamed output: text that is final, and the tokens generated
-/// since the previous piece. Concatenated, the pieces give `Generation::text`
-/// and `Generation::tokens`; the last piece may carry tokens and no text.
+/// since the previous piece. Concatenated, the pieces give `Completion::text`
+/// and `Completion::tokens`; the last piece may carry tokens and no text.
 #[derive(Clone, Copy, Debug)]
 pub struct Piece<'a> {
     pub text: &'a str,
@@ -101,7 +101,7 @@ pub fn generate(
     backend: &dyn Backend,
     req: &GenerateRequest,
     on_text: &mut dyn FnMut(&str),
-) -> Result<Generation, GenerateError> {
+) -> Result<Completion, GenerateError> {
     generate_streaming(model, tokenizer, backend, req, &mut |piece| {
         if !piece.text.is_empty() {
             on_text(piece.text);
@@ -119,7 +119,7 @@ pub fn generate_streaming(
     backend: &dyn Backend,
     req: &GenerateRequest,
     on_piece: &mut dyn FnMut(Piece<'_>) -> ControlFlow<()>,
-) -> Result<Generation, GenerateError> {
+) -> Result<Completion, GenerateError> {
     if req.prompt_tokens.is_empty() {
         return Err(GenerateError::EmptyPrompt);
     }
@@ -162,7 +162,7 @@ pub fn generate_streaming(
         }
     }
     let done = decoding.finish(on_piece)?;
-    Ok(Generation {
+    Ok(Completion {
         prompt_tokens: req.prompt_tokens.clone(),
         tokens: done.tokens,
         text: done.text,

@@ -14,7 +14,7 @@ mod weights;
 
 pub use config::{Arch, ConfigError, ModelConfig};
 pub use generate::{
-    Decoded, Decoding, FinishReason, GenerateError, GenerateRequest, Generation, MAX_STOP_BYTES,
+    Completion, Decoded, Decoding, FinishReason, GenerateError, GenerateRequest, MAX_STOP_BYTES,
     MAX_STOP_STRINGS, Next, Piece, generate, generate_streaming,
 };
 pub use model::{ForwardError, KvCache, Logits, Model, PREFILL_CHUNK};

@@ -33,9 +33,10 @@ use super::ServeError;
 use super::listen::{PlacedSocket, bind_unix_std};
 use crate::affinity::{pin_current_thread, pin_thread};
 
-/// The lanes of a host, keyed by tenant.
+/// The lane listeners of a host (one per dedicated tenant on the CPU
+/// backend, pinned to its partition's cores), keyed by tenant.
 #[derive(Debug)]
-pub(crate) struct Lanes {
+pub(crate) struct LaneListeners {
     /// Where the main listener is bound: lanes listen beside it.
     main: Target,
     /// Where a lane goes once its tenant is no longer dedicated.
@@ -81,9 +82,9 @@ enum Registered {
     Tcp(tokio::net::TcpListener),
 }
 
-impl Lanes {
-    pub(crate) fn new(main: Target, all_cpus: Vec<usize>) -> Lanes {
-        Lanes {
+impl LaneListeners {
+    pub(crate) fn new(main: Target, all_cpus: Vec<usize>) -> LaneListeners {
+        LaneListeners {
             main,
             all_cpus,
             state: Mutex::new(State::default()),
@@ -93,7 +94,7 @@ impl Lanes {
     }
 
     /// Lanes on TCP serve over TLS with `tls`, as the main listener does.
-    pub(crate) fn with_tls(mut self, tls: Option<ServerTlsConfig>) -> Lanes {
+    pub(crate) fn with_tls(mut self, tls: Option<ServerTlsConfig>) -> LaneListeners {
         self.tls = tls;
         self
     }

@@ -37,7 +37,7 @@ use crate::verify::{ScrubConfig, Scrubber};
 pub use auth::{AuthSecret, MIN_SECRET_BYTES, SecretError};
 pub use service::TestHooks;
 
-use lanes::Lanes;
+use lanes::LaneListeners;
 use listen::Listener;
 use service::GpuHostService;
 
@@ -284,7 +284,8 @@ impl Server {
         let listener = listen::bind(&self.listen).await?;
         on_listening(&listener.target());
         let lanes = Arc::new(
-            Lanes::new(listener.target(), self.partitions.all_cpus()).with_tls(self.tls.clone()),
+            LaneListeners::new(listener.target(), self.partitions.all_cpus())
+                .with_tls(self.tls.clone()),
         );
         let service = GpuHostService::new(
             self.registry,

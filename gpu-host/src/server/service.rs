@@ -14,7 +14,7 @@ use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
 use super::auth::BearerAuth;
-use super::lanes::Lanes;
+use super::lanes::LaneListeners;
 use super::wire::{self, StreamItem};
 use crate::sched::{Event, Job, Partitions, SchedError};
 use bulkhead_protocol::digest::Hash;
@@ -44,7 +44,7 @@ pub enum TestHooks {
 pub(crate) struct GpuHostService {
     registry: Arc<ModelRegistry>,
     partitions: Arc<Partitions>,
-    lanes: Arc<Lanes>,
+    lanes: Arc<LaneListeners>,
     auth: BearerAuth,
     test_hooks: TestHooks,
 }
@@ -53,7 +53,7 @@ impl GpuHostService {
     pub(crate) fn new(
         registry: Arc<ModelRegistry>,
         partitions: Arc<Partitions>,
-        lanes: Arc<Lanes>,
+        lanes: Arc<LaneListeners>,
         auth: BearerAuth,
         test_hooks: TestHooks,
     ) -> Self {

@@ -26,7 +26,7 @@ fn wanted(lanes: &[(&str, &[usize])]) -> BTreeMap<String, Vec<usize>> {
 }
 
 /// The lane thread of `tenant`: its kernel id and name.
-fn thread_of(lanes: &Lanes, tenant: &str) -> (Pid, String) {
+fn thread_of(lanes: &LaneListeners, tenant: &str) -> (Pid, String) {
     let state = lanes.state.lock().unwrap();
     let tid = state.lanes[tenant].tid;
     let comm =
@@ -44,7 +44,7 @@ fn a_lane_is_pinned_re_pinned_and_unadvertised_as_its_tenant_changes() {
     let main = dir.join("host.sock");
     let all = all_cpus();
     let (first, last) = (all[0], all[all.len() - 1]);
-    let lanes = Lanes::new(Target::Unix(main.clone()), all.clone());
+    let lanes = LaneListeners::new(Target::Unix(main.clone()), all.clone());
 
     lanes.apply(&wanted(&[("acme", &[first])]), Routes::default);
     let socket = dir.join("host.sock.lane0");
@@ -94,7 +94,7 @@ fn a_socket_path_too_long_for_linux_fails_only_that_lane_and_says_why() {
     let dir = temp_dir("long");
     let main = dir.join("h".repeat(100));
     let all = all_cpus();
-    let lanes = Lanes::new(Target::Unix(main.clone()), all.clone());
+    let lanes = LaneListeners::new(Target::Unix(main.clone()), all.clone());
     lanes.apply(&wanted(&[("acme", &all)]), Routes::default);
     assert!(lanes.advertised().is_empty());
 
@@ -114,7 +114,7 @@ fn a_socket_path_too_long_for_linux_fails_only_that_lane_and_says_why() {
 fn a_tcp_lane_listens_on_the_main_ip_on_a_port_of_its_own() {
     let all = all_cpus();
     let main: SocketAddr = "127.0.0.1:1".parse().unwrap();
-    let lanes = Lanes::new(Target::Tcp(main), all.clone());
+    let lanes = LaneListeners::new(Target::Tcp(main), all.clone());
     lanes.apply(&wanted(&[("acme", &all)]), Routes::default);
     let target: Target = lanes.advertised()["acme"].parse().unwrap();
     let Target::Tcp(addr) = target else {

@@ -306,7 +306,8 @@ fn paged_batch_matches_cpu(device: Arc<dyn KernelDevice>, family: &str, ty: &str
 
 /// Two partitions of `split` on disjoint CU sets (`a`, `b`): each one's
 /// logits match the CPU backend's (as [`logits_match_cpu`] checks), the
-/// weights are uploaded once for both and charged to the model
+/// weights are uploaded once for both (the ledger of the reservation's
+/// view does not move after the first pass) and charged to the model
 /// reservation, and each partition's activations to its own budget (all
 /// given back when its ops return).
 fn partitions_match_cpu(split: &PartitionedDevice, a: &CuSet, b: &CuSet) {
@@ -320,8 +321,16 @@ fn partitions_match_cpu(split: &PartitionedDevice, a: &CuSet, b: &CuSet) {
     let cpu = CpuBackend::new(2).unwrap();
     let (cpu_prefill, cpu_decode) = prefill_and_decode(&m, &cpu, prompt);
     let mut weight_bytes = None;
+    let mut weights_moved = None;
     for (name, p) in [("a", &pa), ("b", &pb)] {
+        let before = p.transfers();
         let (prefill, decode) = prefill_and_decode(&m, &*p.backend, prompt);
+        // What the per-op design moves (the transfer ledger), for
+        // docs/gpu-performance.md's figures of it.
+        eprintln!(
+            "partition {name}: a {PROMPT}-token prefill and one decode step: {:?}",
+            p.transfers().since(&before)
+        );
         let (max_rel, _) = error(&prefill, &cpu_prefill);
         let (dmax_rel, _) = error(&decode, &cpu_decode);
         eprintln!(
@@ -342,6 +351,11 @@ fn partitions_match_cpu(split: &PartitionedDevice, a: &CuSet, b: &CuSet) {
             cached,
             "uploaded again"
         );
+        // After the first pass uploaded them, no weight byte moves again:
+        // the second partition's pass copies nothing through the
+        // reservation's view.
+        let moved = split.weight_transfers();
+        assert_eq!(*weights_moved.get_or_insert(moved), moved, "weights moved");
     }
     let cached = weight_bytes.unwrap() as u64;
     assert!(cached > 0);

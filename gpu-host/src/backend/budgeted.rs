@@ -5,22 +5,26 @@
 //! is only a cooperative cap, so this is where a partition's device memory
 //! is actually bounded. Several budgeted views of one device share its
 //! address space: a partition's launches may read the weights another view
-//! (the model reservation) allocated.
+//! (the model reservation) allocated. Each view also keeps the
+//! [`Ledger`] of what it asked of the device.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use bulkhead_kernels::hip::{DeviceError, KernelDevice};
 
+use super::ledger::{Ledger, Transfers};
 use crate::hip::{MemoryBudget, Reservation};
 
-/// A device whose allocations are charged to one budget.
+/// A device whose allocations are charged to one budget, and whose calls
+/// are counted in one ledger.
 #[derive(Debug)]
 pub struct BudgetedDevice {
     inner: Arc<dyn KernelDevice>,
     budget: Arc<MemoryBudget>,
     /// The charge of every live allocation made through this view.
     held: Mutex<HashMap<u64, Reservation>>,
+    ledger: Ledger,
 }
 
 impl BudgetedDevice {
@@ -30,7 +34,13 @@ impl BudgetedDevice {
             inner,
             budget,
             held: Mutex::new(HashMap::new()),
+            ledger: Ledger::default(),
         }
+    }
+
+    /// What this view has asked of the device so far.
+    pub fn transfers(&self) -> Transfers {
+        self.ledger.totals()
     }
 
     /// The budget charged.
@@ -66,6 +76,7 @@ impl KernelDevice for BudgetedDevice {
             .map_err(|e| DeviceError::new(what(), e.to_string()))?;
         // A failed device allocation drops the reservation: nothing charged.
         let addr = self.inner.alloc(bytes)?;
+        self.ledger.allocated();
         self.held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -89,6 +100,7 @@ impl KernelDevice for BudgetedDevice {
                 )
             })?;
         let freed = self.inner.free(addr);
+        self.ledger.freed();
         // Given back once the device has the memory back (or says it is
         // not an allocation: then it was never the device's to hold).
         drop(reservation);
@@ -96,10 +108,12 @@ impl KernelDevice for BudgetedDevice {
     }
 
     fn write(&self, addr: u64, bytes: &[u8]) -> Result<(), DeviceError> {
+        self.ledger.copied_to_device(bytes.len());
         self.inner.write(addr, bytes)
     }
 
     fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+        self.ledger.copied_to_host(out.len());
         self.inner.read(addr, out)
     }
 
@@ -110,6 +124,7 @@ impl KernelDevice for BudgetedDevice {
         threads: u32,
         args: &[u8],
     ) -> Result<(), DeviceError> {
+        self.ledger.launched();
         self.inner.launch(kernel, grid, threads, args)
     }
 }

@@ -10,6 +10,7 @@ mod compute;
 mod cpu;
 mod device;
 mod hip;
+mod ledger;
 mod partitioned;
 mod select;
 
@@ -20,6 +21,7 @@ pub use device::{
     HipDeviceError, open_hip_backend, open_hip_device, open_hip_partitions, planning_device,
 };
 pub use hip::{DeviceWeights, HipBackend};
+pub use ledger::{Ledger, Transfers};
 #[cfg(test)]
 pub(crate) use partitioned::tests as partitioned_test_support;
 pub use partitioned::{MODEL_RESERVATION, PartitionCompute, PartitionedDevice, StreamSource};

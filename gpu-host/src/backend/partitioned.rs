@@ -18,6 +18,7 @@ use bulkhead_partition::{CuSet, Device};
 
 use super::budgeted::BudgetedDevice;
 use super::hip::{DeviceWeights, HipBackend};
+use super::ledger::Transfers;
 use crate::hip::MemoryBudget;
 
 /// The name the weights' budget goes by in messages.
@@ -39,6 +40,15 @@ pub struct PartitionCompute {
     pub backend: Arc<HipBackend>,
     /// What its device allocations are charged to.
     pub budget: Arc<MemoryBudget>,
+    /// Its view of the device: the budget's charges and the ledger.
+    view: Arc<BudgetedDevice>,
+}
+
+impl PartitionCompute {
+    /// What this partition has asked of the device so far.
+    pub fn transfers(&self) -> Transfers {
+        self.view.transfers()
+    }
 }
 
 /// A device the partitions of a layout share.
@@ -50,6 +60,8 @@ pub struct PartitionedDevice {
     streams: Arc<dyn StreamSource>,
     weights: Arc<DeviceWeights>,
     weights_budget: Arc<MemoryBudget>,
+    /// The view the weights are uploaded through.
+    weights_view: Arc<BudgetedDevice>,
 }
 
 impl PartitionedDevice {
@@ -71,16 +83,15 @@ impl PartitionedDevice {
         }
         let weights_budget = MemoryBudget::new(MODEL_RESERVATION, model_reservation_bytes);
         let all = streams.streams_for(&model.all())?;
-        let weights = DeviceWeights::new(Arc::new(BudgetedDevice::new(
-            all,
-            Arc::clone(&weights_budget),
-        )));
+        let weights_view = Arc::new(BudgetedDevice::new(all, Arc::clone(&weights_budget)));
+        let weights = DeviceWeights::new(weights_view.clone());
         Ok(PartitionedDevice {
             model,
             model_reservation_bytes,
             streams,
             weights,
             weights_budget,
+            weights_view,
         })
     }
 
@@ -102,6 +113,11 @@ impl PartitionedDevice {
     /// The weights every partition reads.
     pub fn weights(&self) -> &Arc<DeviceWeights> {
         &self.weights
+    }
+
+    /// What uploading (and freeing) the weights has asked of the device.
+    pub fn weight_transfers(&self) -> Transfers {
+        self.weights_view.transfers()
     }
 
     /// The compute of partition `id` (named in budget messages): streams
@@ -128,10 +144,11 @@ impl PartitionedDevice {
             .streams_for(cus)
             .map_err(|e| format!("partition {id:?}: streams on CUs {cus:?}: {e}"))?;
         let budget = MemoryBudget::new(id, memory_bytes);
-        let device = Arc::new(BudgetedDevice::new(view, Arc::clone(&budget)));
+        let view = Arc::new(BudgetedDevice::new(view, Arc::clone(&budget)));
         Ok(PartitionCompute {
-            backend: Arc::new(HipBackend::sharing(device, Arc::clone(&self.weights))),
+            backend: Arc::new(HipBackend::sharing(view.clone(), Arc::clone(&self.weights))),
             budget,
+            view,
         })
     }
 }
@@ -215,6 +232,31 @@ pub(crate) mod tests {
         assert_eq!((a.budget.used_bytes(), b.budget.used_bytes()), (0, 0));
         // The weights plus what the partitions hold now: nothing else lives.
         assert_eq!(streams.device.live(), 1);
+        // The ledgers: the weights went up once, through the reservation's
+        // view; each matvec copied its input up and its output back (an
+        // F32 matrix needs no quantized copy of the input) and waited on
+        // each of its three device calls.
+        let matvec = |n: u64| Transfers {
+            host_to_device_bytes: n * cols as u64 * 4,
+            device_to_host_bytes: n * rows as u64 * 4,
+            launches: n,
+            synchronizations: 3 * n,
+            allocations: 2 * n,
+            frees: 2 * n,
+        };
+        assert_eq!((a.transfers(), b.transfers()), (matvec(2), matvec(1)));
+        assert_eq!(
+            split.weight_transfers(),
+            Transfers {
+                host_to_device_bytes: weight_bytes,
+                synchronizations: 1,
+                allocations: 1,
+                ..Transfers::default()
+            }
+        );
+        let before = a.transfers();
+        crate::backend::Backend::matmul(&*a.backend, &m, &x, 1, &mut out);
+        assert_eq!(a.transfers().since(&before), matvec(1));
     }
 
     #[test]

@@ -150,6 +150,7 @@ pub struct Metrics {
     pub partition_memory_bytes: Family<PartitionLabels, Gauge>,
     pub partition_memory_used_bytes: Family<PartitionLabels, Gauge>,
     pub partition_preemptions: Family<PartitionLabels, Counter>,
+    pub partition_device_errors: Family<PartitionLabels, Counter>,
     pub lane_connections: Family<TenantLabels, Counter>,
     pub admin_refusals: Family<AdminRefusalLabels, Counter>,
     pub connections_refused: Family<ConnectionRefusalLabels, Counter>,
@@ -334,6 +335,12 @@ impl Metrics {
             "Sequences a gpu-host partition preempted (KV blocks taken back, recomputed later)",
             partition_preemptions.clone(),
         );
+        let partition_device_errors = Family::<PartitionLabels, Counter>::default();
+        registry.register(
+            "partition_device_errors",
+            "Steps a gpu-host partition's device failed (their requests got 503 device_error)",
+            partition_device_errors.clone(),
+        );
         let admin_refusals = Family::<AdminRefusalLabels, Counter>::default();
         registry.register(
             "admin_refusals",
@@ -407,6 +414,7 @@ impl Metrics {
             partition_memory_bytes,
             partition_memory_used_bytes,
             partition_preemptions,
+            partition_device_errors,
             lane_connections,
             admin_refusals,
             connections_refused,

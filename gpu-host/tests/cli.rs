@@ -193,6 +193,86 @@ fn chat_file_is_rendered_with_the_model_template() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `--backend emulated`: the HIP backend on the kernel emulator gives the
+/// CPU's tokens, and `--json` says what the device was asked for: the load
+/// (weights up, nothing launched), each prefill chunk and the decode steps.
+#[test]
+fn generate_on_the_emulator_reports_what_the_device_moved() {
+    let m = model("llama-q8_0.gguf");
+    let args = |backend: &'static str| {
+        [
+            "generate",
+            "--model",
+            &m,
+            "--prompt",
+            "Hi",
+            "--max-tokens",
+            "2",
+            "--threads",
+            "2",
+            "--backend",
+            backend,
+            "--json",
+        ]
+        .map(str::to_owned)
+    };
+    let cpu = ok_json(&args("cpu").each_ref().map(String::as_str));
+    assert!(cpu.get("device").is_none(), "the CPU moves nothing: {cpu}");
+    let out = run(&args("emulated").each_ref().map(String::as_str));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("no C++ compiler") {
+        bulkhead_testkit::skip(bulkhead_testkit::Need::Cxx, stderr.trim());
+        return;
+    }
+    assert!(out.status.success(), "{stderr}");
+    let emulated: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(emulated["tokens"], cpu["tokens"]);
+    let device = &emulated["device"];
+    assert!(
+        device["backend"].as_str().unwrap().contains("emulator"),
+        "{device}"
+    );
+    let load = &device["load"];
+    let file_bytes = std::fs::metadata(&m).unwrap().len();
+    let uploaded = load["host_to_device_bytes"].as_u64().unwrap();
+    assert!(
+        uploaded > file_bytes * 9 / 10 && uploaded <= file_bytes,
+        "{load}"
+    );
+    assert_eq!(
+        (
+            load["launches"].as_u64(),
+            load["device_to_host_bytes"].as_u64()
+        ),
+        (Some(0), Some(0))
+    );
+    let prompt = emulated["prompt_tokens"].as_array().unwrap().len() as u64;
+    let chunks = device["prefill_chunks"].as_array().unwrap();
+    assert_eq!(chunks.len(), 1, "{device}");
+    assert_eq!(chunks[0]["tokens"].as_u64(), Some(prompt));
+    let decode = &device["decode_steps"];
+    let generated = emulated["tokens"].as_array().unwrap().len() as u64;
+    assert_eq!(
+        decode["count"].as_u64(),
+        Some(generated - 1),
+        "the last token needs no pass"
+    );
+    for stat in ["median", "max"] {
+        let step = &decode[stat];
+        assert!(step["launches"].as_u64().unwrap() > 0, "{decode}");
+        // A tenth of the weights at most: they stay on the device (the
+        // ledger test in hip_parity.rs checks that no weight byte moves).
+        assert!(
+            step["host_to_device_bytes"].as_u64().unwrap() < uploaded / 10,
+            "{decode}"
+        );
+        assert_eq!(
+            step["allocations"], step["frees"],
+            "a step frees what it allocates"
+        );
+    }
+}
+
 #[test]
 fn eval_prints_one_logit_row_per_token() {
     let m = model("qwen2-f16.gguf");

@@ -170,7 +170,7 @@ fn serve_backend_hip_without_a_device_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(out.stdout.is_empty(), "it must not listen");
     let expected = if visible_devices() > 0 {
-        // Until the HIP engine lands (backend/hip.rs).
+        // Until the HIP engine lands (backend/hip/).
         "is visible, but this build's engine has no HIP backend yet"
     } else if cfg!(feature = "hip") {
         "error: --backend hip: no HIP device visible: hip"

@@ -45,8 +45,8 @@ use bulkhead_gpu_host::backend::{
 };
 use bulkhead_gpu_host::engine::{BatchEntry, Logits, Model, argmax};
 use bulkhead_gpu_host::hip::{HipAvailability, probe};
-use bulkhead_kernels::hip::KernelDevice;
 use bulkhead_kernels::hip::emulator::{Emulator, HarnessError, build_harness};
+use bulkhead_kernels::hip::{DeviceErrorKind, KernelDevice};
 use bulkhead_kernels::{GgmlType, QuantMatrix};
 use bulkhead_partition::{CuSet, Device};
 use bulkhead_testkit::{Need, skip};
@@ -320,8 +320,21 @@ fn partitions_match_cpu(split: &PartitionedDevice, a: &CuSet, b: &CuSet) {
     let prompt = &r.prompt_tokens[..PROMPT];
     let cpu = CpuBackend::new(2).unwrap();
     let (cpu_prefill, cpu_decode) = prefill_and_decode(&m, &cpu, prompt);
+    // The load: every weight up once, through the reservation's view (the
+    // partitions share the copy, so loading through either is the same).
+    m.preload(&*pa.backend).unwrap();
+    let loaded = split.weight_transfers();
+    let file_bytes = std::fs::metadata(fixtures().join("models/llama-f32.gguf"))
+        .unwrap()
+        .len();
+    assert!(
+        loaded.host_to_device_bytes > file_bytes * 9 / 10
+            && loaded.host_to_device_bytes <= file_bytes,
+        "the load uploads the weights: {loaded:?} of a {file_bytes}-byte file"
+    );
+    assert_eq!((loaded.launches, loaded.device_to_host_bytes), (0, 0));
     let mut weight_bytes = None;
-    let mut weights_moved = None;
+    let mut weights_moved = Some(loaded);
     for (name, p) in [("a", &pa), ("b", &pb)] {
         let before = p.transfers();
         let (prefill, decode) = prefill_and_decode(&m, &*p.backend, prompt);
@@ -351,9 +364,8 @@ fn partitions_match_cpu(split: &PartitionedDevice, a: &CuSet, b: &CuSet) {
             cached,
             "uploaded again"
         );
-        // After the first pass uploaded them, no weight byte moves again:
-        // the second partition's pass copies nothing through the
-        // reservation's view.
+        // After the load, no weight byte moves again: neither partition's
+        // passes copy anything through the reservation's view.
         let moved = split.weight_transfers();
         assert_eq!(*weights_moved.get_or_insert(moved), moved, "weights moved");
     }
@@ -472,19 +484,20 @@ fn emulated_partitions_running_at_once_match_cpu() {
 }
 
 /// A partition whose budget cannot hold an op's activations: the op fails
-/// with the budget's message (the backend trait has no error path, so as
-/// a panic, which the scheduler catches), and nothing stays charged.
+/// with an out-of-memory error carrying the budget's message, and nothing
+/// stays charged.
 fn partition_past_its_budget_is_refused_naming_it(split: &PartitionedDevice) {
     let (a, _) = two_halves(split.device());
     let tiny = split.partition("dedicated:tiny", &a, 4096).unwrap();
     let w = vec![0u8; 4 * 16 * 4];
     let m = QuantMatrix::new(GgmlType::F32, &w, 4, 16).unwrap();
     let mut out = vec![0.0f32; 4];
-    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        tiny.backend.matmul(&m, &[1.0; 16], 1, &mut out);
-    }))
-    .expect_err("the output cannot fit a one-page budget the input fills");
-    let message = failed.downcast_ref::<String>().cloned().unwrap_or_default();
+    let failed = tiny
+        .backend
+        .matmul(&m, &[1.0; 16], 1, &mut out)
+        .expect_err("the output cannot fit a one-page budget the input fills");
+    assert_eq!(failed.kind, DeviceErrorKind::OutOfMemory);
+    let message = failed.to_string();
     assert!(
         message.contains(
             "partition \"dedicated:tiny\" cannot allocate 16B: 4KiB of its 4KiB \
@@ -537,7 +550,7 @@ fn emulated_weight_cache_notices_a_different_weight_at_the_same_address() {
         for value in [1.0f32, 2.0] {
             fill(&mut w, value);
             let m = QuantMatrix::new(GgmlType::F32, &w, rows, cols).unwrap();
-            hip.matmul(&m, &x, 1, &mut out);
+            hip.matmul(&m, &x, 1, &mut out).unwrap();
             assert_eq!(out, vec![value * cols as f32; rows], "weights of {value}");
         }
         assert_eq!(

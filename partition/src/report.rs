@@ -39,6 +39,8 @@ pub struct PartitionReport {
     pub running: usize,
     /// Sequences preempted so far.
     pub preemptions: u64,
+    /// Steps its device failed so far (their requests got `device_error`).
+    pub device_errors: u64,
     /// Its planned tenants and any other that has used it, by name.
     pub tenants: Vec<TenantReport>,
     /// Of a replaced layout, still finishing its streams.

@@ -40,6 +40,7 @@ impl From<PartitionsReport> for v1::PartitionsResponse {
             queued: small(p.queued),
             running: small(p.running),
             preemptions: p.preemptions,
+            device_errors: p.device_errors,
             tenants: p.tenants.into_iter().map(tenant).collect(),
             draining: p.draining,
             host_cpus: p.host_cpus.into_iter().map(small).collect(),
@@ -91,6 +92,7 @@ impl TryFrom<v1::PartitionsResponse> for PartitionsReport {
                 queued: count(p.queued),
                 running: count(p.running),
                 preemptions: p.preemptions,
+                device_errors: p.device_errors,
                 tenants: p.tenants.into_iter().map(tenant).collect(),
                 draining: p.draining,
                 host_cpus: p.host_cpus.into_iter().map(count).collect(),
@@ -141,6 +143,7 @@ mod tests {
             queued: 6,
             running: 1,
             preemptions: 4,
+            device_errors: 9,
             tenants: vec![acme],
             draining: false,
             host_cpus: vec![3],
@@ -155,6 +158,7 @@ mod tests {
             queued: 0,
             running: 0,
             preemptions: 0,
+            device_errors: 0,
             tenants: Vec::new(),
             draining: true,
             host_cpus: Vec::new(),
@@ -208,6 +212,7 @@ mod tests {
                 draining: false,
                 host_cpus: vec![3],
                 lane: "unix:/run/h.sock.lane0".into(),
+                device_errors: 9,
             }
         );
         assert_eq!(

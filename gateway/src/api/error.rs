@@ -248,6 +248,21 @@ impl From<UpstreamError> for ApiError {
                 )
             }
             UpstreamError::ModelUnavailable(m) => ApiError::unavailable("model_unavailable", m),
+            // The host's text names partitions and device addresses: the
+            // tenant gets the kind, the log the rest.
+            UpstreamError::DeviceError { kind, message } => {
+                tracing::warn!(host = %message, kind = %kind, "the gpu-host's device failed a step");
+                let why = match kind.as_str() {
+                    "out_of_memory" => "the GPU ran out of memory in this request's partition",
+                    "device_lost" => "the GPU is out of service",
+                    _ => "a GPU operation failed",
+                };
+                ApiError::unavailable(
+                    "device_error",
+                    format!("{why} while running this request ({kind}); retry shortly"),
+                )
+                .with_headers(header_map(vec![("retry-after", "1".to_owned())]))
+            }
             UpstreamError::InvalidArgument(m) => {
                 let mut e = ApiError::invalid_param("", m);
                 e.param = None;
@@ -423,6 +438,26 @@ mod tests {
         let error = ApiError::from(never);
         assert_eq!(error.code, "kv_budget_exceeded");
         assert_eq!(retry_after(error), (400, None));
+        // A device failure: 503 with the kind, never the host's text
+        // (partition names, device addresses).
+        let device = ApiError::from(UpstreamError::DeviceError {
+            kind: "out_of_memory".into(),
+            message: "device_error: out_of_memory: alloc 4096 bytes: partition \
+                      \"dedicated:other\" cannot allocate 4KiB"
+                .into(),
+        });
+        assert_eq!(device.code, "device_error");
+        assert!(
+            device.message.contains("ran out of memory"),
+            "{}",
+            device.message
+        );
+        assert!(
+            !device.message.contains("dedicated:other"),
+            "{}",
+            device.message
+        );
+        assert_eq!(retry_after(device), (503, Some("1".into())));
         // The host's words about other models never reach the tenant.
         let not_found = ApiError::from(UpstreamError::ModelNotFound(
             "model `x` is not served here (serving: acme-secret-model)".into(),

@@ -61,6 +61,7 @@ pub fn report_json(report: &PartitionsReport) -> Value {
                 "queued": p.queued,
                 "running": p.running,
                 "preemptions": p.preemptions,
+                "device_errors": p.device_errors,
                 "draining": p.draining,
                 "tenants": tenants,
             })

@@ -63,6 +63,11 @@ pub enum UpstreamError {
     /// what was verified (the message says which chunk).
     #[error("{0}")]
     ModelUnavailable(String),
+    /// The device failed the step the request was in; `kind` is the
+    /// host's name for why (`out_of_memory`, `failed`, `device_lost`), the
+    /// message the host's whole text (for the log).
+    #[error("{message}")]
+    DeviceError { kind: String, message: String },
     /// The host broke the contract (events out of order, unknown codes).
     #[error("the GPU host answered unexpectedly: {0}")]
     Protocol(String),
@@ -71,6 +76,10 @@ pub enum UpstreamError {
 /// How the gpu-host starts a RESOURCE_EXHAUSTED that is the tenant's KV
 /// budget rather than the host's queue.
 const KV_BUDGET_EXCEEDED: &str = "kv_budget_exceeded:";
+
+/// How the gpu-host starts an UNAVAILABLE that is its device failing a
+/// step (followed by the kind and `:`), not the host going away.
+const DEVICE_ERROR: &str = "device_error: ";
 
 impl From<Status> for UpstreamError {
     fn from(status: Status) -> UpstreamError {
@@ -83,6 +92,13 @@ impl From<Status> for UpstreamError {
             }
             Code::ResourceExhausted => UpstreamError::Overloaded(message),
             Code::FailedPrecondition => UpstreamError::ModelUnavailable(message),
+            Code::Unavailable if message.starts_with(DEVICE_ERROR) => {
+                let kind = message[DEVICE_ERROR.len()..]
+                    .split_once(':')
+                    .map_or("failed", |(kind, _)| kind)
+                    .to_string();
+                UpstreamError::DeviceError { kind, message }
+            }
             // A dropped connection shows up as UNAVAILABLE or UNKNOWN (h2 reset),
             // a killed host mid-stream as CANCELLED or INTERNAL from h2.
             Code::Unavailable | Code::Unknown | Code::Cancelled | Code::Internal => {
@@ -316,6 +332,26 @@ mod tests {
         assert!(matches!(
             UpstreamError::from(out),
             UpstreamError::ModelUnavailable(_)
+        ));
+    }
+
+    #[test]
+    fn unavailable_is_the_device_when_the_host_says_device_error() {
+        let oom = Status::unavailable(
+            "device_error: out_of_memory: alloc 4096 bytes: partition \"shared\" cannot allocate 4KiB",
+        );
+        match UpstreamError::from(oom) {
+            UpstreamError::DeviceError { kind, message } => {
+                assert_eq!(kind, "out_of_memory");
+                assert!(message.contains("cannot allocate"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A stopping host is not a device error (and is retried).
+        let stopping = Status::unavailable("the host is shutting down");
+        assert!(matches!(
+            UpstreamError::from(stopping),
+            UpstreamError::Unavailable(_)
         ));
     }
 }

@@ -51,6 +51,7 @@ impl Upstream {
 #[derive(Debug, Default)]
 pub(crate) struct PartitionCounters {
     preemptions: BTreeMap<PartitionLabels, u64>,
+    device_errors: BTreeMap<PartitionLabels, u64>,
     refusals: BTreeMap<PartitionTenantLabels, u64>,
     /// The gauges' label sets at the last poll.
     partitions: BTreeSet<PartitionLabels>,
@@ -64,6 +65,7 @@ impl PartitionCounters {
         let mut gauges: BTreeMap<PartitionLabels, [i64; 4]> = BTreeMap::new();
         let mut blocks: BTreeMap<PartitionTenantLabels, i64> = BTreeMap::new();
         let mut preemptions: BTreeMap<PartitionLabels, u64> = BTreeMap::new();
+        let mut device_errors: BTreeMap<PartitionLabels, u64> = BTreeMap::new();
         let mut refusals: BTreeMap<PartitionTenantLabels, u64> = BTreeMap::new();
         for p in &report.partitions {
             let labels = PartitionLabels {
@@ -76,6 +78,7 @@ impl PartitionCounters {
             if !p.draining {
                 g[3] = i64::try_from(p.memory_bytes).unwrap_or(i64::MAX);
             }
+            *device_errors.entry(labels.clone()).or_default() += p.device_errors;
             *preemptions.entry(labels).or_default() += p.preemptions;
             for t in &p.tenants {
                 let labels = PartitionTenantLabels {
@@ -120,6 +123,10 @@ impl PartitionCounters {
         for (labels, now) in preemptions {
             let counter = metrics.partition_preemptions.get_or_create(&labels);
             advance(&counter, self.preemptions.insert(labels, now), now);
+        }
+        for (labels, now) in device_errors {
+            let counter = metrics.partition_device_errors.get_or_create(&labels);
+            advance(&counter, self.device_errors.insert(labels, now), now);
         }
         for (labels, now) in refusals {
             let counter = metrics.partition_kv_refusals.get_or_create(&labels);
@@ -184,6 +191,7 @@ mod tests {
             queued: 1,
             running: 2,
             preemptions,
+            device_errors: preemptions / 2,
             tenants: vec![tenant.clone()],
             draining: false,
             host_cpus: Vec::new(),
@@ -218,6 +226,7 @@ mod tests {
             "bulkhead_partition_memory_used_bytes{partition=\"dedicated:acme\"} 4096",
             "bulkhead_partition_kv_blocks{partition=\"dedicated:acme\",tenant=\"acme\"} 7",
             "bulkhead_partition_preemptions_total{partition=\"dedicated:acme\"} 5",
+            "bulkhead_partition_device_errors_total{partition=\"dedicated:acme\"} 2",
             "bulkhead_partition_kv_refusals_total{partition=\"dedicated:acme\",tenant=\"acme\"} 1",
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");

@@ -73,7 +73,7 @@ impl KernelDevice for BudgetedDevice {
         let reservation = self
             .budget
             .reserve(bytes as u64)
-            .map_err(|e| DeviceError::new(what(), e.to_string()))?;
+            .map_err(|e| DeviceError::out_of_memory(what(), e.to_string()))?;
         // A failed device allocation drops the reservation: nothing charged.
         let addr = self.inner.alloc(bytes)?;
         self.ledger.allocated();
@@ -146,6 +146,8 @@ pub(crate) mod fake {
         next: u64,
         buffers: HashMap<u64, Vec<u8>>,
         launches: Vec<String>,
+        /// What every launch fails with from now on.
+        failure: Option<DeviceError>,
     }
 
     impl MemoryOnly {
@@ -155,6 +157,11 @@ pub(crate) mod fake {
 
         pub(crate) fn launches(&self) -> Vec<String> {
             self.state.lock().unwrap().launches.clone()
+        }
+
+        /// Every launch from now on fails with `error`.
+        pub(crate) fn fail_launches(&self, error: DeviceError) {
+            self.state.lock().unwrap().failure = Some(error);
         }
     }
 
@@ -204,8 +211,9 @@ pub(crate) mod fake {
         }
 
         fn launch(&self, kernel: &str, _: [u32; 3], _: u32, _: &[u8]) -> Result<(), DeviceError> {
-            self.state.lock().unwrap().launches.push(kernel.into());
-            Ok(())
+            let mut s = self.state.lock().unwrap();
+            s.launches.push(kernel.into());
+            s.failure.clone().map_or(Ok(()), Err)
         }
     }
 }

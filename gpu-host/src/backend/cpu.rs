@@ -5,7 +5,7 @@ use bulkhead_kernels::{
     AttentionShape, CpuKernels, Isa, KernelError, PagedSeq, PagedShape, QuantMatrix,
 };
 
-use super::{Backend, RopeParams};
+use super::{Backend, OpResult, RopeParams};
 
 /// The CPU backend: AVX2/FMA kernels when the processor has them, scalar otherwise.
 #[derive(Debug)]
@@ -37,28 +37,38 @@ impl Backend for CpuBackend {
         format!("cpu-{:?}", self.kernels.isa()).to_lowercase()
     }
 
-    fn matmul(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+    fn matmul(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]) -> OpResult {
         self.kernels.matmul(w, x, n_tokens, out);
+        Ok(())
     }
 
-    fn matmul_per_row(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+    fn matmul_per_row(
+        &self,
+        w: &QuantMatrix<'_>,
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+    ) -> OpResult {
         self.kernels.matmul_row_exact(w, x, n_tokens, out);
+        Ok(())
     }
 
-    fn embedding(&self, table: &QuantMatrix<'_>, token: u32, out: &mut [f32]) {
+    fn embedding(&self, table: &QuantMatrix<'_>, token: u32, out: &mut [f32]) -> OpResult {
         let row_bytes = table.data.len() / table.rows;
         let start = token as usize * row_bytes;
         bulkhead_kernels::dequantize_row(table.ty, &table.data[start..start + row_bytes], out);
+        Ok(())
     }
 
-    fn rms_norm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    fn rms_norm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> OpResult {
         let n = weight.len();
         for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
             bulkhead_kernels::rms_norm(xr, weight, eps, or);
         }
+        Ok(())
     }
 
-    fn rope(&self, x: &mut [f32], heads: usize, pos: usize, p: &RopeParams) {
+    fn rope(&self, x: &mut [f32], heads: usize, pos: usize, p: &RopeParams) -> OpResult {
         bulkhead_kernels::rope(
             x,
             heads,
@@ -69,10 +79,19 @@ impl Backend for CpuBackend {
             p.freq_scale,
             p.style,
         );
+        Ok(())
     }
 
-    fn attention(&self, q: &[f32], k: &[f32], v: &[f32], shape: AttentionShape, out: &mut [f32]) {
+    fn attention(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        shape: AttentionShape,
+        out: &mut [f32],
+    ) -> OpResult {
         self.kernels.attention(q, k, v, shape, out);
+        Ok(())
     }
 
     fn attention_paged(
@@ -83,16 +102,19 @@ impl Backend for CpuBackend {
         seqs: &[PagedSeq<'_>],
         shape: PagedShape,
         out: &mut [f32],
-    ) {
+    ) -> OpResult {
         self.kernels
             .attention_paged(q, k_pool, v_pool, seqs, shape, out);
+        Ok(())
     }
 
-    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
+    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) -> OpResult {
         bulkhead_kernels::silu_mul(gate, up);
+        Ok(())
     }
 
-    fn add(&self, a: &mut [f32], b: &[f32]) {
+    fn add(&self, a: &mut [f32], b: &[f32]) -> OpResult {
         bulkhead_kernels::add(a, b);
+        Ok(())
     }
 }

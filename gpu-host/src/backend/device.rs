@@ -342,7 +342,7 @@ mod runtime {
                     "range past the end of its allocation",
                 ));
             }
-            f(buffer, offset).map_err(|e| DeviceError::new(what, e.to_string()))
+            f(buffer, offset).map_err(|e| e.to_device_error(what))
         }
     }
 
@@ -363,7 +363,7 @@ mod runtime {
             let what = format!("alloc {bytes} bytes");
             let core = &self.core;
             let buffer = DeviceBuffer::<u8>::zeroed(&core.device, bytes.max(1), &core.budget)
-                .map_err(|e| DeviceError::new(&what, e.to_string()))?;
+                .map_err(|e| e.to_device_error(&what))?;
             let addr = buffer.device_ptr().addr();
             core.buffers
                 .lock()
@@ -445,7 +445,7 @@ mod runtime {
             };
             let synced = launched.and_then(|()| self.stream.synchronize());
             drop(hold);
-            synced.map_err(|e| DeviceError::new(&what, e.to_string()))
+            synced.map_err(|e| e.to_device_error(&what))
         }
     }
 }

@@ -36,6 +36,20 @@ pub struct Transfers {
     pub frees: u64,
 }
 
+impl Transfers {
+    /// Each count with its name (as `generate --json` prints them).
+    pub fn named(&self) -> [(&'static str, u64); 6] {
+        [
+            ("host_to_device_bytes", self.host_to_device_bytes),
+            ("device_to_host_bytes", self.device_to_host_bytes),
+            ("launches", self.launches),
+            ("synchronizations", self.synchronizations),
+            ("allocations", self.allocations),
+            ("frees", self.frees),
+        ]
+    }
+}
+
 impl Ledger {
     /// A copy of `bytes` to the device (a synchronous one: it waits).
     pub(crate) fn copied_to_device(&self, bytes: usize) {

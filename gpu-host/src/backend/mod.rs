@@ -9,6 +9,8 @@ mod budgeted;
 mod compute;
 mod cpu;
 mod device;
+#[cfg(test)]
+pub(crate) mod faulty;
 mod hip;
 mod ledger;
 mod partitioned;
@@ -30,6 +32,7 @@ pub use select::{
     plan_backend,
 };
 
+pub use bulkhead_kernels::hip::{DeviceError, DeviceErrorKind};
 use bulkhead_kernels::{AttentionShape, PagedSeq, PagedShape, QuantMatrix, RopeStyle};
 
 /// RoPE parameters shared by every call in a model.
@@ -42,24 +45,44 @@ pub struct RopeParams {
     pub style: RopeStyle,
 }
 
+/// What a backend op returns: nothing, or why the device could not do it.
+/// The CPU backend never fails; a device op can run out of memory (its
+/// partition's budget), fail, or find the device lost
+/// ([`DeviceError::kind`]). Shapes that do not match are the caller's bug
+/// and still panic, as slicing does.
+pub type OpResult = Result<(), DeviceError>;
+
 /// The engine's compute ops. Activations are row-major f32 on the host.
 pub trait Backend: Send + Sync + std::fmt::Debug {
     /// A short name for logs ("cpu-avx2", "cpu-scalar").
     fn name(&self) -> String;
     /// `out[t][r] = w[r] · x[t]` for `n_tokens` rows of `x`.
-    fn matmul(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]);
+    fn matmul(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]) -> OpResult;
     /// As [`Backend::matmul`], but every row of `x` computed exactly as a
     /// one-row `matmul` computes it (some multi-token kernels sum in another
     /// order). Still one pass over the weights for all rows: batched decode.
-    fn matmul_per_row(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]);
+    fn matmul_per_row(
+        &self,
+        w: &QuantMatrix<'_>,
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+    ) -> OpResult;
     /// Row `token` of an embedding table, dequantized into `out`.
-    fn embedding(&self, table: &QuantMatrix<'_>, token: u32, out: &mut [f32]);
+    fn embedding(&self, table: &QuantMatrix<'_>, token: u32, out: &mut [f32]) -> OpResult;
     /// RMSNorm of each `weight.len()`-wide row of `x`, scaled by `weight`.
-    fn rms_norm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]);
+    fn rms_norm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> OpResult;
     /// Rotates `heads` heads of one token at position `pos` in place.
-    fn rope(&self, x: &mut [f32], heads: usize, pos: usize, params: &RopeParams);
+    fn rope(&self, x: &mut [f32], heads: usize, pos: usize, params: &RopeParams) -> OpResult;
     /// Causal attention of `n_tokens` queries over the cache (see [`AttentionShape`]).
-    fn attention(&self, q: &[f32], k: &[f32], v: &[f32], shape: AttentionShape, out: &mut [f32]);
+    fn attention(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        shape: AttentionShape,
+        out: &mut [f32],
+    ) -> OpResult;
     /// Causal attention of several sequences over a paged KV pool, each
     /// through its block table; bit-identical per row to [`Backend::attention`].
     fn attention_paged(
@@ -70,9 +93,24 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         seqs: &[PagedSeq<'_>],
         shape: PagedShape,
         out: &mut [f32],
-    );
+    ) -> OpResult;
     /// `gate = silu(gate) * up`.
-    fn silu_mul(&self, gate: &mut [f32], up: &[f32]);
+    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) -> OpResult;
     /// `a += b`.
-    fn add(&self, a: &mut [f32], b: &[f32]);
+    fn add(&self, a: &mut [f32], b: &[f32]) -> OpResult;
+    /// Makes `weight` resident where the ops will read it, so that no
+    /// pass after the model's load moves weight bytes. A no-op on the CPU,
+    /// whose weights are the mapped file.
+    fn preload(&self, weight: WeightRef<'_>) -> OpResult {
+        let _ = weight;
+        Ok(())
+    }
+}
+
+/// A weight as the ops take it: a matrix (any type) or an f32 vector (a
+/// norm's scale).
+#[derive(Clone, Copy, Debug)]
+pub enum WeightRef<'a> {
+    Matrix(QuantMatrix<'a>),
+    Vector(&'a [f32]),
 }

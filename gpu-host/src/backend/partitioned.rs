@@ -160,6 +160,7 @@ pub(crate) mod tests {
     use bulkhead_kernels::{GgmlType, QuantMatrix};
 
     use super::*;
+    use crate::backend::DeviceErrorKind;
     use crate::backend::budgeted::fake::MemoryOnly;
 
     /// Streams on a memory-only device, remembering the CU sets asked for.
@@ -221,7 +222,7 @@ pub(crate) mod tests {
         let x = vec![1.0f32; cols];
         let mut out = vec![0.0f32; rows];
         for backend in [&a.backend, &b.backend, &a.backend] {
-            crate::backend::Backend::matmul(&**backend, &m, &x, 1, &mut out);
+            crate::backend::Backend::matmul(&**backend, &m, &x, 1, &mut out).unwrap();
         }
         assert_eq!(streams.device.launches().len(), 3, "three matvecs launched");
         let weight_bytes = (rows * cols * 4) as u64;
@@ -255,13 +256,11 @@ pub(crate) mod tests {
             }
         );
         let before = a.transfers();
-        crate::backend::Backend::matmul(&*a.backend, &m, &x, 1, &mut out);
+        crate::backend::Backend::matmul(&*a.backend, &m, &x, 1, &mut out).unwrap();
         assert_eq!(a.transfers().since(&before), matvec(1));
     }
 
     #[test]
-    #[should_panic(expected = "partition \"a\" cannot allocate 16B: 4KiB of its 4KiB \
-                               device-memory budget is in use, 0B left")]
     fn an_op_past_its_partitions_budget_fails_with_the_budget_message() {
         let streams = Arc::new(RecordingStreams::default());
         let split = PartitionedDevice::new(mi325x(10 << 20), 1 << 20, streams).unwrap();
@@ -271,7 +270,19 @@ pub(crate) mod tests {
         let w = vec![0u8; 4 * 16 * 4];
         let m = QuantMatrix::new(GgmlType::F32, &w, 4, 16).unwrap();
         let mut out = vec![0.0f32; 4];
-        crate::backend::Backend::matmul(&*a.backend, &m, &[1.0; 16], 1, &mut out);
+        let e = crate::backend::Backend::matmul(&*a.backend, &m, &[1.0; 16], 1, &mut out)
+            .expect_err("the output does not fit");
+        assert_eq!(e.kind, DeviceErrorKind::OutOfMemory);
+        assert_eq!(
+            e.to_string(),
+            "alloc 16 bytes: partition \"a\" cannot allocate 16B: 4KiB of its 4KiB \
+             device-memory budget is in use, 0B left"
+        );
+        assert_eq!(a.budget.used_bytes(), 0, "the input was given back");
+        assert!(
+            a.backend.out_of_service().is_none(),
+            "memory is not a lost device"
+        );
     }
 
     #[test]

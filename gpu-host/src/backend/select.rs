@@ -19,7 +19,7 @@ pub enum BackendChoice {
 }
 
 /// Whether the engine can run a model on HIP (the HIP `Backend`,
-/// `backend/hip.rs`). Separate from the runtime being present: a
+/// `backend/hip/`). Separate from the runtime being present: a
 /// build can see a device before its engine can use one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HipEngine {
@@ -27,7 +27,7 @@ pub enum HipEngine {
     Missing,
 }
 
-/// This build's engine: `HipBackend` (backend/hip.rs) serves on a
+/// This build's engine: `HipBackend` (backend/hip/) serves on a
 /// device whenever the runtime finds one (only builds with `hip` do).
 pub const HIP_ENGINE: HipEngine = HipEngine::Available;
 

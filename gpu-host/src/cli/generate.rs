@@ -2,7 +2,9 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use bulkhead_gpu_host::engine::{GenerateRequest, SamplingParams, generate};
+use std::ops::ControlFlow;
+
+use bulkhead_gpu_host::engine::{GenerateRequest, Pass, SamplingParams, generate_observed};
 use bulkhead_gpu_host::{ChatMessage, ChatTemplate};
 use clap::Args;
 use serde::Deserialize;
@@ -49,7 +51,11 @@ pub struct GenerateArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// Print one JSON object with tokens, text and timings at the end instead of streaming.
+    /// Where the model runs.
+    #[arg(long, value_enum, default_value_t)]
+    backend: super::backend::BackendKind,
+    /// Print one JSON object with tokens, text and timings at the end instead
+    /// of streaming (on a device, with what it moved: `device`).
     #[arg(long)]
     json: bool,
 }
@@ -63,7 +69,10 @@ enum ChatFile {
 
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let (model, tokenizer) = super::load(&a.model)?;
-    let backend = super::backend(a.threads)?;
+    let backend = super::backend(a.backend, a.threads)?;
+    let mut phases = super::backend::Phases::new(&backend);
+    backend.load(&model)?;
+    phases.loaded();
     let prompt_tokens = match (&a.prompt, &a.chat) {
         (Some(text), _) => tokenizer.encode(text, true),
         (None, Some(path)) => {
@@ -95,17 +104,32 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let stream = !a.json;
-    let generation = generate(&model, &tokenizer, &backend, &req, &mut |text| {
-        if stream {
+    let mut on_piece = |piece: bulkhead_gpu_host::engine::Piece<'_>| {
+        if stream && !piece.text.is_empty() {
             // A closed stdout (e.g. piped into `head`) just ends the output.
-            let _ = out.write_all(text.as_bytes()).and_then(|_| out.flush());
+            let _ = out
+                .write_all(piece.text.as_bytes())
+                .and_then(|_| out.flush());
         }
-    })?;
+        ControlFlow::Continue(())
+    };
+    let mut on_pass = |pass: Pass| match pass {
+        Pass::Prefill { tokens } => phases.prefilled(tokens),
+        Pass::Decode => phases.decoded(),
+    };
+    let generation = generate_observed(
+        &model,
+        &tokenizer,
+        &*backend.backend,
+        &req,
+        &mut on_piece,
+        &mut on_pass,
+    )?;
     if a.json {
         let prompt_ms = generation.prompt_time.as_secs_f64() * 1e3;
         let decode_ms = generation.decode_time.as_secs_f64() * 1e3;
         let per_s = |n: usize, ms: f64| if ms > 0.0 { n as f64 / ms * 1e3 } else { 0.0 };
-        let json = serde_json::json!({
+        let mut json = serde_json::json!({
             "prompt_tokens": generation.prompt_tokens,
             "tokens": generation.tokens,
             "text": generation.text,
@@ -117,6 +141,9 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
                 "decode_tok_s": per_s(generation.tokens.len(), decode_ms),
             },
         });
+        if backend.transfers().is_some() {
+            json["device"] = phases.to_json();
+        }
         writeln!(out, "{json}")?;
     } else {
         writeln!(out)?;

@@ -1,5 +1,6 @@
 //! Command-line interface of `bulkhead-gpu-host`.
 
+mod backend;
 mod devices;
 mod eval;
 mod generate;
@@ -10,7 +11,6 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use bulkhead_gpu_host::Tokenizer;
-use bulkhead_gpu_host::backend::CpuBackend;
 use bulkhead_gpu_host::engine::Model;
 use clap::{Parser, Subcommand};
 
@@ -60,9 +60,12 @@ fn load(path: &PathBuf) -> anyhow::Result<(Model, Tokenizer)> {
     Ok((model, tokenizer))
 }
 
-/// A CPU backend with `threads` workers (default: all available cores).
-fn backend(threads: Option<usize>) -> anyhow::Result<CpuBackend> {
-    CpuBackend::new(self::threads(threads)).context("starting the CPU backend")
+/// `kind` with `threads` CPU workers (default: all available cores).
+fn backend(
+    kind: backend::BackendKind,
+    threads: Option<usize>,
+) -> anyhow::Result<backend::OpenBackend> {
+    backend::OpenBackend::open(kind, self::threads(threads))
 }
 
 /// `threads`, or all available cores.

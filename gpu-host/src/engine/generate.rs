@@ -4,7 +4,7 @@
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
-use super::model::{ForwardError, Logits, Model};
+use super::model::{ForwardError, Logits, Model, PREFILL_CHUNK};
 use super::sampling::{Sampler, SamplingError, SamplingParams};
 use crate::Tokenizer;
 use crate::backend::Backend;
@@ -120,6 +120,29 @@ pub fn generate_streaming(
     req: &GenerateRequest,
     on_piece: &mut dyn FnMut(Piece<'_>) -> ControlFlow<()>,
 ) -> Result<Completion, GenerateError> {
+    generate_observed(model, tokenizer, backend, req, on_piece, &mut |_| {})
+}
+
+/// One forward pass of a generation, as [`generate_observed`] reports it
+/// once it has run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// A chunk of the prompt ([`PREFILL_CHUNK`] tokens at most).
+    Prefill { tokens: usize },
+    /// One generated token.
+    Decode,
+}
+
+/// Like [`generate_streaming`], calling `on_pass` after every forward pass
+/// (what `generate --json` reads the device's counters between).
+pub fn generate_observed(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    backend: &dyn Backend,
+    req: &GenerateRequest,
+    on_piece: &mut dyn FnMut(Piece<'_>) -> ControlFlow<()>,
+    on_pass: &mut dyn FnMut(Pass),
+) -> Result<Completion, GenerateError> {
     if req.prompt_tokens.is_empty() {
         return Err(GenerateError::EmptyPrompt);
     }
@@ -144,7 +167,14 @@ pub fn generate_streaming(
     let mut cache = model.new_cache(prompt_len + req.max_tokens);
 
     let started = Instant::now();
-    let mut logits = model.forward(backend, &mut cache, &req.prompt_tokens, Logits::Last)?;
+    // Chunk by chunk, as `forward` cuts it itself: the same logits.
+    let mut logits = Vec::new();
+    for chunk in req.prompt_tokens.chunks(PREFILL_CHUNK) {
+        logits = model.forward(backend, &mut cache, chunk, Logits::Last)?;
+        on_pass(Pass::Prefill {
+            tokens: chunk.len(),
+        });
+    }
     let prompt_time = started.elapsed();
 
     let decode_started = Instant::now();
@@ -155,6 +185,7 @@ pub fn generate_streaming(
             match decoding.next(tokenizer, &mut logits, on_piece) {
                 Next::Run(token) => {
                     logits = model.forward(backend, &mut cache, &[token], Logits::Last)?;
+                    on_pass(Pass::Decode);
                 }
                 Next::Done => break,
                 Next::Cancelled => return Err(GenerateError::Cancelled),

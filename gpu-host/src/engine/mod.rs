@@ -15,7 +15,7 @@ mod weights;
 pub use config::{Arch, ConfigError, ModelConfig};
 pub use generate::{
     Completion, Decoded, Decoding, FinishReason, GenerateError, GenerateRequest, MAX_STOP_BYTES,
-    MAX_STOP_STRINGS, Next, Piece, generate, generate_streaming,
+    MAX_STOP_STRINGS, Next, Pass, Piece, generate, generate_observed, generate_streaming,
 };
 pub use model::{ForwardError, KvCache, Logits, Model, PREFILL_CHUNK};
 pub use paged::{BLOCK_TOKENS, BatchEntry, KvBlocks};

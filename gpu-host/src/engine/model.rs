@@ -6,7 +6,7 @@ use bulkhead_kernels::{AttentionShape, QuantMatrix};
 
 use super::config::{ConfigError, ModelConfig};
 use super::weights::Weights;
-use crate::backend::{Backend, RopeParams};
+use crate::backend::{Backend, DeviceError, OpResult, RopeParams, WeightRef};
 use crate::gguf::Gguf;
 
 /// Prompt tokens processed per forward call during prefill; bounds the scratch
@@ -75,6 +75,25 @@ impl Model {
         }
     }
 
+    /// Makes every weight the forward pass reads resident on `backend`'s
+    /// device (a no-op on the CPU): after this, passes move activations,
+    /// never weights.
+    pub fn preload(&self, backend: &dyn Backend) -> Result<(), DeviceError> {
+        let g = &self.gguf;
+        let w = &self.weights;
+        let matrix = |m: &super::weights::MatrixRef| backend.preload(WeightRef::Matrix(m.view(g)));
+        matrix(&w.token_embd)?;
+        for l in &w.layers {
+            backend.preload(WeightRef::Vector(&l.attn_norm))?;
+            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+                matrix(m)?;
+            }
+            backend.preload(WeightRef::Vector(&l.ffn_norm))?;
+        }
+        backend.preload(WeightRef::Vector(&w.output_norm))?;
+        matrix(&w.output)
+    }
+
     /// Runs `tokens` through the model after what `cache` already holds,
     /// appending their keys and values, and returns logits (vocab floats per row).
     pub fn forward(
@@ -96,7 +115,7 @@ impl Model {
         }
         let mut out = Vec::new();
         for chunk in tokens.chunks(PREFILL_CHUNK) {
-            let rows = self.forward_chunk(backend, cache, chunk, logits);
+            let rows = self.forward_chunk(backend, cache, chunk, logits)?;
             out.extend_from_slice(&rows);
         }
         if logits == Logits::Last {
@@ -112,7 +131,7 @@ impl Model {
         cache: &mut KvCache,
         tokens: &[u32],
         logits: Logits,
-    ) -> Vec<f32> {
+    ) -> Result<Vec<f32>, DeviceError> {
         let n = tokens.len();
         let start = cache.len;
         let segment = [Segment {
@@ -124,15 +143,18 @@ impl Model {
             Logits::Last => vec![n - 1],
         };
         let mut store = ContiguousStore { cache, start };
-        let out = self.run_layers(backend, tokens, &segment, &mut store, &wanted);
+        // A failed pass leaves the cache's length as it was: the rows it
+        // wrote past it are overwritten by the next call.
+        let out = self.run_layers(backend, tokens, &segment, &mut store, &wanted)?;
         cache.len += n;
-        out
+        Ok(out)
     }
 
     /// The forward pass proper, shared by the contiguous cache (one
     /// segment) and the paged pool (one segment per sequence of a batch):
     /// `tokens` are the rows of `segments` in order; returns the logits of
-    /// the rows in `wanted`, in that order.
+    /// the rows in `wanted`, in that order, or the first device error (the
+    /// pass stops there).
     ///
     /// Matmuls take every row at once (the weights are read once per call,
     /// whatever the number of sequences). Everything else is per row or per
@@ -147,7 +169,7 @@ impl Model {
         segments: &[Segment],
         kv: &mut dyn KvStore,
         wanted: &[usize],
-    ) -> Vec<f32> {
+    ) -> Result<Vec<f32>, DeviceError> {
         let c = &self.config;
         let g = &self.gguf;
         let n = tokens.len();
@@ -171,7 +193,7 @@ impl Model {
         let mut x = vec![0.0f32; n * d];
         let embd = self.weights.token_embd.view(g);
         for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
-            backend.embedding(&embd, t, row);
+            backend.embedding(&embd, t, row)?;
         }
         let mut xn = vec![0.0f32; n * d];
         let mut q = vec![0.0f32; n * q_dim];
@@ -182,7 +204,7 @@ impl Model {
         let mut gate = vec![0.0f32; n * c.ffn_dim];
         let mut up = vec![0.0f32; n * c.ffn_dim];
         let mm = |w: &QuantMatrix<'_>, x: &[f32], out: &mut [f32]| {
-            matmul_by_segment(backend, segments, w, x, out);
+            matmul_by_segment(backend, segments, w, x, out)
         };
         let heads = Heads {
             n_heads: c.heads,
@@ -192,34 +214,34 @@ impl Model {
         };
 
         for (l, w) in self.weights.layers.iter().enumerate() {
-            backend.rms_norm(&x, &w.attn_norm, c.rms_eps, &mut xn);
-            mm(&w.wq.view(g), &xn, &mut q);
-            mm(&w.wk.view(g), &xn, &mut k);
-            mm(&w.wv.view(g), &xn, &mut v);
+            backend.rms_norm(&x, &w.attn_norm, c.rms_eps, &mut xn)?;
+            mm(&w.wq.view(g), &xn, &mut q)?;
+            mm(&w.wk.view(g), &xn, &mut k)?;
+            mm(&w.wv.view(g), &xn, &mut v)?;
             for (buf, bias) in [(&mut q, &w.bq), (&mut k, &w.bk), (&mut v, &w.bv)] {
                 if let Some(bias) = bias {
                     for row in buf.chunks_exact_mut(bias.len()) {
-                        backend.add(row, bias);
+                        backend.add(row, bias)?;
                     }
                 }
             }
             for (t, &pos) in positions.iter().enumerate() {
-                backend.rope(&mut q[t * q_dim..(t + 1) * q_dim], c.heads, pos, &rope);
-                backend.rope(&mut k[t * kv_dim..(t + 1) * kv_dim], c.kv_heads, pos, &rope);
+                backend.rope(&mut q[t * q_dim..(t + 1) * q_dim], c.heads, pos, &rope)?;
+                backend.rope(&mut k[t * kv_dim..(t + 1) * kv_dim], c.kv_heads, pos, &rope)?;
             }
             kv.store(l, &k, &v);
-            kv.attend(backend, l, &q, heads, &mut attn);
-            mm(&w.wo.view(g), &attn, &mut proj);
-            per_segment(segments, d, &mut x, &proj, |a, b| backend.add(a, b));
+            kv.attend(backend, l, &q, heads, &mut attn)?;
+            mm(&w.wo.view(g), &attn, &mut proj)?;
+            per_segment(segments, d, &mut x, &proj, |a, b| backend.add(a, b))?;
 
-            backend.rms_norm(&x, &w.ffn_norm, c.rms_eps, &mut xn);
-            mm(&w.w_gate.view(g), &xn, &mut gate);
-            mm(&w.w_up.view(g), &xn, &mut up);
+            backend.rms_norm(&x, &w.ffn_norm, c.rms_eps, &mut xn)?;
+            mm(&w.w_gate.view(g), &xn, &mut gate)?;
+            mm(&w.w_up.view(g), &xn, &mut up)?;
             per_segment(segments, c.ffn_dim, &mut gate, &up, |a, b| {
                 backend.silu_mul(a, b)
-            });
-            mm(&w.w_down.view(g), &gate, &mut proj);
-            per_segment(segments, d, &mut x, &proj, |a, b| backend.add(a, b));
+            })?;
+            mm(&w.w_down.view(g), &gate, &mut proj)?;
+            per_segment(segments, d, &mut x, &proj, |a, b| backend.add(a, b))?;
         }
 
         // Only the rows whose logits are wanted go through the output projection.
@@ -231,17 +253,17 @@ impl Model {
                 &self.weights.output_norm,
                 c.rms_eps,
                 out,
-            );
+            )?;
         }
         let mut out = vec![0.0f32; rows * c.vocab_size];
         let output = self.weights.output.view(g);
         if segments.len() == 1 {
-            backend.matmul(&output, &normed, rows, &mut out);
+            backend.matmul(&output, &normed, rows, &mut out)?;
         } else {
             // Alone, each of these rows is a one-row projection.
-            backend.matmul_per_row(&output, &normed, rows, &mut out);
+            backend.matmul_per_row(&output, &normed, rows, &mut out)?;
         }
-        out
+        Ok(out)
     }
 }
 
@@ -255,11 +277,10 @@ fn matmul_by_segment(
     w: &QuantMatrix<'_>,
     x: &[f32],
     out: &mut [f32],
-) {
+) -> OpResult {
     let n: usize = segments.iter().map(|s| s.rows).sum();
     if segments.len() == 1 {
-        backend.matmul(w, x, n, out);
-        return;
+        return backend.matmul(w, x, n, out);
     }
     let (cols, rows) = (w.cols, w.rows);
     let mut at = 0;
@@ -277,12 +298,13 @@ fn matmul_by_segment(
             &mut out[at * rows..(at + span) * rows],
         );
         if single {
-            backend.matmul_per_row(w, x, span, out);
+            backend.matmul_per_row(w, x, span, out)?;
         } else {
-            backend.matmul(w, x, span, out);
+            backend.matmul(w, x, span, out)?;
         }
         at += span;
     }
+    Ok(())
 }
 
 /// Runs `op(a, b)` on each segment's rows of two `width`-wide row buffers.
@@ -291,14 +313,15 @@ fn per_segment(
     width: usize,
     a: &mut [f32],
     b: &[f32],
-    op: impl Fn(&mut [f32], &[f32]),
-) {
+    op: impl Fn(&mut [f32], &[f32]) -> OpResult,
+) -> OpResult {
     let mut at = 0;
     for s in segments {
         let span = at..at + s.rows * width;
-        op(&mut a[span.clone()], &b[span]);
+        op(&mut a[span.clone()], &b[span])?;
         at += s.rows * width;
     }
+    Ok(())
 }
 
 /// Consecutive rows of one forward call that belong to one sequence.
@@ -323,7 +346,14 @@ pub(super) trait KvStore {
     /// Stores the keys and values of every row of the call for `layer`.
     fn store(&mut self, layer: usize, k: &[f32], v: &[f32]);
     /// Attention of every row of the call over what its sequence holds.
-    fn attend(&self, backend: &dyn Backend, layer: usize, q: &[f32], heads: Heads, out: &mut [f32]);
+    fn attend(
+        &self,
+        backend: &dyn Backend,
+        layer: usize,
+        q: &[f32],
+        heads: Heads,
+        out: &mut [f32],
+    ) -> OpResult;
 }
 
 /// One sequence's contiguous cache, the call's rows written from `start`.
@@ -340,7 +370,14 @@ impl KvStore for ContiguousStore<'_> {
         self.cache.v[layer][at].copy_from_slice(v);
     }
 
-    fn attend(&self, backend: &dyn Backend, layer: usize, q: &[f32], h: Heads, out: &mut [f32]) {
+    fn attend(
+        &self,
+        backend: &dyn Backend,
+        layer: usize,
+        q: &[f32],
+        h: Heads,
+        out: &mut [f32],
+    ) -> OpResult {
         let n = q.len() / (h.n_heads * h.head_dim);
         let shape = AttentionShape {
             n_tokens: n,
@@ -357,7 +394,7 @@ impl KvStore for ContiguousStore<'_> {
             &self.cache.v[layer][..seen],
             shape,
             out,
-        );
+        )
     }
 }
 
@@ -402,4 +439,8 @@ pub enum ForwardError {
     ContextFull { needed: usize, capacity: usize },
     #[error("KV block {block} is outside the pool of {blocks} blocks")]
     BlockOutOfRange { block: u32, blocks: u32 },
+    /// The backend's device failed the pass (its kind says whether the
+    /// device can go on).
+    #[error("device error: {0}")]
+    Device(#[from] DeviceError),
 }

@@ -10,7 +10,7 @@ use bulkhead_kernels::{PagedSeq, PagedShape};
 use bulkhead_partition::{KV_BLOCK_TOKENS, KvDtype, KvGeometry, PartitionError};
 
 use super::model::{ForwardError, Heads, KvStore, Model, Segment};
-use crate::backend::Backend;
+use crate::backend::{Backend, OpResult};
 
 /// Positions per block, as a `usize` for indexing.
 pub const BLOCK_TOKENS: usize = KV_BLOCK_TOKENS as usize;
@@ -120,7 +120,7 @@ impl Model {
             return Ok(Vec::new());
         }
         let mut store = PagedStore { kv, entries };
-        Ok(self.run_layers(backend, &tokens, &segments, &mut store, &wanted))
+        Ok(self.run_layers(backend, &tokens, &segments, &mut store, &wanted)?)
     }
 }
 
@@ -147,7 +147,14 @@ impl KvStore for PagedStore<'_> {
         }
     }
 
-    fn attend(&self, backend: &dyn Backend, layer: usize, q: &[f32], h: Heads, out: &mut [f32]) {
+    fn attend(
+        &self,
+        backend: &dyn Backend,
+        layer: usize,
+        q: &[f32],
+        h: Heads,
+        out: &mut [f32],
+    ) -> OpResult {
         let seqs: Vec<PagedSeq<'_>> = self
             .entries
             .iter()
@@ -164,7 +171,7 @@ impl KvStore for PagedStore<'_> {
             head_dim: h.head_dim,
             scale: h.scale,
         };
-        backend.attention_paged(q, &self.kv.k[layer], &self.kv.v[layer], &seqs, shape, out);
+        backend.attention_paged(q, &self.kv.k[layer], &self.kv.v[layer], &seqs, shape, out)
     }
 }
 

@@ -1,5 +1,7 @@
 //! The HIP backend's one error type.
 
+use bulkhead_kernels::hip::{DeviceError, DeviceErrorKind};
+
 use super::budget::BudgetError;
 
 /// Why a HIP operation failed: whose fault it is is in the variant (no
@@ -67,7 +69,45 @@ impl HipError {
     pub fn is_no_device(&self) -> bool {
         matches!(self, HipError::NoDevice(_) | HipError::NoDeviceCounted)
     }
+
+    /// What the failure means for the device: out of memory (its own or a
+    /// partition's budget), lost (a fault that poisons the context, so
+    /// nothing more can run on it until the process restarts), or a failed
+    /// call on a device that is still fine.
+    pub fn device_error_kind(&self) -> DeviceErrorKind {
+        match self {
+            HipError::Budget(_) => DeviceErrorKind::OutOfMemory,
+            HipError::Call(f) if f.name == "hipErrorOutOfMemory" => DeviceErrorKind::OutOfMemory,
+            HipError::Call(f) if STICKY.contains(&f.name.as_str()) => DeviceErrorKind::Lost,
+            HipError::NoDevice(_) | HipError::NoDeviceCounted => DeviceErrorKind::Lost,
+            _ => DeviceErrorKind::Failed,
+        }
+    }
+
+    /// This error as the kernels' device interface reports it.
+    pub fn to_device_error(&self, operation: impl Into<String>) -> DeviceError {
+        DeviceError::of_kind(self.device_error_kind(), operation, self.to_string())
+    }
 }
+
+/// Runtime errors after which a HIP context cannot be used again (the
+/// same set CUDA documents as sticky): a kernel's memory fault or trap,
+/// an uncorrectable ECC error, the device gone.
+const STICKY: &[&str] = &[
+    "hipErrorIllegalAddress",
+    "hipErrorLaunchFailure",
+    "hipErrorLaunchTimeOut",
+    "hipErrorECCNotCorrectable",
+    "hipErrorHardwareStackError",
+    "hipErrorIllegalInstruction",
+    "hipErrorMisalignedAddress",
+    "hipErrorInvalidAddressSpace",
+    "hipErrorInvalidPc",
+    "hipErrorAssert",
+    "hipErrorContextIsDestroyed",
+    "hipErrorDeinitialized",
+    "hipErrorNoDevice",
+];
 
 /// A HIP runtime call that returned an error: which call, the code, and
 /// what `hipGetErrorName` / `hipGetErrorString` say about it.
@@ -122,6 +162,35 @@ mod tests {
         assert!(HipError::NoDeviceCounted.is_no_device());
         assert!(HipError::NoDevice(failure("")).is_no_device());
         assert!(!HipError::Call(failure("")).is_no_device());
+        assert_eq!(
+            HipError::Call(failure("")).device_error_kind(),
+            DeviceErrorKind::Lost,
+            "hipErrorNoDevice after start: the device is gone"
+        );
+        let oom = CallFailure {
+            call: "hipMalloc",
+            code: 2,
+            name: "hipErrorOutOfMemory".into(),
+            message: "out of memory".into(),
+        };
+        assert_eq!(
+            HipError::Call(oom).device_error_kind(),
+            DeviceErrorKind::OutOfMemory
+        );
+        let fault = CallFailure {
+            call: "hipStreamSynchronize",
+            code: 700,
+            name: "hipErrorIllegalAddress".into(),
+            message: "an illegal memory access was encountered".into(),
+        };
+        let e = HipError::Call(fault).to_device_error("launch bh_add");
+        assert_eq!(e.kind, DeviceErrorKind::Lost);
+        assert_eq!(e.operation, "launch bh_add");
+        assert!(e.message.contains("hipErrorIllegalAddress (700)"), "{e}");
+        assert_eq!(
+            HipError::Launch("grid too large".into()).device_error_kind(),
+            DeviceErrorKind::Failed
+        );
         // ROCm 5's hipGetErrorString repeats the name: said once.
         assert_eq!(
             HipError::Call(failure("hipErrorNoDevice")).to_string(),

@@ -189,7 +189,8 @@ impl Batcher {
         let logits = match model.forward_batch(backend, &mut self.kv, &entries) {
             Ok(l) => l,
             Err(e) => {
-                // A bug, not the clients' fault: end what was chosen, keep serving.
+                // The device failed the step (or a bug): not the clients'
+                // fault. End what was chosen, keep serving the rest.
                 for (key, ..) in &inputs {
                     self.end(*key, Some(Err(GenerateError::Forward(e.clone()).into())));
                 }

@@ -3,6 +3,7 @@
 //! are what clients read.
 
 use super::sequence::SequenceError;
+use crate::backend::DeviceError;
 use crate::engine::GenerateError;
 
 /// A request refused at submit, a layout refused, or a stream's last word.
@@ -44,6 +45,12 @@ pub(crate) enum SchedError {
     /// have caught it; still the client's fault).
     #[error(transparent)]
     BadRequest(GenerateError),
+    /// The device failed the step the request was in: out of memory in
+    /// its partition's budget, a failed launch, or a lost device (then out
+    /// of service for every request after it). The text starts with
+    /// `device_error: ` and the kind's name (the gateway reads both).
+    #[error("device_error: {kind}: {0}", kind = .0.kind.as_str())]
+    Device(DeviceError),
     /// The partition's queue is closed: the host is stopping.
     #[error("the host is shutting down")]
     ShuttingDown,

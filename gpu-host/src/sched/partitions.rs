@@ -84,6 +84,7 @@ pub(crate) struct Partitions {
     threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
     /// Counts of schedulers that exited, so `Health`'s totals never go back.
     retired_preemptions: AtomicU64,
+    retired_device_errors: AtomicU64,
     retired_kv_refusals: AtomicU64,
 }
 
@@ -126,6 +127,7 @@ impl Partitions {
             control: Mutex::new(Vec::new()),
             threads: Arc::clone(&threads),
             retired_preemptions: AtomicU64::new(0),
+            retired_device_errors: AtomicU64::new(0),
             retired_kv_refusals: AtomicU64::new(0),
         };
         Ok((partitions, Workers(threads)))
@@ -197,6 +199,8 @@ impl Partitions {
                 .fetch_add(load.preemptions, Ordering::SeqCst);
             self.retired_kv_refusals
                 .fetch_add(load.kv_refusals, Ordering::SeqCst);
+            self.retired_device_errors
+                .fetch_add(load.device_errors, Ordering::SeqCst);
             false
         });
     }
@@ -283,6 +287,8 @@ impl Partitions {
             schedulers: views.len(),
             preemptions: sum(|l| l.preemptions) + self.retired_preemptions.load(Ordering::SeqCst),
             kv_refusals: sum(|l| l.kv_refusals) + self.retired_kv_refusals.load(Ordering::SeqCst),
+            device_errors: sum(|l| l.device_errors)
+                + self.retired_device_errors.load(Ordering::SeqCst),
         }
     }
 
@@ -303,6 +309,7 @@ pub(crate) struct HostLoad {
     pub schedulers: usize,
     pub preemptions: u64,
     pub kv_refusals: u64,
+    pub device_errors: u64,
 }
 
 /// Starts one scheduler per partition of `layout`; none if one fails.

@@ -32,6 +32,7 @@ use super::plan::{BatchLimits, PartitionKv, TenantCounts, TenantShare};
 use super::sequence::{NewSequence, SequenceSink};
 use super::sink::{Outbox, StreamSink};
 use crate::backend::Backend;
+use crate::engine::ForwardError;
 use crate::models::{LoadedModel, ModelRegistry};
 
 /// How long the thread waits for new work while streams still have
@@ -83,6 +84,8 @@ pub(crate) struct PartitionLoad {
     pub preemptions: u64,
     /// Requests refused because they could never fit their tenant's budget.
     pub kv_refusals: u64,
+    /// Steps the device failed (their requests ended with `device_error`).
+    pub device_errors: u64,
     /// Per tenant, all models.
     pub tenants: BTreeMap<String, TenantLoad>,
 }
@@ -156,16 +159,23 @@ pub(crate) fn run(
             }));
             match step {
                 Ok(Ok(tokens)) => ran += tokens,
+                Ok(Err(ForwardError::Device(e))) => {
+                    // The step's requests were told; the batch goes on.
+                    retired.device_errors += 1;
+                    eprintln!(
+                        "model `{}` in partition {}: the device failed a step ({}): {e}",
+                        b.model.name,
+                        config.partition.id,
+                        e.kind.as_str()
+                    );
+                }
                 Ok(Err(e)) => eprintln!("model `{}`: a batched step failed: {e}", b.model.name),
                 Err(payload) => failed.push((i, panic_message(&*payload))),
             }
         }
-        // A step that panicked left its batch in an unknown state: drop it
-        // (each stream is told "generation failed" and why); other models
-        // go on.
-        // On a device that is also how a failed launch or an allocation
-        // past the partition's budget ends (the backend trait has no error
-        // path): the message says which.
+        // A step that panicked (a bug: device failures are errors, above)
+        // left its batch in an unknown state: drop it (each stream is told
+        // "generation failed" and why); other models go on.
         for (i, why) in failed.into_iter().rev() {
             let mut gone = batches.remove(i);
             retire(&gone, &mut retired);

@@ -52,9 +52,8 @@ pub enum SequenceError {
     Generate(#[from] GenerateError),
     #[error("KV accounting: {0}")]
     Accounting(PartitionError),
-    /// A step of its batch failed past recovery (on a device: a failed
-    /// launch, or an allocation past the partition's budget) and the batch
-    /// was dropped; the text is the failure's own.
+    /// A step of its batch panicked (a bug) and the batch was dropped; the
+    /// text is the panic's own.
     #[error("generation failed: {0}")]
     StepFailed(String),
 }

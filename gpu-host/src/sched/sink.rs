@@ -19,7 +19,7 @@ use super::counters::Counted;
 use super::error::SchedError;
 use super::job::{Event, EventSender};
 use super::sequence::{SequenceError, SequenceSink};
-use crate::engine::{Decoded, GenerateError, Piece};
+use crate::engine::{Decoded, ForwardError, GenerateError, Piece};
 use crate::models::LoadedModel;
 
 type Item = Result<Event, SchedError>;
@@ -181,6 +181,9 @@ impl SequenceSink for StreamSink {
                 self.fail(SchedError::KvBudget(e));
             }
             Err(SequenceError::Generate(GenerateError::Cancelled)) => self.answered = true,
+            Err(SequenceError::Generate(GenerateError::Forward(ForwardError::Device(e)))) => {
+                self.fail(SchedError::Device(e));
+            }
             Err(
                 e @ (SequenceError::Generate(GenerateError::Forward(_))
                 | SequenceError::Accounting(_)

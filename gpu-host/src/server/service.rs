@@ -167,6 +167,7 @@ impl GpuHost for GpuHostService {
             max_running: small(self.partitions.max_running()),
             preemptions: load.preemptions,
             kv_refusals: load.kv_refusals,
+            device_errors: load.device_errors,
         }))
     }
 

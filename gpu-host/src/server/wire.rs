@@ -18,7 +18,8 @@ pub(super) type StreamItem = Result<v1::GenerateEvent, Status>;
 /// Each error's code: RESOURCE_EXHAUSTED for a full queue or a KV budget
 /// (the gateway reads the `kv_budget_exceeded:` prefix to tell them
 /// apart), FAILED_PRECONDITION for what the host cannot serve as it is,
-/// INVALID_ARGUMENT for the client's fault, UNAVAILABLE while stopping,
+/// INVALID_ARGUMENT for the client's fault, UNAVAILABLE while stopping or
+/// when the device failed (`device_error:` prefix),
 /// INTERNAL for the host's failures. The message is the error's text.
 impl From<SchedError> for Status {
     fn from(error: SchedError) -> Status {
@@ -34,6 +35,9 @@ impl From<SchedError> for Status {
                 Status::invalid_argument(message)
             }
             SchedError::ShuttingDown => Status::unavailable(message),
+            // UNAVAILABLE like a stopping host, told apart by the prefix:
+            // the gateway must not retry it as a restart.
+            SchedError::Device(_) => Status::unavailable(message),
             SchedError::Internal(_) => Status::internal(message),
         }
     }

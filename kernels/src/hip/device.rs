@@ -6,22 +6,80 @@
 
 use std::fmt;
 
-/// A failed device operation: the device's own words (the HIP error name and
-/// string, or the emulator's message) and what was being done.
+/// A failed device operation: what it means for what runs next, the
+/// device's own words (the HIP error name and string, or the emulator's
+/// message) and what was being done.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{operation}: {message}")]
 pub struct DeviceError {
+    pub kind: DeviceErrorKind,
     /// What was asked ("launch bh_matvec_q8_0", "alloc 4096 bytes").
     pub operation: String,
     pub message: String,
 }
 
+/// What a device failure means for the work around it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceErrorKind {
+    /// Memory ran out: the device's, or the partition's budget. The work
+    /// that needed it fails; the device is fine.
+    OutOfMemory,
+    /// The operation was refused or failed (a bad argument, a launch the
+    /// device would not run); the device is fine.
+    Failed,
+    /// The device cannot be used any more: it was lost or reset, a fault
+    /// poisoned its context, the emulator's process is gone.
+    Lost,
+}
+
+impl DeviceErrorKind {
+    /// The kind's name on the wire and in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceErrorKind::OutOfMemory => "out_of_memory",
+            DeviceErrorKind::Failed => "failed",
+            DeviceErrorKind::Lost => "device_lost",
+        }
+    }
+
+    /// The kind named `name` ([`DeviceErrorKind::as_str`]).
+    pub fn from_name(name: &str) -> Option<DeviceErrorKind> {
+        [
+            DeviceErrorKind::OutOfMemory,
+            DeviceErrorKind::Failed,
+            DeviceErrorKind::Lost,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == name)
+    }
+}
+
 impl DeviceError {
+    /// An operation that failed on a device that is still usable.
     pub fn new(operation: impl Into<String>, message: impl Into<String>) -> DeviceError {
+        DeviceError::of_kind(DeviceErrorKind::Failed, operation, message)
+    }
+
+    pub fn of_kind(
+        kind: DeviceErrorKind,
+        operation: impl Into<String>,
+        message: impl Into<String>,
+    ) -> DeviceError {
         DeviceError {
+            kind,
             operation: operation.into(),
             message: message.into(),
         }
+    }
+
+    /// An allocation that did not fit.
+    pub fn out_of_memory(operation: impl Into<String>, message: impl Into<String>) -> DeviceError {
+        DeviceError::of_kind(DeviceErrorKind::OutOfMemory, operation, message)
+    }
+
+    /// A device that can no longer be used.
+    pub fn lost(operation: impl Into<String>, message: impl Into<String>) -> DeviceError {
+        DeviceError::of_kind(DeviceErrorKind::Lost, operation, message)
     }
 }
 

@@ -29,12 +29,18 @@ pub enum HarnessError {
     Build(String),
 }
 
+/// Where the kernels' source (which the emulator is built from) was when
+/// this crate was compiled.
+pub fn source_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("hip")
+}
+
 /// Builds the emulator binary into `dir` with the first C++ compiler there
 /// is (`CXX`, else g++, else clang++). A compiler that runs and fails is a
 /// [`HarnessError::Build`] at once (the source is broken), not a reason to
 /// try the next.
 pub fn build_harness(dir: &Path) -> Result<PathBuf, HarnessError> {
-    let hip_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("hip");
+    let hip_dir = source_dir();
     // Built under a name of this process's own, then renamed into place:
     // test binaries of several crates (or several cargo runs) share `dir`,
     // and one may be running the harness while another rebuilds it.
@@ -122,31 +128,28 @@ impl Emulator {
         request: &[u8],
         reply_len: usize,
     ) -> Result<Vec<u8>, DeviceError> {
-        let fail = |m: String| DeviceError::new(what, m);
+        // A broken pipe or a short reply: the process is gone or out of
+        // step with us, so the device is lost.
+        let gone = |e: std::io::Error| DeviceError::lost(what, format!("emulator gone: {e}"));
         let mut io = self.io.lock().unwrap_or_else(|p| p.into_inner());
         io.input
             .write_all(request)
             .and_then(|()| io.input.flush())
-            .map_err(|e| fail(format!("emulator gone: {e}")))?;
+            .map_err(gone)?;
         let mut status = [0u8; 1];
-        io.output
-            .read_exact(&mut status)
-            .map_err(|e| fail(format!("emulator gone: {e}")))?;
+        io.output.read_exact(&mut status).map_err(gone)?;
         if status[0] != 0 {
             let mut len = [0u8; 4];
-            io.output
-                .read_exact(&mut len)
-                .map_err(|e| fail(e.to_string()))?;
+            io.output.read_exact(&mut len).map_err(gone)?;
             let mut msg = vec![0u8; u32::from_le_bytes(len) as usize];
-            io.output
-                .read_exact(&mut msg)
-                .map_err(|e| fail(e.to_string()))?;
-            return Err(fail(String::from_utf8_lossy(&msg).into_owned()));
+            io.output.read_exact(&mut msg).map_err(gone)?;
+            return Err(DeviceError::new(
+                what,
+                String::from_utf8_lossy(&msg).into_owned(),
+            ));
         }
         let mut reply = vec![0u8; reply_len];
-        io.output
-            .read_exact(&mut reply)
-            .map_err(|e| fail(e.to_string()))?;
+        io.output.read_exact(&mut reply).map_err(gone)?;
         Ok(reply)
     }
 }

@@ -16,7 +16,7 @@ mod device;
 pub mod emulator;
 
 pub use args::*;
-pub use device::{DeviceError, KernelDevice};
+pub use device::{DeviceError, DeviceErrorKind, KernelDevice};
 
 /// A compiled code object: every kernel of `kernels/hip`, for one GPU
 /// architecture, in the offload-bundle form `hipcc --genco` writes (which

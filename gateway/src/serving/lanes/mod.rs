@@ -450,6 +450,7 @@ mod tests {
             queued: 0,
             running: 0,
             preemptions: 0,
+            device_errors: 0,
             tenants: Vec::new(),
             draining,
             host_cpus,

@@ -10,7 +10,7 @@ use bulkhead_partition::{DEFAULT_KV_WAIT, TenantBlocks};
 
 use super::super::plan::BATCH_PREFILL_CHUNK;
 use super::*;
-use crate::backend::CpuBackend;
+use crate::backend::{CpuBackend, DeviceErrorKind};
 use crate::engine::{FinishReason, SamplingParams, generate};
 use crate::engine::{GenerateRequest, PREFILL_CHUNK, Piece};
 
@@ -512,6 +512,68 @@ fn fail_all_tells_every_sequence_why_and_leaves_the_batch_empty() {
         );
     }
     assert!(batcher.is_idle());
+}
+
+/// A step the device fails ends the sequences it ran with the device's
+/// error and frees their blocks; sequences that were only waiting, and the
+/// batch itself, go on, and a sequence after it matches `generate` alone.
+#[test]
+fn a_device_error_ends_the_steps_sequences_and_the_batch_goes_on() {
+    use crate::backend::DeviceError;
+    use crate::backend::faulty::Faulty;
+
+    let cpu = CpuBackend::new(1).unwrap();
+    let faulty = Faulty::new(1);
+    let (model, tok) = fixture("llama-q8_0.gguf");
+    let mut batcher = Batcher::new(&model, limits(2, 64)).unwrap();
+    let a = add(
+        &mut batcher,
+        &tok,
+        "a",
+        request(&tok, "Once upon a time", 20),
+    );
+    let b = add(&mut batcher, &tok, "b", request(&tok, "The sky is", 20));
+    let waiting = add(&mut batcher, &tok, "c", request(&tok, "Hello", 6));
+    batcher.step(&model, &tok, &faulty).unwrap();
+    batcher.step(&model, &tok, &faulty).unwrap();
+    assert!(a.borrow().started && b.borrow().started && !waiting.borrow().started);
+    faulty.fail_next(DeviceError::out_of_memory(
+        "alloc 4096 bytes",
+        "partition \"p\" cannot allocate 4KiB",
+    ));
+    let failed = batcher.step(&model, &tok, &faulty).unwrap_err();
+    assert!(
+        matches!(&failed, ForwardError::Device(e) if e.kind == DeviceErrorKind::OutOfMemory),
+        "{failed:?}"
+    );
+    for log in [&a, &b] {
+        assert_eq!(
+            log.borrow().result,
+            Some(Err(
+                "device error: alloc 4096 bytes: partition \"p\" cannot allocate 4KiB".into()
+            ))
+        );
+    }
+    assert_eq!(waiting.borrow().result, None, "not in the failed step");
+    let after = request(&tok, "One two three", 8);
+    let want = alone(&model, &tok, &cpu, &after);
+    let next = add(&mut batcher, &tok, "d", after);
+    for _ in 0..100 {
+        if batcher.is_idle() {
+            break;
+        }
+        batcher.step(&model, &tok, &faulty).unwrap();
+    }
+    assert!(batcher.is_idle());
+    assert!(matches!(waiting.borrow().result, Some(Ok(_))));
+    let next = next.borrow();
+    assert_eq!(next.result, Some(Ok(want.2)));
+    assert_eq!((&next.text, &next.tokens), (&want.0, &want.1));
+    assert_eq!(
+        batcher.stats().kv_blocks_used,
+        0,
+        "the failed ones' blocks are free"
+    );
 }
 
 /// Decode tokens `a` and `b` got over `steps` steps of a batch with

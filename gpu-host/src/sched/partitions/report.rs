@@ -48,6 +48,7 @@ pub(super) fn partition_report(view: &SchedulerView, draining: bool) -> Partitio
         queued: view.counters.queued.load(Ordering::SeqCst),
         running: view.counters.running.load(Ordering::SeqCst),
         preemptions: load.preemptions,
+        device_errors: load.device_errors,
         tenants,
         draining,
         host_cpus: Vec::new(),

@@ -49,6 +49,15 @@ fn every_scheduler_error_has_its_code_and_its_text() {
              its other requests end",
         ),
         (
+            SchedError::Device(bulkhead_kernels::hip::DeviceError::lost(
+                "launch bh_add",
+                "hipStreamSynchronize failed: hipErrorIllegalAddress (700)",
+            )),
+            Code::Unavailable,
+            "device_error: device_lost: launch bh_add: hipStreamSynchronize failed: \
+             hipErrorIllegalAddress (700)",
+        ),
+        (
             SchedError::OutOfService {
                 model: "llama".into(),
                 reason: "weights changed while resident".into(),

@@ -12,8 +12,9 @@ use crate::backend::OpResult;
 /// address apart (a model unloaded and another mapped where it was).
 pub(super) const FINGERPRINT_BYTES: usize = 256;
 
-/// Weights on the device, uploaded the first time an op sees them and
-/// shared read-only by every backend made with [`HipBackend::sharing`]:
+/// Weights on the device, uploaded at load (or the first time an op sees
+/// them) and shared read-only by every backend made with
+/// [`HipBackend::sharing`](super::HipBackend::sharing):
 /// **one copy per device, however many partitions use the model.** It
 /// also holds what every partition must know of the device: whether it
 /// was lost.

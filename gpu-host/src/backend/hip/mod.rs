@@ -7,7 +7,8 @@
 //! activations, so each op copies its activations (and, for attention, the
 //! KV rows it reads) to the device and its result back. Only weights stay
 //! on the device: each weight slice (a resident model's tensor, or a norm
-//! vector) is uploaded the first time an op sees it and cached, keyed by
+//! vector) is uploaded when the model is loaded (`Model::preload`, through
+//! [`Backend::preload`]) or else the first time an op sees it, and cached, keyed by
 //! its host address and length, in a [`DeviceWeights`] that every
 //! partition's backend on the device shares — weights are resident and
 //! read-only for as long as their model is loaded. A paged attention call

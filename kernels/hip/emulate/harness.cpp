@@ -1,5 +1,5 @@
 // The emulated device: a process that holds "device memory" and runs
-// kernels on CPU threads (emulate.h), driven over stdin/stdout by
+// kernels on the CPU (emulate.h), driven over stdin/stdout by
 // bulkhead_kernels::hip::emulator. Allocation i is mapped at the address
 // BH_EMU_BASE + slot·2^32, so the addresses the Rust side writes into
 // kernel arguments are real pointers here.
@@ -52,6 +52,9 @@ static void dispatch(const std::string& name, const std::vector<uint8_t>& args, 
     BH_EMU_KERNEL(bh_add)
     BH_EMU_KERNEL(bh_attention_partial)
     BH_EMU_KERNEL(bh_attention_reduce)
+    BH_EMU_KERNEL(bh_kv_store)
+    BH_EMU_KERNEL(bh_add_rows)
+    BH_EMU_KERNEL(bh_gather_rows)
     BH_EMU_KERNEL(bh_sha256_leaves)
 #undef BH_EMU_KERNEL
     throw std::runtime_error("unknown kernel " + name);

@@ -40,8 +40,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use bulkhead_gpu_host::backend::{
-    Backend, CpuBackend, HipBackend, PartitionedDevice, StreamSource, open_hip_device,
-    open_hip_partitions,
+    Backend, CpuBackend, HipBackend, PartitionCompute, PartitionedDevice, StreamSource,
+    open_hip_device, open_hip_partitions,
 };
 use bulkhead_gpu_host::engine::{BatchEntry, Logits, Model, argmax};
 use bulkhead_gpu_host::hip::{HipAvailability, probe};
@@ -353,10 +353,17 @@ fn partitions_match_cpu(split: &PartitionedDevice, a: &CuSet, b: &CuSet) {
         assert!(max_rel < 1e-4, "partition {name} prefill: {max_rel:.3e}");
         assert!(dmax_rel < 1e-4, "partition {name} decode: {dmax_rel:.3e}");
         assert_eq!(argmax(&decode), argmax(&cpu_decode), "partition {name}");
+        // The pass workspace stays for the next step (reused: another
+        // run allocates nothing more); the cache's KV memory went back
+        // when the cache was dropped.
+        let held = p.budget.used_bytes();
+        assert!(held >= workspace_bytes(p), "partition {name}: {held}");
+        let again = prefill_and_decode(&m, &*p.backend, prompt);
+        assert_eq!(again, (prefill, decode), "partition {name}: a second run");
         assert_eq!(
             p.budget.used_bytes(),
-            0,
-            "partition {name}: scratch given back"
+            held,
+            "partition {name}: only the workspace is held"
         );
         let cached = split.weights().bytes();
         assert_eq!(
@@ -467,7 +474,18 @@ fn partitions_running_at_once_match_cpu(split: &PartitionedDevice, rounds: usize
         assert!(max_rel < 1e-4, "partition {i} prefill: {max_rel:.3e}");
         assert!(dmax_rel < 1e-4, "partition {i} decode: {dmax_rel:.3e}");
     }
-    assert_eq!((pa.budget.used_bytes(), pb.budget.used_bytes()), (0, 0));
+    // Each holds its workspace only: one more run allocates nothing more.
+    for p in [&pa, &pb] {
+        let held = p.budget.used_bytes();
+        assert!(held >= workspace_bytes(p));
+        prefill_and_decode(&m, &*p.backend, prompt);
+        assert_eq!(p.budget.used_bytes(), held);
+    }
+}
+
+/// What a partition's backend keeps between passes.
+fn workspace_bytes(p: &PartitionCompute) -> u64 {
+    p.backend.workspace_bytes() as u64
 }
 
 #[test]
@@ -613,6 +631,249 @@ fn device_kernels_match_scalar_oracle() {
         hip_cases::matmul_tiled_matches_dequantized_product(&*d);
         hip_cases::row_ops_match_scalar(&*d);
         hip_cases::attention_paged_matches_cpu(&*d);
+        hip_cases::step_glue_matches_host(&*d);
         hip_cases::sha256_leaves_match_cpu(&*d);
     });
+}
+
+/// The transfer ledger of resident passes on the emulator, per decode step
+/// of `batch` sequences in one paged batch, after the load: no weight
+/// byte moves; host to device at most 64 bytes per sequence plus the
+/// block-table entries that changed (4 bytes each: a sequence entering a
+/// new block); device to host exactly the logits (batch × vocab × 4); one
+/// synchronization; no allocation or free.
+fn decode_steps_move_token_ids_in_and_logits_out(d: Arc<dyn KernelDevice>, ty: &str, batch: usize) {
+    let split = emulated_split(d);
+    let device = split.device().clone();
+    let p = split
+        .partition("dedicated:ledger", &device.xcd(0), 64 << 20)
+        .unwrap();
+    let m = model("llama", ty);
+    let r = reference("llama");
+    let vocab = m.config().vocab_size;
+    m.preload(&*p.backend).unwrap();
+    let loaded = split.weight_transfers();
+    let mut kv = m.new_kv_blocks(2 * batch as u32);
+    // Sequence i: a 3-token prompt, blocks [2i, 2i + 1]; the decode steps
+    // below cross position 16, into each sequence's second block.
+    let prompts: Vec<Vec<u32>> = (0..batch)
+        .map(|i| {
+            r.prompt_tokens
+                .iter()
+                .copied()
+                .cycle()
+                .skip(i)
+                .take(3)
+                .collect()
+        })
+        .collect();
+    let tables: Vec<[u32; 2]> = (0..batch as u32).map(|i| [2 * i, 2 * i + 1]).collect();
+    let mut entries = |tokens: &[Vec<u32>], start: usize| -> Vec<Vec<f32>> {
+        let batch: Vec<BatchEntry<'_>> = tokens
+            .iter()
+            .zip(&tables)
+            .map(|(t, blocks)| BatchEntry {
+                tokens: t,
+                start_pos: start,
+                blocks,
+                logits: true,
+            })
+            .collect();
+        let logits = m.forward_batch(&*p.backend, &mut kv, &batch).unwrap();
+        logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect()
+    };
+    let mut next: Vec<Vec<u32>> = entries(&prompts, 0)
+        .iter()
+        .map(|l| vec![argmax(l)])
+        .collect();
+    let mut launches = Vec::new();
+    for pos in 3..20 {
+        let before = p.transfers();
+        let logits = entries(&next, pos);
+        let step = p.transfers().since(&before);
+        let entering = if pos == 16 { batch as u64 } else { 0 };
+        // Each new table entry may come with a few unchanged neighbours
+        // (runs of changes closer than 8 entries are one copy).
+        let allowed = 64 * batch as u64 + 36 * entering;
+        assert!(
+            step.host_to_device_bytes <= allowed,
+            "{ty} b{batch} decode at {pos}: {step:?}, allowed {allowed} bytes up"
+        );
+        assert_eq!(
+            step.device_to_host_bytes,
+            (batch * vocab * 4) as u64,
+            "{ty} b{batch} decode at {pos}: only the logits come back"
+        );
+        assert_eq!(step.synchronizations, 1, "{ty} b{batch} at {pos}: {step:?}");
+        assert_eq!(
+            (step.allocations, step.frees),
+            (0, 0),
+            "{ty} b{batch} at {pos}: the steady state allocates nothing"
+        );
+        assert_eq!(split.weight_transfers(), loaded, "weights moved at {pos}");
+        launches.push(step.launches);
+        if pos == 4 {
+            eprintln!("{ty} batch {batch}: a decode step moved {step:?}");
+        }
+        next = logits.iter().map(|l| vec![argmax(l)]).collect();
+    }
+    // Launches do not grow with the batch or the position: one pass.
+    assert!(launches.windows(2).all(|w| w[0] == w[1]), "{launches:?}");
+}
+
+#[test]
+fn emulated_decode_steps_move_token_ids_in_and_logits_out() {
+    for (ty, batch) in [("f32", 1), ("q8_0", 4), ("q4_k_m", 16)] {
+        on_emulator(|d| decode_steps_move_token_ids_in_and_logits_out(d, ty, batch));
+    }
+}
+
+/// Continuous batching on the emulated device: `n` sequences in one batch,
+/// from two tenants, the second arriving once the first holds the whole
+/// KV pool and taking its guaranteed half back (so the batch preempts some
+/// of the first's sequences, which later recompute their KV and go on);
+/// then a re-partition: more requests arrive and run on the new layout's
+/// partition (other CUs, its own budget) while the old one finishes its
+/// own. Every sequence gives the tokens it gives alone on the device.
+fn batches_match_each_sequence_alone(d: Arc<dyn KernelDevice>, n: usize) {
+    use bulkhead_gpu_host::Tokenizer;
+    use bulkhead_gpu_host::engine::{GenerateRequest, SamplingParams, generate};
+    use bulkhead_gpu_host::sched::{BatchLimits, Batcher, TenantShare};
+    let split = emulated_split(d);
+    let device = split.device().clone();
+    let m = model("llama", "q8_0");
+    let tok = Tokenizer::from_metadata(m.gguf().metadata()).unwrap();
+    let old = split
+        .partition("shared:epoch1", &device.xcd(0), 64 << 20)
+        .unwrap();
+    let words = ["Once", "The sky", "Hello there", "One two three", "A cat"];
+    let after = n.div_ceil(4);
+    // Prompts of 12 tokens and a few more generated: each sequence
+    // crosses into its second 16-position block, and two blocks hold it.
+    let reqs: Vec<GenerateRequest> = (0..n + after)
+        .map(|i| GenerateRequest {
+            prompt_tokens: tok
+                .encode(
+                    &format!("{} {i}, and then the story went on", words[i % words.len()]),
+                    true,
+                )
+                .into_iter()
+                .take(12)
+                .collect(),
+            max_tokens: 6 + i % 4,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+        })
+        .collect();
+    let alone: Vec<Vec<u32>> = reqs
+        .iter()
+        .map(|r| {
+            generate(&m, &tok, &*old.backend, r, &mut |_| {})
+                .unwrap()
+                .tokens
+        })
+        .collect();
+    let logs: Vec<Arc<std::sync::Mutex<Vec<u32>>>> = reqs.iter().map(|_| Arc::default()).collect();
+    // A sequence needs two blocks of 16 positions; the pool holds half of
+    // the batch's, so the first tenant alone fills it.
+    let limits = BatchLimits {
+        max_running: n,
+        max_rows: n,
+        kv_blocks: (n as u32).max(2),
+    };
+    let calm = n / 4;
+    // The emulator is slow: waits for a tenant's budget must not time out.
+    let share = TenantShare {
+        weight: 1,
+        own_blocks: None,
+        kv_wait: std::time::Duration::from_secs(3600),
+        max_rows: None,
+    };
+    let shares = ["flood", "calm", "late"]
+        .map(|t| (t.to_string(), share))
+        .into();
+    let mut first = Batcher::with_shares(&m, limits, shares).unwrap();
+    for i in 0..n - calm {
+        first.add(&tok, sequence("flood", reqs[i].clone(), &logs[i]));
+    }
+    for _ in 0..3 {
+        first.step(&m, &tok, &*old.backend).unwrap();
+    }
+    for i in n - calm..n {
+        first.add(&tok, sequence("calm", reqs[i].clone(), &logs[i]));
+    }
+    for _ in 0..3 {
+        first.step(&m, &tok, &*old.backend).unwrap();
+    }
+    // The re-partition.
+    let new = split
+        .partition("shared:epoch2", &device.xcd(1), 64 << 20)
+        .unwrap();
+    let more = BatchLimits {
+        kv_blocks: 2 * after as u32,
+        ..limits
+    };
+    let mut second = Batcher::new(&m, more).unwrap();
+    for i in n..n + after {
+        second.add(&tok, sequence("late", reqs[i].clone(), &logs[i]));
+    }
+    for _ in 0..2_000 {
+        if first.is_idle() && second.is_idle() {
+            break;
+        }
+        if !first.is_idle() {
+            first.step(&m, &tok, &*old.backend).unwrap();
+        }
+        if !second.is_idle() {
+            second.step(&m, &tok, &*new.backend).unwrap();
+        }
+    }
+    assert!(first.is_idle() && second.is_idle(), "stalled");
+    let preemptions = first.stats().preemptions;
+    eprintln!("batch of {n}: {preemptions} preemptions");
+    if calm > 0 {
+        assert!(preemptions > 0, "the second tenant was meant to preempt");
+    }
+    for (i, (log, want)) in logs.iter().zip(&alone).enumerate() {
+        assert_eq!(*log.lock().unwrap(), *want, "batch of {n}: sequence {i}");
+    }
+}
+
+/// A sequence whose sink appends its tokens to `log`.
+fn sequence(
+    tenant: &str,
+    request: bulkhead_gpu_host::engine::GenerateRequest,
+    log: &Arc<std::sync::Mutex<Vec<u32>>>,
+) -> bulkhead_gpu_host::sched::NewSequence {
+    use bulkhead_gpu_host::engine::{Decoded, Piece};
+    use bulkhead_gpu_host::sched::{NewSequence, SequenceError, SequenceSink};
+    use std::ops::ControlFlow;
+    struct Sink(Arc<std::sync::Mutex<Vec<u32>>>);
+    impl SequenceSink for Sink {
+        fn started(&mut self) {}
+        fn piece(&mut self, piece: Piece<'_>) -> ControlFlow<()> {
+            self.0.lock().unwrap().extend_from_slice(piece.tokens);
+            ControlFlow::Continue(())
+        }
+        fn check(&mut self) -> ControlFlow<()> {
+            ControlFlow::Continue(())
+        }
+        fn finished(&mut self, result: Result<Decoded, SequenceError>) {
+            let d = result.unwrap_or_else(|e| panic!("a sequence failed: {e}"));
+            assert_eq!(d.tokens, *self.0.lock().unwrap());
+        }
+    }
+    NewSequence {
+        tenant: tenant.to_string(),
+        priority: 0,
+        request,
+        sink: Box::new(Sink(Arc::clone(log))),
+    }
+}
+
+#[test]
+fn emulated_batches_of_1_4_16_match_each_sequence_alone() {
+    for n in [1, 4, 16] {
+        on_emulator(|d| batches_match_each_sequence_alone(d, n));
+    }
 }

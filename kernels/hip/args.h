@@ -46,15 +46,15 @@ struct BhQ8K {
 static_assert(sizeof(BhQ8_0) == 36, "BhQ8_0 layout");
 static_assert(sizeof(BhQ8K) == 292, "BhQ8K layout");
 
-// bh_embedding: out[0..cols] = dequantized row `token` of `table`.
+// bh_embedding: row r of out (cols floats, r < gridDim.y) = dequantized row
+// tokens[r] of `table`. Token ids are checked against the table on the host.
 struct BhEmbeddingArgs {
     const uint8_t* table;
+    const uint32_t* tokens;
     float* out;
     uint64_t row_bytes;
-    uint32_t token;
     uint32_t cols;
     uint32_t ty;
-    uint32_t pad;
 };
 static_assert(sizeof(BhEmbeddingArgs) == 40, "BhEmbeddingArgs layout");
 
@@ -95,20 +95,21 @@ struct BhRmsNormArgs {
 };
 static_assert(sizeof(BhRmsNormArgs) == 40, "BhRmsNormArgs layout");
 
-// bh_rope: n_tokens consecutive tokens (positions start_pos, start_pos+1, …)
-// of n_heads heads each, rotated in place.
+// bh_rope: n_tokens rows of n_heads heads each, row t at position
+// positions[t], rotated in place.
 struct BhRopeArgs {
     float* x;
+    const uint32_t* positions;
     uint32_t n_tokens;
     uint32_t n_heads;
     uint32_t head_dim;
     uint32_t rot_dim;
-    uint32_t start_pos;
     float freq_base;
     float freq_scale;
     uint32_t style;
+    uint32_t pad;
 };
-static_assert(sizeof(BhRopeArgs) == 40, "BhRopeArgs layout");
+static_assert(sizeof(BhRopeArgs) == 48, "BhRopeArgs layout");
 
 // bh_softmax: each `width`-wide row in place.
 struct BhSoftmaxArgs {
@@ -152,6 +153,43 @@ struct BhAttentionArgs {
     float scale;
 };
 static_assert(sizeof(BhAttentionArgs) == 104, "BhAttentionArgs layout");
+
+// bh_kv_store: row r of k and of v (kv_dim floats each) into position
+// row_pos[r] of its sequence's blocks, addressed as in BhAttentionArgs.
+struct BhKvStoreArgs {
+    const float* k;
+    const float* v;
+    float* k_pool;
+    float* v_pool;
+    const uint32_t* tables;
+    const uint32_t* row_table;
+    const uint32_t* row_pos;
+    uint32_t n_rows;
+    uint32_t kv_dim;
+    uint32_t block_tokens;
+    uint32_t pad;
+};
+static_assert(sizeof(BhKvStoreArgs) == 72, "BhKvStoreArgs layout");
+
+// bh_add_rows: a[i] += b[i % width] for i < n (a bias added to every row).
+struct BhAddRowsArgs {
+    float* a;
+    const float* b;
+    uint64_t n;
+    uint32_t width;
+    uint32_t pad;
+};
+static_assert(sizeof(BhAddRowsArgs) == 32, "BhAddRowsArgs layout");
+
+// bh_gather_rows: row j of out = row rows[j] of x, for j < n_rows.
+struct BhGatherArgs {
+    const float* x;
+    const uint32_t* rows;
+    float* out;
+    uint32_t n_rows;
+    uint32_t width;
+};
+static_assert(sizeof(BhGatherArgs) == 32, "BhGatherArgs layout");
 
 // bh_sha256_leaves: out[32 i .. 32 i + 32] = SHA-256(0x00 ‖ chunk i of
 // data[0..len]), chunks of chunk_bytes (the last may be shorter): the

@@ -6,4 +6,5 @@
 #include "matmul.hip"
 #include "ops.hip"
 #include "attention.hip"
+#include "step.hip"
 #include "sha256.hip"

@@ -19,14 +19,15 @@ BH_KERNEL void bh_rms_norm(BhRmsNormArgs a) {
 }
 
 // One thread per (token, head, pair). The angle in f64 as the CPU computes
-// it: pos · freq_scale · freq_base^(-2i / rot_dim).
+// it: pos · freq_scale · freq_base^(-2i / rot_dim). Each token's position
+// comes from `positions`, so one launch rotates a batch of sequences.
 BH_KERNEL void bh_rope(BhRopeArgs a) {
     const uint32_t half = a.rot_dim / 2;
     const uint64_t idx = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (half == 0 || idx >= uint64_t(a.n_tokens) * a.n_heads * half) return;
     const uint32_t i = idx % half;
     const uint64_t head = idx / half;  // token * n_heads + head
-    const uint32_t pos = a.start_pos + uint32_t(head / a.n_heads);
+    const uint32_t pos = a.positions[head / a.n_heads];
     const double theta = double(pos) * double(a.freq_scale) *
                          pow(double(a.freq_base), -2.0 * double(i) / double(a.rot_dim));
     const float c = float(cos(theta)), s = float(sin(theta));

@@ -74,6 +74,11 @@ fn attention_paged_matches_cpu() {
 }
 
 #[test]
+fn step_glue_matches_host() {
+    on_both_wave_sizes(hip_cases::step_glue_matches_host);
+}
+
+#[test]
 fn sha256_leaves_match_cpu() {
     on_both_wave_sizes(hip_cases::sha256_leaves_match_cpu);
 }

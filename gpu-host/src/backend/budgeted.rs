@@ -127,6 +127,11 @@ impl KernelDevice for BudgetedDevice {
         self.ledger.launched();
         self.inner.launch(kernel, grid, threads, args)
     }
+
+    fn synchronize(&self) -> Result<(), DeviceError> {
+        self.ledger.synchronized();
+        self.inner.synchronize()
+    }
 }
 
 /// Test support: a device that only holds memory (no kernels run), so

@@ -205,7 +205,7 @@ mod tests {
 #[allow(unsafe_code)]
 mod runtime {
     use std::collections::{BTreeMap, HashMap};
-    use std::sync::{Arc, Mutex, RwLock};
+    use std::sync::{Arc, Mutex, Weak};
 
     use bulkhead_kernels::hip::{DeviceError, KernelDevice, code_object_for, names};
     use bulkhead_partition::CuSet;
@@ -225,10 +225,11 @@ mod runtime {
         budget: Arc<MemoryBudget>,
         /// Every live allocation of every view, by device address.
         buffers: Mutex<BTreeMap<u64, DeviceBuffer<u8>>>,
-        /// Held shared by each launch until its stream is synchronized, and
-        /// exclusively by a free: no allocation is freed under a running
-        /// kernel, while kernels of different views run at once.
-        launches: RwLock<()>,
+        /// Every view's stream. A free waits for all of them first, so no
+        /// allocation is freed under queued work of any view (weights are
+        /// read by every partition's stream); frees happen at load and
+        /// unload, never in a step's steady state.
+        streams: Mutex<Vec<Weak<Stream>>>,
         /// Keeps the code object loaded (the functions hold it too).
         _module: Module,
     }
@@ -267,7 +268,7 @@ mod runtime {
                     functions,
                     budget,
                     buffers: Mutex::new(BTreeMap::new()),
-                    launches: RwLock::new(()),
+                    streams: Mutex::new(Vec::new()),
                     _module: module,
                 }),
             })
@@ -298,17 +299,29 @@ mod runtime {
                 Stream::for_cu_set(&self.core.device, cus)
             }
             .map_err(|e| e.to_string())?;
+            let stream = Arc::new(stream);
+            let mut streams = self.core.streams.lock().unwrap_or_else(|p| p.into_inner());
+            streams.retain(|s| s.strong_count() > 0);
+            streams.push(Arc::downgrade(&stream));
             Ok(Arc::new(HipView {
                 core: Arc::clone(&self.core),
                 stream,
+                staged: Mutex::new(Vec::new()),
             }))
         }
     }
 
-    /// One view: the device's kernels and memory, launching on its own stream.
+    /// One view: the device's kernels and memory, with its own stream.
+    /// Copies and launches are queued on the stream and return at once; a
+    /// read (or [`KernelDevice::synchronize`]) waits for the stream, the
+    /// one synchronization of a step.
     struct HipView {
         core: Arc<Core>,
-        stream: Stream,
+        stream: Arc<Stream>,
+        /// The host bytes of copies queued and not yet known done: kept
+        /// alive until the stream is next synchronized, as an async copy
+        /// from host memory requires.
+        staged: Mutex<Vec<Vec<u8>>>,
     }
 
     impl std::fmt::Debug for HipView {
@@ -372,29 +385,60 @@ mod runtime {
             Ok(addr)
         }
 
+        /// Waits for every view's stream first (see `Core::streams`).
         fn free(&self, addr: u64) -> Result<(), DeviceError> {
-            let _no_launch = self
-                .core
-                .launches
-                .write()
-                .unwrap_or_else(|p| p.into_inner());
+            let what = format!("free {addr:#x}");
+            let streams: Vec<Arc<Stream>> = {
+                let streams = self.core.streams.lock().unwrap_or_else(|p| p.into_inner());
+                streams.iter().filter_map(Weak::upgrade).collect()
+            };
+            for stream in &streams {
+                stream.synchronize().map_err(|e| e.to_device_error(&what))?;
+            }
             let mut buffers = self.core.buffers.lock().unwrap_or_else(|p| p.into_inner());
             buffers
                 .remove(&addr)
                 .map(drop)
-                .ok_or_else(|| DeviceError::new(format!("free {addr:#x}"), "not an allocation"))
+                .ok_or_else(|| DeviceError::new(what, "not an allocation"))
         }
 
         fn write(&self, addr: u64, bytes: &[u8]) -> Result<(), DeviceError> {
             let what = format!("write {} bytes at {addr:#x}", bytes.len());
-            self.with_buffer(&what, addr, bytes.len(), |b, at| {
-                b.copy_from_host_at(at, bytes)
+            let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+            staged.push(bytes.to_vec());
+            let src = staged.last().expect("just pushed");
+            // SAFETY: `src` lives in `staged` (a heap buffer that moving the
+            // Vec does not move) until the stream is synchronized, and
+            // the allocation stays in `core.buffers` until a free, which
+            // waits for this stream first.
+            self.with_buffer(&what, addr, bytes.len(), |b, at| unsafe {
+                b.copy_from_host_async(at, src, &self.stream)
             })
         }
 
+        /// Queues the copy behind everything queued before it and waits
+        /// for the stream.
         fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), DeviceError> {
             let what = format!("read {} bytes at {addr:#x}", out.len());
-            self.with_buffer(&what, addr, out.len(), |b, at| b.copy_to_host_at(at, out))
+            // SAFETY: `out` is not touched until the stream is synchronized
+            // right below (also when queuing failed: nothing then writes it).
+            let queued = self.with_buffer(&what, addr, out.len(), |b, at| unsafe {
+                b.copy_to_host_async(at, out, &self.stream)
+            });
+            let synced = self.synchronize();
+            queued.and(synced)
+        }
+
+        fn synchronize(&self) -> Result<(), DeviceError> {
+            let synced = self
+                .stream
+                .synchronize()
+                .map_err(|e| e.to_device_error("synchronize"));
+            self.staged
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
+            synced
         }
 
         fn launch(
@@ -423,18 +467,19 @@ mod runtime {
             for word in args.chunks_exact(8) {
                 packed.push(u64::from_le_bytes(word.try_into().expect("8 bytes")));
             }
-            let hold = self.core.launches.read().unwrap_or_else(|p| p.into_inner());
             // SAFETY: `args` is the kernel's own args.h struct, encoded field
             // by field by bulkhead_kernels::hip::KernelArgs (sizes asserted on
-            // both sides). Its pointers are addresses of allocations in
-            // `core.buffers`, sized by HipBackend's shape checks for this
-            // grid. `hold` keeps every allocation alive (a free takes the
-            // lock exclusively) until our stream is synchronized below. What
-            // the kernel writes is the calling backend's own scratch, which
-            // no other view's stream touches (each partition's backend
-            // allocates its own); weights, which every view reads, are
-            // written only by copies before first use.
-            let launched = unsafe {
+            // both sides; the runtime copies them at the call). Its pointers
+            // are addresses of allocations in `core.buffers`, sized by
+            // HipBackend's shape checks for this grid; an allocation leaves
+            // `core.buffers` only in a free, which first waits for every
+            // view's stream, so none is freed under the queued kernel. What
+            // the kernel writes is the calling backend's own workspace and
+            // KV pool, which no other view's stream touches (each
+            // partition's backend allocates its own); weights, which every
+            // view reads, are written only by copies synchronized before
+            // first use (`DeviceWeights`).
+            unsafe {
                 function.launch(
                     (grid[0], grid[1], grid[2]),
                     threads,
@@ -442,10 +487,8 @@ mod runtime {
                     &self.stream,
                     &packed,
                 )
-            };
-            let synced = launched.and_then(|()| self.stream.synchronize());
-            drop(hold);
-            synced.map_err(|e| e.to_device_error(&what))
+            }
+            .map_err(|e| e.to_device_error(&what))
         }
     }
 }

@@ -5,9 +5,10 @@
 //! through, on a GPU and on the kernel emulator alike, so the emulator's
 //! counts are the device's.
 //!
-//! [`KernelDevice`](bulkhead_kernels::hip::KernelDevice) calls are
-//! synchronous today (a copy or a launch returns when the device is done),
-//! so every copy and launch is also a synchronization.
+//! Copies to the device and launches are queued on the view's stream
+//! ([`KernelDevice`](bulkhead_kernels::hip::KernelDevice)); a read waits
+//! for the stream and so counts as a synchronization, as does an explicit
+//! `synchronize`.
 //!
 //! [`BudgetedDevice`]: super::BudgetedDevice
 
@@ -51,23 +52,26 @@ impl Transfers {
 }
 
 impl Ledger {
-    /// A copy of `bytes` to the device (a synchronous one: it waits).
+    /// A copy of `bytes` to the device, queued.
     pub(crate) fn copied_to_device(&self, bytes: usize) {
         self.host_to_device_bytes
             .fetch_add(bytes as u64, Ordering::Relaxed);
-        self.synchronizations.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A copy of `bytes` back to the host.
+    /// A copy of `bytes` back to the host, which waits for the stream.
     pub(crate) fn copied_to_host(&self, bytes: usize) {
         self.device_to_host_bytes
             .fetch_add(bytes as u64, Ordering::Relaxed);
         self.synchronizations.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A kernel launch, waited for.
+    /// A kernel launch, queued.
     pub(crate) fn launched(&self) {
         self.launches.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A wait for the stream without a copy.
+    pub(crate) fn synchronized(&self) {
         self.synchronizations.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -94,15 +98,22 @@ impl Ledger {
 }
 
 impl Transfers {
-    /// What was counted after `earlier` (a reading of the same ledger).
+    /// What was counted after `earlier` (an earlier reading of the same
+    /// ledger; a later one gives zeros, not an overflow).
     pub fn since(&self, earlier: &Transfers) -> Transfers {
         Transfers {
-            host_to_device_bytes: self.host_to_device_bytes - earlier.host_to_device_bytes,
-            device_to_host_bytes: self.device_to_host_bytes - earlier.device_to_host_bytes,
-            launches: self.launches - earlier.launches,
-            synchronizations: self.synchronizations - earlier.synchronizations,
-            allocations: self.allocations - earlier.allocations,
-            frees: self.frees - earlier.frees,
+            host_to_device_bytes: self
+                .host_to_device_bytes
+                .saturating_sub(earlier.host_to_device_bytes),
+            device_to_host_bytes: self
+                .device_to_host_bytes
+                .saturating_sub(earlier.device_to_host_bytes),
+            launches: self.launches.saturating_sub(earlier.launches),
+            synchronizations: self
+                .synchronizations
+                .saturating_sub(earlier.synchronizations),
+            allocations: self.allocations.saturating_sub(earlier.allocations),
+            frees: self.frees.saturating_sub(earlier.frees),
         }
     }
 }

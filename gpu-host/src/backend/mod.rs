@@ -14,6 +14,7 @@ pub(crate) mod faulty;
 mod hip;
 mod ledger;
 mod partitioned;
+mod pass;
 mod select;
 
 pub use budgeted::BudgetedDevice;
@@ -22,11 +23,12 @@ pub use cpu::CpuBackend;
 pub use device::{
     HipDeviceError, open_hip_backend, open_hip_device, open_hip_partitions, planning_device,
 };
-pub use hip::{DeviceWeights, HipBackend};
+pub use hip::{DeviceKv, DevicePass, DeviceWeights, HipBackend, KvLayout, StepRows};
 pub use ledger::{Ledger, Transfers};
 #[cfg(test)]
 pub(crate) use partitioned::tests as partitioned_test_support;
 pub use partitioned::{MODEL_RESERVATION, PartitionCompute, PartitionedDevice, StreamSource};
+pub use pass::{Act, ForwardPass, Heads, PassShape, Segment};
 pub use select::{
     BackendChoice, BackendPlan, BackendSelectError, DeviceLabel, HIP_ENGINE, HipEngine,
     plan_backend,
@@ -98,6 +100,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]) -> OpResult;
     /// `a += b`.
     fn add(&self, a: &mut [f32], b: &[f32]) -> OpResult;
+    /// The backend that runs whole passes on its device, activations and
+    /// KV cache resident there ([`HipBackend::begin_pass`]); `None` for
+    /// one whose passes run on the host through these ops.
+    fn resident(&self) -> Option<&HipBackend> {
+        None
+    }
     /// Makes `weight` resident where the ops will read it, so that no
     /// pass after the model's load moves weight bytes. A no-op on the CPU,
     /// whose weights are the mapped file.

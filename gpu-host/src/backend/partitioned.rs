@@ -234,14 +234,15 @@ pub(crate) mod tests {
         // The weights plus what the partitions hold now: nothing else lives.
         assert_eq!(streams.device.live(), 1);
         // The ledgers: the weights went up once, through the reservation's
-        // view; each matvec copied its input up and its output back (an
-        // F32 matrix needs no quantized copy of the input) and waited on
-        // each of its three device calls.
+        // view (and the view waited for the copy, which every partition's
+        // stream then reads); each matvec queued its input's copy and its
+        // launch (an F32 matrix needs no quantized copy of the input) and
+        // waited once, reading its output back.
         let matvec = |n: u64| Transfers {
             host_to_device_bytes: n * cols as u64 * 4,
             device_to_host_bytes: n * rows as u64 * 4,
             launches: n,
-            synchronizations: 3 * n,
+            synchronizations: n,
             allocations: 2 * n,
             frees: 2 * n,
         };

@@ -143,6 +143,8 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
         });
         if backend.transfers().is_some() {
             json["device"] = phases.to_json();
+            // What one row of logits weighs, for reading the step counts.
+            json["device"]["vocab_size"] = model.config().vocab_size.into();
         }
         writeln!(out, "{json}")?;
     } else {

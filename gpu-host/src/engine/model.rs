@@ -6,7 +6,10 @@ use bulkhead_kernels::{AttentionShape, QuantMatrix};
 
 use super::config::{ConfigError, ModelConfig};
 use super::weights::Weights;
-use crate::backend::{Backend, DeviceError, OpResult, RopeParams, WeightRef};
+use crate::backend::{
+    Act, Backend, DeviceError, DeviceKv, ForwardPass, Heads, KvLayout, OpResult, PassShape,
+    RopeParams, Segment, StepRows, WeightRef,
+};
 use crate::gguf::Gguf;
 
 /// Prompt tokens processed per forward call during prefill; bounds the scratch
@@ -58,20 +61,21 @@ impl Model {
         &self.gguf
     }
 
-    /// A fresh KV cache able to hold `capacity` positions (at most the context length).
+    /// A fresh KV cache able to hold `capacity` positions (at most the
+    /// context length). Its memory is allocated by the first forward call,
+    /// where that call's backend computes: host memory, or the device's.
     pub fn new_cache(&self, capacity: usize) -> KvCache {
         let capacity = capacity.min(self.config.context_length);
-        let kv = self.config.kv_dim();
         KvCache {
-            k: (0..self.config.layers)
-                .map(|_| vec![0.0; capacity * kv])
-                .collect(),
-            v: (0..self.config.layers)
-                .map(|_| vec![0.0; capacity * kv])
-                .collect(),
-            capacity,
+            memory: KvMemory::Unplaced,
+            layout: KvLayout {
+                layers: self.config.layers,
+                blocks: 1,
+                block_tokens: capacity,
+                kv_dim: self.config.kv_dim(),
+                table_stride: 1,
+            },
             len: 0,
-            kv_dim: kv,
         }
     }
 
@@ -107,10 +111,10 @@ impl Model {
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(ForwardError::TokenOutOfRange { token: bad, vocab });
         }
-        if cache.len + tokens.len() > cache.capacity {
+        if cache.len + tokens.len() > cache.capacity() {
             return Err(ForwardError::ContextFull {
                 needed: cache.len + tokens.len(),
-                capacity: cache.capacity,
+                capacity: cache.capacity(),
             });
         }
         let mut out = Vec::new();
@@ -142,40 +146,58 @@ impl Model {
             Logits::All => (0..n).collect(),
             Logits::Last => vec![n - 1],
         };
-        let mut store = ContiguousStore { cache, start };
         // A failed pass leaves the cache's length as it was: the rows it
         // wrote past it are overwritten by the next call.
-        let out = self.run_layers(backend, tokens, &segment, &mut store, &wanted)?;
+        let kv_dim = cache.layout.kv_dim;
+        let out = match cache.memory.place(backend, cache.layout)? {
+            KvMemory::Host { k, v } => {
+                let mut store = ContiguousStore {
+                    k,
+                    v,
+                    kv_dim,
+                    start,
+                };
+                self.run_on_host(backend, tokens, &segment, &mut store, &wanted)?
+            }
+            KvMemory::Device(kv) => {
+                // One block holding every position: block table [0].
+                let step = StepRows {
+                    tokens,
+                    segments: &segment,
+                    tables: &[&[0]],
+                    wanted: &wanted,
+                };
+                self.run_on_device(backend, step, kv)?
+            }
+            KvMemory::Unplaced => unreachable!("placed above"),
+        };
         cache.len += n;
         Ok(out)
     }
 
-    /// The forward pass proper, shared by the contiguous cache (one
-    /// segment) and the paged pool (one segment per sequence of a batch):
-    /// `tokens` are the rows of `segments` in order; returns the logits of
-    /// the rows in `wanted`, in that order, or the first device error (the
-    /// pass stops there).
-    ///
-    /// Matmuls take every row at once (the weights are read once per call,
-    /// whatever the number of sequences). Everything else is per row or per
-    /// segment, so a sequence's rows are computed bit for bit the same
-    /// whatever else shares the call: the AVX2 element-wise kernels finish a
-    /// slice's tail with scalar code, so running them over a whole batch
-    /// would shift which elements take that path.
-    pub(super) fn run_layers(
-        &self,
-        backend: &dyn Backend,
-        tokens: &[u32],
-        segments: &[Segment],
-        kv: &mut dyn KvStore,
-        wanted: &[usize],
-    ) -> Result<Vec<f32>, DeviceError> {
+    /// Widths of this model's activations, as a pass sizes its buffers.
+    pub(super) fn pass_shape(&self) -> PassShape {
+        let c = &self.config;
+        PassShape {
+            layers: c.layers,
+            embedding: c.embedding_dim,
+            q: c.heads * c.head_dim,
+            kv: c.kv_dim(),
+            ffn: c.ffn_dim,
+            vocab: c.vocab_size,
+            heads: c.heads,
+            head_dim: c.head_dim,
+            context: c.context_length,
+        }
+    }
+
+    /// The forward pass proper, once for every backend: the ops of a
+    /// [`Pass`] over the step's rows (the host's buffers and ops, or a
+    /// device's). Returns the logits of the rows that want them, in order,
+    /// or the first device error (the pass stops there).
+    pub(super) fn layers(&self, pass: &mut impl ForwardPass) -> Result<Vec<f32>, DeviceError> {
         let c = &self.config;
         let g = &self.gguf;
-        let n = tokens.len();
-        let d = c.embedding_dim;
-        let q_dim = c.heads * c.head_dim;
-        let kv_dim = c.kv_dim();
         let rope = RopeParams {
             head_dim: c.head_dim,
             rot_dim: c.rope_dim,
@@ -183,85 +205,246 @@ impl Model {
             freq_scale: c.rope_scale,
             style: c.rope_style,
         };
-        // Position of every row.
-        let positions: Vec<usize> = segments
-            .iter()
-            .flat_map(|s| s.start_pos..s.start_pos + s.rows)
-            .collect();
-        debug_assert_eq!(positions.len(), n);
-
-        let mut x = vec![0.0f32; n * d];
-        let embd = self.weights.token_embd.view(g);
-        for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
-            backend.embedding(&embd, t, row)?;
-        }
-        let mut xn = vec![0.0f32; n * d];
-        let mut q = vec![0.0f32; n * q_dim];
-        let mut k = vec![0.0f32; n * kv_dim];
-        let mut v = vec![0.0f32; n * kv_dim];
-        let mut attn = vec![0.0f32; n * q_dim];
-        let mut proj = vec![0.0f32; n * d];
-        let mut gate = vec![0.0f32; n * c.ffn_dim];
-        let mut up = vec![0.0f32; n * c.ffn_dim];
-        let mm = |w: &QuantMatrix<'_>, x: &[f32], out: &mut [f32]| {
-            matmul_by_segment(backend, segments, w, x, out)
-        };
         let heads = Heads {
             n_heads: c.heads,
             n_kv_heads: c.kv_heads,
             head_dim: c.head_dim,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
         };
-
+        pass.embed(&self.weights.token_embd.view(g), Act::X)?;
         for (l, w) in self.weights.layers.iter().enumerate() {
-            backend.rms_norm(&x, &w.attn_norm, c.rms_eps, &mut xn)?;
-            mm(&w.wq.view(g), &xn, &mut q)?;
-            mm(&w.wk.view(g), &xn, &mut k)?;
-            mm(&w.wv.view(g), &xn, &mut v)?;
-            for (buf, bias) in [(&mut q, &w.bq), (&mut k, &w.bk), (&mut v, &w.bv)] {
+            pass.rms_norm(Act::X, &w.attn_norm, c.rms_eps, Act::Xn)?;
+            pass.matmul(&w.wq.view(g), Act::Xn, Act::Q)?;
+            pass.matmul(&w.wk.view(g), Act::Xn, Act::K)?;
+            pass.matmul(&w.wv.view(g), Act::Xn, Act::V)?;
+            for (act, bias) in [(Act::Q, &w.bq), (Act::K, &w.bk), (Act::V, &w.bv)] {
                 if let Some(bias) = bias {
-                    for row in buf.chunks_exact_mut(bias.len()) {
-                        backend.add(row, bias)?;
-                    }
+                    pass.add_bias(act, bias)?;
                 }
             }
-            for (t, &pos) in positions.iter().enumerate() {
-                backend.rope(&mut q[t * q_dim..(t + 1) * q_dim], c.heads, pos, &rope)?;
-                backend.rope(&mut k[t * kv_dim..(t + 1) * kv_dim], c.kv_heads, pos, &rope)?;
+            pass.rope(Act::Q, c.heads, &rope)?;
+            pass.rope(Act::K, c.kv_heads, &rope)?;
+            pass.store_kv(l, Act::K, Act::V)?;
+            pass.attend(l, Act::Q, heads, Act::Attn)?;
+            pass.matmul(&w.wo.view(g), Act::Attn, Act::Proj)?;
+            pass.add(Act::X, Act::Proj)?;
+
+            pass.rms_norm(Act::X, &w.ffn_norm, c.rms_eps, Act::Xn)?;
+            pass.matmul(&w.w_gate.view(g), Act::Xn, Act::Gate)?;
+            pass.matmul(&w.w_up.view(g), Act::Xn, Act::Up)?;
+            pass.silu_mul(Act::Gate, Act::Up)?;
+            pass.matmul(&w.w_down.view(g), Act::Gate, Act::Proj)?;
+            pass.add(Act::X, Act::Proj)?;
+        }
+        pass.logits(
+            Act::X,
+            &self.weights.output_norm,
+            c.rms_eps,
+            &self.weights.output.view(g),
+        )
+    }
+
+    /// The pass on the host: `tokens` are the rows of `segments` in order,
+    /// their keys and values in `kv`, the logits of the rows in `wanted`.
+    pub(super) fn run_on_host(
+        &self,
+        backend: &dyn Backend,
+        tokens: &[u32],
+        segments: &[Segment],
+        kv: &mut dyn KvStore,
+        wanted: &[usize],
+    ) -> Result<Vec<f32>, DeviceError> {
+        let mut pass = HostPass::new(backend, self.pass_shape(), tokens, segments, kv, wanted);
+        self.layers(&mut pass)
+    }
+
+    /// The pass on a device that keeps activations and `kv` resident.
+    pub(super) fn run_on_device(
+        &self,
+        backend: &dyn Backend,
+        step: StepRows<'_>,
+        kv: &mut DeviceKv,
+    ) -> Result<Vec<f32>, DeviceError> {
+        let Some(device) = backend.resident() else {
+            return Err(DeviceError::new(
+                "forward",
+                format!(
+                    "this KV cache lives in device memory, and {} cannot read it",
+                    backend.name()
+                ),
+            ));
+        };
+        let mut pass = device.begin_pass(self.pass_shape(), step, kv)?;
+        self.layers(&mut pass)
+    }
+}
+
+/// The host's pass: buffers in host memory, every op one or more calls of
+/// the [`Backend`]'s host ops.
+///
+/// Matmuls take every row at once (the weights are read once per call,
+/// whatever the number of sequences). Everything else is per row or per
+/// segment, so a sequence's rows are computed bit for bit the same
+/// whatever else shares the call: the AVX2 element-wise kernels finish a
+/// slice's tail with scalar code, so running them over a whole batch
+/// would shift which elements take that path.
+struct HostPass<'a> {
+    backend: &'a dyn Backend,
+    shape: PassShape,
+    tokens: &'a [u32],
+    segments: &'a [Segment],
+    /// Position of every row.
+    positions: Vec<usize>,
+    kv: &'a mut dyn KvStore,
+    wanted: &'a [usize],
+    bufs: [Vec<f32>; 9],
+}
+
+impl<'a> HostPass<'a> {
+    fn new(
+        backend: &'a dyn Backend,
+        shape: PassShape,
+        tokens: &'a [u32],
+        segments: &'a [Segment],
+        kv: &'a mut dyn KvStore,
+        wanted: &'a [usize],
+    ) -> HostPass<'a> {
+        let positions: Vec<usize> = segments
+            .iter()
+            .flat_map(|s| s.start_pos..s.start_pos + s.rows)
+            .collect();
+        debug_assert_eq!(positions.len(), tokens.len());
+        let n = tokens.len();
+        HostPass {
+            backend,
+            shape,
+            tokens,
+            segments,
+            positions,
+            kv,
+            wanted,
+            bufs: Act::ALL.map(|a| vec![0.0f32; n * a.width(&shape)]),
+        }
+    }
+
+    /// Runs `f` with `out` taken out of the pass (so `f` may read the
+    /// other buffers).
+    fn with_out<R>(&mut self, out: Act, f: impl FnOnce(&Self, &mut [f32]) -> R) -> R {
+        let mut buf = std::mem::take(&mut self.bufs[out.index()]);
+        let r = f(self, &mut buf);
+        self.bufs[out.index()] = buf;
+        r
+    }
+
+    /// `op(a, b)` on each segment's rows.
+    fn per_segment(
+        &mut self,
+        a: Act,
+        b: Act,
+        op: impl Fn(&dyn Backend, &mut [f32], &[f32]) -> OpResult,
+    ) -> OpResult {
+        let width = a.width(&self.shape);
+        self.with_out(a, |p, a| {
+            let b = &p.bufs[b.index()];
+            let mut at = 0;
+            for s in p.segments {
+                let span = at..at + s.rows * width;
+                op(p.backend, &mut a[span.clone()], &b[span])?;
+                at += s.rows * width;
             }
-            kv.store(l, &k, &v);
-            kv.attend(backend, l, &q, heads, &mut attn)?;
-            mm(&w.wo.view(g), &attn, &mut proj)?;
-            per_segment(segments, d, &mut x, &proj, |a, b| backend.add(a, b))?;
+            Ok(())
+        })
+    }
+}
 
-            backend.rms_norm(&x, &w.ffn_norm, c.rms_eps, &mut xn)?;
-            mm(&w.w_gate.view(g), &xn, &mut gate)?;
-            mm(&w.w_up.view(g), &xn, &mut up)?;
-            per_segment(segments, c.ffn_dim, &mut gate, &up, |a, b| {
-                backend.silu_mul(a, b)
-            })?;
-            mm(&w.w_down.view(g), &gate, &mut proj)?;
-            per_segment(segments, d, &mut x, &proj, |a, b| backend.add(a, b))?;
-        }
+impl ForwardPass for HostPass<'_> {
+    fn embed(&mut self, table: &QuantMatrix<'_>, out: Act) -> OpResult {
+        let d = out.width(&self.shape);
+        self.with_out(out, |p, out| {
+            for (row, &t) in out.chunks_exact_mut(d).zip(p.tokens) {
+                p.backend.embedding(table, t, row)?;
+            }
+            Ok(())
+        })
+    }
 
-        // Only the rows whose logits are wanted go through the output projection.
-        let rows = wanted.len();
+    fn rms_norm(&mut self, x: Act, weight: &[f32], eps: f32, out: Act) -> OpResult {
+        self.with_out(out, |p, out| {
+            p.backend.rms_norm(&p.bufs[x.index()], weight, eps, out)
+        })
+    }
+
+    fn matmul(&mut self, w: &QuantMatrix<'_>, x: Act, out: Act) -> OpResult {
+        self.with_out(out, |p, out| {
+            matmul_by_segment(p.backend, p.segments, w, &p.bufs[x.index()], out)
+        })
+    }
+
+    fn add_bias(&mut self, x: Act, bias: &[f32]) -> OpResult {
+        self.with_out(x, |p, x| {
+            for row in x.chunks_exact_mut(bias.len()) {
+                p.backend.add(row, bias)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn rope(&mut self, x: Act, heads: usize, params: &RopeParams) -> OpResult {
+        let width = x.width(&self.shape);
+        self.with_out(x, |p, x| {
+            for (row, &pos) in x.chunks_exact_mut(width).zip(&p.positions) {
+                p.backend.rope(row, heads, pos, params)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn store_kv(&mut self, layer: usize, k: Act, v: Act) -> OpResult {
+        self.kv
+            .store(layer, &self.bufs[k.index()], &self.bufs[v.index()]);
+        Ok(())
+    }
+
+    fn attend(&mut self, layer: usize, q: Act, heads: Heads, out: Act) -> OpResult {
+        let mut buf = std::mem::take(&mut self.bufs[out.index()]);
+        let r = self
+            .kv
+            .attend(self.backend, layer, &self.bufs[q.index()], heads, &mut buf);
+        self.bufs[out.index()] = buf;
+        r
+    }
+
+    fn add(&mut self, a: Act, b: Act) -> OpResult {
+        self.per_segment(a, b, |backend, a, b| backend.add(a, b))
+    }
+
+    fn silu_mul(&mut self, gate: Act, up: Act) -> OpResult {
+        self.per_segment(gate, up, |backend, a, b| backend.silu_mul(a, b))
+    }
+
+    /// Only the rows whose logits are wanted go through the output projection.
+    fn logits(
+        &mut self,
+        x: Act,
+        norm: &[f32],
+        eps: f32,
+        output: &QuantMatrix<'_>,
+    ) -> Result<Vec<f32>, DeviceError> {
+        let d = x.width(&self.shape);
+        let x = &self.bufs[x.index()];
+        let rows = self.wanted.len();
         let mut normed = vec![0.0f32; rows * d];
-        for (out, &r) in normed.chunks_exact_mut(d).zip(wanted) {
-            backend.rms_norm(
-                &x[r * d..(r + 1) * d],
-                &self.weights.output_norm,
-                c.rms_eps,
-                out,
-            )?;
+        for (out, &r) in normed.chunks_exact_mut(d).zip(self.wanted) {
+            self.backend
+                .rms_norm(&x[r * d..(r + 1) * d], norm, eps, out)?;
         }
-        let mut out = vec![0.0f32; rows * c.vocab_size];
-        let output = self.weights.output.view(g);
-        if segments.len() == 1 {
-            backend.matmul(&output, &normed, rows, &mut out)?;
+        let mut out = vec![0.0f32; rows * self.shape.vocab];
+        if self.segments.len() == 1 {
+            self.backend.matmul(output, &normed, rows, &mut out)?;
         } else {
             // Alone, each of these rows is a one-row projection.
-            backend.matmul_per_row(&output, &normed, rows, &mut out)?;
+            self.backend
+                .matmul_per_row(output, &normed, rows, &mut out)?;
         }
         Ok(out)
     }
@@ -307,40 +490,6 @@ fn matmul_by_segment(
     Ok(())
 }
 
-/// Runs `op(a, b)` on each segment's rows of two `width`-wide row buffers.
-fn per_segment(
-    segments: &[Segment],
-    width: usize,
-    a: &mut [f32],
-    b: &[f32],
-    op: impl Fn(&mut [f32], &[f32]) -> OpResult,
-) -> OpResult {
-    let mut at = 0;
-    for s in segments {
-        let span = at..at + s.rows * width;
-        op(&mut a[span.clone()], &b[span])?;
-        at += s.rows * width;
-    }
-    Ok(())
-}
-
-/// Consecutive rows of one forward call that belong to one sequence.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Segment {
-    pub rows: usize,
-    /// Cache position of the first row.
-    pub start_pos: usize,
-}
-
-/// The attention heads of a model.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Heads {
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub head_dim: usize,
-    pub scale: f32,
-}
-
 /// Where a forward call keeps keys and values and how attention reads them.
 pub(super) trait KvStore {
     /// Stores the keys and values of every row of the call for `layer`.
@@ -356,18 +505,21 @@ pub(super) trait KvStore {
     ) -> OpResult;
 }
 
-/// One sequence's contiguous cache, the call's rows written from `start`.
+/// One sequence's contiguous cache in host memory, the call's rows
+/// written from `start`.
 struct ContiguousStore<'c> {
-    cache: &'c mut KvCache,
+    k: &'c mut [Vec<f32>],
+    v: &'c mut [Vec<f32>],
+    kv_dim: usize,
     start: usize,
 }
 
 impl KvStore for ContiguousStore<'_> {
     fn store(&mut self, layer: usize, k: &[f32], v: &[f32]) {
-        let kv = self.cache.kv_dim;
+        let kv = self.kv_dim;
         let at = self.start * kv..self.start * kv + k.len();
-        self.cache.k[layer][at.clone()].copy_from_slice(k);
-        self.cache.v[layer][at].copy_from_slice(v);
+        self.k[layer][at.clone()].copy_from_slice(k);
+        self.v[layer][at].copy_from_slice(v);
     }
 
     fn attend(
@@ -387,25 +539,61 @@ impl KvStore for ContiguousStore<'_> {
             head_dim: h.head_dim,
             scale: h.scale,
         };
-        let seen = (self.start + n) * self.cache.kv_dim;
+        let seen = (self.start + n) * self.kv_dim;
         backend.attention(
             q,
-            &self.cache.k[layer][..seen],
-            &self.cache.v[layer][..seen],
+            &self.k[layer][..seen],
+            &self.v[layer][..seen],
             shape,
             out,
         )
     }
 }
 
+/// Where a cache's keys and values live.
+#[derive(Debug)]
+pub(super) enum KvMemory {
+    /// Nowhere yet: the first forward call places them.
+    Unplaced,
+    /// Host memory, per layer (zeroed, so pages no pass touches cost no
+    /// resident memory).
+    Host { k: Vec<Vec<f32>>, v: Vec<Vec<f32>> },
+    /// A device's memory, with the sequences' block tables.
+    Device(DeviceKv),
+}
+
+impl KvMemory {
+    /// The memory, allocated first if unplaced: on `backend`'s device when
+    /// its passes stay there, else on the host.
+    pub(super) fn place(
+        &mut self,
+        backend: &dyn Backend,
+        layout: KvLayout,
+    ) -> Result<&mut KvMemory, DeviceError> {
+        if let KvMemory::Unplaced = self {
+            *self = match backend.resident() {
+                Some(device) => KvMemory::Device(device.alloc_kv(layout)?),
+                None => {
+                    let floats = layout.blocks * layout.block_tokens * layout.kv_dim;
+                    let layer = || (0..layout.layers).map(|_| vec![0.0; floats]).collect();
+                    KvMemory::Host {
+                        k: layer(),
+                        v: layer(),
+                    }
+                }
+            };
+        }
+        Ok(self)
+    }
+}
+
 /// Keys and values of every layer for the positions processed so far.
 #[derive(Debug)]
 pub struct KvCache {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
-    capacity: usize,
+    memory: KvMemory,
+    /// One block of the whole capacity.
+    layout: KvLayout,
     len: usize,
-    kv_dim: usize,
 }
 
 impl KvCache {
@@ -421,12 +609,12 @@ impl KvCache {
 
     /// Positions the cache can hold.
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.layout.block_tokens
     }
 
-    /// Bytes of memory the cache holds.
+    /// Bytes of memory the cache holds (once a forward call placed it).
     pub fn bytes(&self) -> usize {
-        self.k.iter().chain(&self.v).map(|l| l.len() * 4).sum()
+        self.layout.bytes()
     }
 }
 

@@ -9,21 +9,22 @@
 use bulkhead_kernels::{PagedSeq, PagedShape};
 use bulkhead_partition::{KV_BLOCK_TOKENS, KvDtype, KvGeometry, PartitionError};
 
-use super::model::{ForwardError, Heads, KvStore, Model, Segment};
-use crate::backend::{Backend, OpResult};
+use super::model::{ForwardError, KvMemory, KvStore, Model};
+use crate::backend::{Backend, Heads, KvLayout, OpResult, Segment, StepRows};
 
 /// Positions per block, as a `usize` for indexing.
 pub const BLOCK_TOKENS: usize = KV_BLOCK_TOKENS as usize;
 
 /// The K and V storage of a block pool: per layer, `blocks` blocks of
-/// [`BLOCK_TOKENS`] rows of `kv_dim` f32s. Allocated zeroed, so pages the
-/// kernel never touches (blocks never handed out) cost no resident memory.
+/// [`BLOCK_TOKENS`] rows of `kv_dim` f32s. Placed by the first batched
+/// call where its backend computes: zeroed host memory (pages no block
+/// touches cost no resident memory), or the partition's device memory,
+/// with the block tables of the sequences it runs.
 #[derive(Debug)]
 pub struct KvBlocks {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    memory: KvMemory,
+    layout: KvLayout,
     blocks: u32,
-    kv_dim: usize,
 }
 
 impl KvBlocks {
@@ -61,14 +62,17 @@ impl Model {
 
     /// A zeroed pool of `blocks` KV blocks for this model.
     pub fn new_kv_blocks(&self, blocks: u32) -> KvBlocks {
-        let kv_dim = self.config().kv_dim();
-        let floats = blocks as usize * BLOCK_TOKENS * kv_dim;
-        let layers = self.config().layers;
+        let c = self.config();
         KvBlocks {
-            k: (0..layers).map(|_| vec![0.0; floats]).collect(),
-            v: (0..layers).map(|_| vec![0.0; floats]).collect(),
+            memory: KvMemory::Unplaced,
+            layout: KvLayout {
+                layers: c.layers,
+                blocks: blocks as usize,
+                block_tokens: BLOCK_TOKENS,
+                kv_dim: c.kv_dim(),
+                table_stride: (blocks as usize).min(c.context_length.div_ceil(BLOCK_TOKENS)),
+            },
             blocks,
-            kv_dim,
         }
     }
 
@@ -119,21 +123,44 @@ impl Model {
         if tokens.is_empty() {
             return Ok(Vec::new());
         }
-        let mut store = PagedStore { kv, entries };
-        Ok(self.run_layers(backend, &tokens, &segments, &mut store, &wanted)?)
+        let kv_dim = kv.layout.kv_dim;
+        match kv.memory.place(backend, kv.layout)? {
+            KvMemory::Host { k, v } => {
+                let mut store = PagedStore {
+                    k,
+                    v,
+                    kv_dim,
+                    entries,
+                };
+                Ok(self.run_on_host(backend, &tokens, &segments, &mut store, &wanted)?)
+            }
+            KvMemory::Device(pool) => {
+                let tables: Vec<&[u32]> = entries.iter().map(|e| e.blocks).collect();
+                let step = StepRows {
+                    tokens: &tokens,
+                    segments: &segments,
+                    tables: &tables,
+                    wanted: &wanted,
+                };
+                Ok(self.run_on_device(backend, step, pool)?)
+            }
+            KvMemory::Unplaced => unreachable!("placed above"),
+        }
     }
 }
 
-/// The pool seen by one batched call.
+/// A host pool seen by one batched call.
 struct PagedStore<'a> {
-    kv: &'a mut KvBlocks,
+    k: &'a mut [Vec<f32>],
+    v: &'a mut [Vec<f32>],
+    kv_dim: usize,
     entries: &'a [BatchEntry<'a>],
 }
 
 impl KvStore for PagedStore<'_> {
     fn store(&mut self, layer: usize, k: &[f32], v: &[f32]) {
-        let kv_dim = self.kv.kv_dim;
-        let (kp, vp) = (&mut self.kv.k[layer], &mut self.kv.v[layer]);
+        let kv_dim = self.kv_dim;
+        let (kp, vp) = (&mut self.k[layer], &mut self.v[layer]);
         let mut row = 0;
         for e in self.entries {
             for pos in e.start_pos..e.start_pos + e.tokens.len() {
@@ -171,7 +198,7 @@ impl KvStore for PagedStore<'_> {
             head_dim: h.head_dim,
             scale: h.scale,
         };
-        backend.attention_paged(q, &self.kv.k[layer], &self.kv.v[layer], &seqs, shape, out)
+        backend.attention_paged(q, &self.k[layer], &self.v[layer], &seqs, shape, out)
     }
 }
 

@@ -35,16 +35,17 @@ macro_rules! kernel_args {
 }
 
 kernel_args! {
-    /// `BhEmbeddingArgs`: `out[0..cols]` = dequantized row `token` of `table`.
+    /// `BhEmbeddingArgs`: row `r` of `out` = dequantized row `tokens[r]`
+    /// of `table`, for the grid's `y` rows.
     EmbeddingArgs {
         pub table: u64,
+        /// u32 token ids, one per grid row.
+        pub tokens: u64,
         pub out: u64,
         pub row_bytes: u64,
-        pub token: u32,
         pub cols: u32,
         /// GGUF type id ([`crate::GgmlType::id`]).
         pub ty: u32,
-        pub pad: u32,
     }
 }
 
@@ -87,18 +88,20 @@ kernel_args! {
 }
 
 kernel_args! {
-    /// `BhRopeArgs`: `n_tokens` tokens at positions `start_pos..`, in place.
+    /// `BhRopeArgs`: `n_tokens` rows, row `t` at position `positions[t]`, in place.
     RopeArgs {
         pub x: u64,
+        /// u32 positions, one per row.
+        pub positions: u64,
         pub n_tokens: u32,
         pub n_heads: u32,
         pub head_dim: u32,
         pub rot_dim: u32,
-        pub start_pos: u32,
         pub freq_base: f32,
         pub freq_scale: f32,
         /// [`ROPE_NORMAL`] or [`ROPE_NEOX`].
         pub style: u32,
+        pub pad: u32,
     }
 }
 
@@ -153,6 +156,47 @@ kernel_args! {
 }
 
 kernel_args! {
+    /// `BhKvStoreArgs`: row `r` of `k` and `v` into position `row_pos[r]`
+    /// of its sequence's blocks (addressed as in [`AttentionArgs`]).
+    KvStoreArgs {
+        pub k: u64,
+        pub v: u64,
+        pub k_pool: u64,
+        pub v_pool: u64,
+        pub tables: u64,
+        pub row_table: u64,
+        pub row_pos: u64,
+        pub n_rows: u32,
+        pub kv_dim: u32,
+        pub block_tokens: u32,
+        pub pad: u32,
+    }
+}
+
+kernel_args! {
+    /// `BhAddRowsArgs`: `a[i] += b[i % width]` for `i < n`.
+    AddRowsArgs {
+        pub a: u64,
+        pub b: u64,
+        pub n: u64,
+        pub width: u32,
+        pub pad: u32,
+    }
+}
+
+kernel_args! {
+    /// `BhGatherArgs`: row `j` of `out` = row `rows[j]` of `x`.
+    GatherArgs {
+        pub x: u64,
+        /// u32 row indices.
+        pub rows: u64,
+        pub out: u64,
+        pub n_rows: u32,
+        pub width: u32,
+    }
+}
+
+kernel_args! {
     /// `BhSha256Args`: `out[32 i..]` = SHA-256(0x00 ‖ chunk i of `data[..len]`).
     Sha256Args {
         pub data: u64,
@@ -175,10 +219,13 @@ const _: () = {
     assert!(size_of::<QuantizeArgs>() == 24);
     assert!(size_of::<MatArgs>() == 48);
     assert!(size_of::<RmsNormArgs>() == 40);
-    assert!(size_of::<RopeArgs>() == 40);
+    assert!(size_of::<RopeArgs>() == 48);
     assert!(size_of::<SoftmaxArgs>() == 16);
     assert!(size_of::<BinaryArgs>() == 24);
     assert!(size_of::<AttentionArgs>() == 104);
+    assert!(size_of::<KvStoreArgs>() == 72);
+    assert!(size_of::<AddRowsArgs>() == 32);
+    assert!(size_of::<GatherArgs>() == 32);
     assert!(size_of::<Sha256Args>() == 32);
 };
 
@@ -219,6 +266,18 @@ mod tests {
         assert_eq!(
             Sha256Args::default().to_bytes().len(),
             size_of::<Sha256Args>()
+        );
+        assert_eq!(
+            KvStoreArgs::default().to_bytes().len(),
+            size_of::<KvStoreArgs>()
+        );
+        assert_eq!(
+            AddRowsArgs::default().to_bytes().len(),
+            size_of::<AddRowsArgs>()
+        );
+        assert_eq!(
+            GatherArgs::default().to_bytes().len(),
+            size_of::<GatherArgs>()
         );
     }
 

@@ -84,8 +84,11 @@ impl DeviceError {
 }
 
 /// A device the kernels of [`super::CODE_OBJECTS`] run on. Addresses are
-/// device addresses (what kernel arguments hold); every call is
-/// synchronous: when `launch` returns, the kernel has finished.
+/// device addresses (what kernel arguments hold). Copies to the device and
+/// launches are queued in order and may return before the device has done
+/// them (a GPU's stream); a read waits for everything queued before it,
+/// so a step that ends with reading its results synchronizes once. An
+/// error of queued work may surface at a later call.
 pub trait KernelDevice: Send + Sync + fmt::Debug {
     /// For logs: the device's name and architecture.
     fn describe(&self) -> String;
@@ -93,14 +96,16 @@ pub trait KernelDevice: Send + Sync + fmt::Debug {
     fn wave_size(&self) -> u32;
     /// `bytes` of zeroed device memory.
     fn alloc(&self, bytes: usize) -> Result<u64, DeviceError>;
-    /// Releases an address `alloc` returned.
+    /// Releases an address `alloc` returned, once no queued work can use it.
     fn free(&self, addr: u64) -> Result<(), DeviceError>;
-    /// Copies `bytes` to `addr` (inside one allocation).
+    /// Queues a copy of `bytes` to `addr` (inside one allocation); `bytes`
+    /// may be reused as soon as this returns.
     fn write(&self, addr: u64, bytes: &[u8]) -> Result<(), DeviceError>;
-    /// Copies `out.len()` bytes from `addr` (inside one allocation).
+    /// Copies `out.len()` bytes from `addr` (inside one allocation) once
+    /// everything queued before has run: a synchronization.
     fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), DeviceError>;
-    /// Runs `kernel` over `grid` blocks of `threads` threads with the
-    /// argument bytes `args` ([`super::KernelArgs::to_bytes`]) and waits for it.
+    /// Queues `kernel` over `grid` blocks of `threads` threads with the
+    /// argument bytes `args` ([`super::KernelArgs::to_bytes`]).
     fn launch(
         &self,
         kernel: &str,
@@ -108,4 +113,9 @@ pub trait KernelDevice: Send + Sync + fmt::Debug {
         threads: u32,
         args: &[u8],
     ) -> Result<(), DeviceError>;
+    /// Waits for everything queued. A device whose calls finish before
+    /// they return (the emulator) has nothing to wait for.
+    fn synchronize(&self) -> Result<(), DeviceError> {
+        Ok(())
+    }
 }

@@ -97,10 +97,16 @@ pub mod names {
     pub const ADD: &str = "bh_add";
     pub const ATTENTION_PARTIAL: &str = "bh_attention_partial";
     pub const ATTENTION_REDUCE: &str = "bh_attention_reduce";
+    /// A step's keys and values into the paged pool.
+    pub const KV_STORE: &str = "bh_kv_store";
+    /// A bias added to every row.
+    pub const ADD_ROWS: &str = "bh_add_rows";
+    /// Rows picked by index (the rows whose logits are wanted).
+    pub const GATHER_ROWS: &str = "bh_gather_rows";
     pub const SHA256_LEAVES: &str = "bh_sha256_leaves";
 
     /// Every kernel in the code objects.
-    pub const ALL: [&str; 18] = [
+    pub const ALL: [&str; 21] = [
         EMBEDDING,
         QUANTIZE_Q8_0,
         QUANTIZE_Q8_K,
@@ -118,6 +124,9 @@ pub mod names {
         ADD,
         ATTENTION_PARTIAL,
         ATTENTION_REDUCE,
+        KV_STORE,
+        ADD_ROWS,
+        GATHER_ROWS,
         SHA256_LEAVES,
     ];
 }
@@ -128,6 +137,9 @@ pub const BLOCK_THREADS: u32 = 256;
 /// Threads per block of the SHA-256 kernel: one thread compresses, the rest
 /// stage input, so small blocks let more chunks run per compute unit.
 pub const SHA256_BLOCK_THREADS: u32 = 64;
+/// Tokens one wave of a matvec takes against its row (`BH_MV_TOKENS`): a
+/// matvec's grid has `ceil(n_tokens / MATVEC_TOKENS)` rows.
+pub const MATVEC_TOKENS: u32 = 8;
 /// Rows and tokens per tile of [`names::MATMUL_TILED`] (`BH_TM`, `BH_TN`).
 pub const MATMUL_TILE: u32 = 64;
 /// Largest `head_dim` the attention kernels take (`BH_MAX_HEAD_DIM`).

@@ -83,7 +83,8 @@ fn blocks(n: u64, per_block: u32) -> u32 {
 /// Types whose dequantization the embedding kernel implements: all of them.
 const ALL_TYPES: [GgmlType; 11] = GgmlType::ALL;
 
-/// Embedding rows of every type are bit-identical to `dequantize_row_scalar`.
+/// Embedding rows of every type are bit-identical to `dequantize_row_scalar`,
+/// several tokens (one repeated) in one launch.
 pub fn embedding_every_type(dev: &dyn KernelDevice) {
     let mut rng = Rng::new(7);
     for ty in ALL_TYPES {
@@ -91,30 +92,37 @@ pub fn embedding_every_type(dev: &dyn KernelDevice) {
         let table = random_matrix(&mut rng, ty, rows, cols);
         let row_bytes = table.len() / rows;
         let t = dev.upload(&table);
-        for token in [0, rows - 1] {
-            let out = zeros(dev, cols);
-            let args = hip::EmbeddingArgs {
-                table: t,
-                out,
-                row_bytes: row_bytes as u64,
-                token: token as u32,
-                cols: cols as u32,
-                ty: ty.id(),
-                pad: 0,
-            };
-            dev.run(
-                names::EMBEDDING,
-                [blocks(cols as u64, 256), 1, 1],
-                256,
-                &args,
-            );
-            let got = read_f32(dev, out, cols);
+        let tokens = [rows - 1, 0, rows - 1];
+        let ids: Vec<u8> = tokens
+            .iter()
+            .flat_map(|&t| (t as u32).to_le_bytes())
+            .collect();
+        let out = zeros(dev, tokens.len() * cols);
+        let args = hip::EmbeddingArgs {
+            table: t,
+            tokens: dev.upload(&ids),
+            out,
+            row_bytes: row_bytes as u64,
+            cols: cols as u32,
+            ty: ty.id(),
+        };
+        dev.run(
+            names::EMBEDDING,
+            [blocks(cols as u64, 256), tokens.len() as u32, 1],
+            256,
+            &args,
+        );
+        let got = read_f32(dev, out, tokens.len() * cols);
+        for (r, &token) in tokens.iter().enumerate() {
             let mut want = vec![0.0; cols];
             dequantize_row_scalar(ty, &table[token * row_bytes..][..row_bytes], &mut want);
             assert_eq!(
-                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                got[r * cols..(r + 1) * cols]
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>(),
                 want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                "embedding {ty} row {token}"
+                "embedding {ty} row {token} (output row {r})"
             );
         }
     }
@@ -225,7 +233,8 @@ pub fn matvec_matches_scalar_dot(dev: &dyn KernelDevice) {
             vec![be, be * 3]
         };
         for cols in col_options {
-            for (rows, n_tokens) in [(1usize, 1usize), (7, 1), (13, 3)] {
+            // 11 tokens: a full group of MATVEC_TOKENS and a partial one.
+            for (rows, n_tokens) in [(1usize, 1usize), (7, 1), (13, 3), (5, 11)] {
                 let w = random_matrix(&mut rng, ty, rows, cols);
                 let x = rng.vec(n_tokens * cols, 2.0);
                 let row_bytes = w.len() / rows;
@@ -247,13 +256,41 @@ pub fn matvec_matches_scalar_dot(dev: &dyn KernelDevice) {
                     ty: ty.id(),
                 };
                 // 256 threads: 4 rows per block on wave 64, 8 on wave 32.
-                dev.run(
-                    kernel,
-                    [blocks(rows as u64, 4), n_tokens as u32, 1],
-                    256,
-                    &args,
-                );
+                let grid = [
+                    blocks(rows as u64, 4),
+                    blocks(n_tokens as u64, hip::MATVEC_TOKENS),
+                    1,
+                ];
+                dev.run(kernel, grid, 256, &args);
                 let got = read_f32(dev, out, rows * n_tokens);
+                // Each token's row is bit for bit what it is alone (batched
+                // decode relies on it): the last token by itself.
+                if n_tokens > 1 {
+                    let last = n_tokens - 1;
+                    let one = zeros(dev, rows);
+                    let x_last = match ty {
+                        GgmlType::Q8_0 | GgmlType::Q4_0 => {
+                            args.x + (last * cols / 32 * hip::Q8_0_DEVICE_BYTES) as u64
+                        }
+                        GgmlType::Q4K | GgmlType::Q6K => {
+                            args.x + (last * cols / 256 * hip::Q8_K_DEVICE_BYTES) as u64
+                        }
+                        _ => args.x + (last * cols * 4) as u64,
+                    };
+                    let alone = hip::MatArgs {
+                        x: x_last,
+                        out: one,
+                        n_tokens: 1,
+                        ..args
+                    };
+                    dev.run(kernel, [blocks(rows as u64, 4), 1, 1], 256, &alone);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&read_f32(dev, one, rows)),
+                        bits(&got[last * rows..]),
+                        "{kernel} {ty} {rows}x{cols}: token {last} alone"
+                    );
+                }
                 let mut want = vec![0.0f32; rows * n_tokens];
                 let mut scale = vec![0.0f32; rows * n_tokens];
                 let per_token_0 = cols / 32;
@@ -509,16 +546,32 @@ pub fn row_ops_match_scalar(dev: &dyn KernelDevice) {
             let x = rng.vec(n_tokens * n_heads * head_dim, 2.0);
             let xd = dev.upload(&f32_bytes(&x));
             let (base, fscale) = (10000.0f32, 1.0f32);
+            // Rows of one launch need not be consecutive positions (a
+            // batch of sequences): the last row goes back to position 1.
+            let positions: Vec<usize> = (0..n_tokens)
+                .map(|t| {
+                    if t > 0 && t == n_tokens - 1 {
+                        1
+                    } else {
+                        start_pos + t
+                    }
+                })
+                .collect();
+            let pos_bytes: Vec<u8> = positions
+                .iter()
+                .flat_map(|&p| (p as u32).to_le_bytes())
+                .collect();
             let args = hip::RopeArgs {
                 x: xd,
+                positions: dev.upload(&pos_bytes),
                 n_tokens: n_tokens as u32,
                 n_heads: n_heads as u32,
                 head_dim: head_dim as u32,
                 rot_dim: rot_dim as u32,
-                start_pos: start_pos as u32,
                 freq_base: base,
                 freq_scale: fscale,
                 style: code,
+                pad: 0,
             };
             let pairs = (n_tokens * n_heads * rot_dim / 2) as u64;
             dev.run(names::ROPE, [blocks(pairs, 256), 1, 1], 256, &args);
@@ -531,7 +584,7 @@ pub fn row_ops_match_scalar(dev: &dyn KernelDevice) {
                     n_heads,
                     head_dim,
                     rot_dim,
-                    start_pos + t,
+                    positions[t],
                     base,
                     fscale,
                     style,
@@ -652,6 +705,107 @@ pub fn attention_paged_matches_cpu(dev: &dyn KernelDevice) {
             &format!("attention d{head_dim} h{n_heads}/{n_kv_heads} split {split_positions}"),
         );
     }
+}
+
+/// The step glue (`step.hip`) moves exactly the floats the host code
+/// moves: a step's K and V rows land at their positions' block slots
+/// (scattered tables, a prefill crossing a block, untouched slots stay
+/// zero), a bias reaches every row, and gathered rows are copies.
+pub fn step_glue_matches_host(dev: &dyn KernelDevice) {
+    let mut rng = Rng::new(59);
+    let u32_bytes = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (kv_dim, block_tokens, pool_blocks) = (40usize, 4usize, 6usize);
+    // Two sequences: a decode at position 5 (table [3, 1]) and a prefill of
+    // positions 2..7 (table [0, 5]); tables concatenated, as a step uploads them.
+    let tables = [3u32, 1, 0, 5];
+    let (row_table, row_pos) = ([0u32, 2, 2, 2, 2, 2], [5u32, 2, 3, 4, 5, 6]);
+    let rows = row_pos.len();
+    let (k, v) = (rng.vec(rows * kv_dim, 1.0), rng.vec(rows * kv_dim, 1.0));
+    let pool_floats = pool_blocks * block_tokens * kv_dim;
+    let (k_pool, v_pool) = (zeros(dev, pool_floats), zeros(dev, pool_floats));
+    let args = hip::KvStoreArgs {
+        k: dev.upload(&f32_bytes(&k)),
+        v: dev.upload(&f32_bytes(&v)),
+        k_pool,
+        v_pool,
+        tables: dev.upload(&u32_bytes(&tables)),
+        row_table: dev.upload(&u32_bytes(&row_table)),
+        row_pos: dev.upload(&u32_bytes(&row_pos)),
+        n_rows: rows as u32,
+        kv_dim: kv_dim as u32,
+        block_tokens: block_tokens as u32,
+        pad: 0,
+    };
+    dev.run(
+        names::KV_STORE,
+        [blocks(kv_dim as u64, 256), rows as u32, 1],
+        256,
+        &args,
+    );
+    let (mut want_k, mut want_v) = (vec![0.0f32; pool_floats], vec![0.0f32; pool_floats]);
+    for r in 0..rows {
+        let pos = row_pos[r] as usize;
+        let block = tables[row_table[r] as usize + pos / block_tokens] as usize;
+        let at = (block * block_tokens + pos % block_tokens) * kv_dim;
+        want_k[at..at + kv_dim].copy_from_slice(&k[r * kv_dim..(r + 1) * kv_dim]);
+        want_v[at..at + kv_dim].copy_from_slice(&v[r * kv_dim..(r + 1) * kv_dim]);
+    }
+    assert_close(
+        &read_f32(dev, k_pool, pool_floats),
+        &want_k,
+        |_| 0.0,
+        "kv_store K",
+    );
+    assert_close(
+        &read_f32(dev, v_pool, pool_floats),
+        &want_v,
+        |_| 0.0,
+        "kv_store V",
+    );
+
+    let (width, n_rows) = (37usize, 5usize);
+    let (a, bias) = (rng.vec(width * n_rows, 2.0), rng.vec(width, 2.0));
+    let ad = dev.upload(&f32_bytes(&a));
+    let args = hip::AddRowsArgs {
+        a: ad,
+        b: dev.upload(&f32_bytes(&bias)),
+        n: (width * n_rows) as u64,
+        width: width as u32,
+        pad: 0,
+    };
+    // One block: the grid-stride loop covers every row.
+    dev.run(names::ADD_ROWS, [1, 1, 1], 64, &args);
+    let mut want = a.clone();
+    for row in want.chunks_exact_mut(width) {
+        scalar::add(row, &bias);
+    }
+    assert_close(&read_f32(dev, ad, a.len()), &want, |_| 0.0, "add_rows");
+
+    let picked = [4u32, 0, 4];
+    let out = zeros(dev, picked.len() * width);
+    let args = hip::GatherArgs {
+        x: ad,
+        rows: dev.upload(&u32_bytes(&picked)),
+        out,
+        n_rows: picked.len() as u32,
+        width: width as u32,
+    };
+    dev.run(
+        names::GATHER_ROWS,
+        [blocks(width as u64, 256), picked.len() as u32, 1],
+        256,
+        &args,
+    );
+    let want: Vec<f32> = picked
+        .iter()
+        .flat_map(|&r| want[r as usize * width..(r as usize + 1) * width].to_vec())
+        .collect();
+    assert_close(
+        &read_f32(dev, out, want.len()),
+        &want,
+        |_| 0.0,
+        "gather_rows",
+    );
 }
 
 /// SHA-256 leaves equal `SHA-256(0x00 ‖ chunk)` from the sha2 crate (what

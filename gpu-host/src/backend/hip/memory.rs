@@ -78,6 +78,9 @@ impl DeviceWeights {
             Some(w) if w.fingerprint == fingerprint => Ok(Arc::clone(&w.buffer)),
             _ => {
                 let buffer = Arc::new(DeviceBuffer::from_bytes(&self.device, &bytes())?);
+                // Every partition's stream reads it: the copy (queued on
+                // this view's stream) must be done before any of them does.
+                self.device.synchronize()?;
                 cache.insert(
                     key,
                     CachedWeight {

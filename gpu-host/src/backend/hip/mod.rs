@@ -26,6 +26,7 @@
 //! mismatch is the caller's bug and panics, as it does on the CPU.
 
 mod memory;
+mod pass;
 
 use std::sync::{Arc, Mutex};
 
@@ -34,6 +35,7 @@ use bulkhead_kernels::{AttentionShape, GgmlType, PagedSeq, PagedShape, QuantMatr
 
 pub use memory::DeviceWeights;
 use memory::{DeviceBuffer, FINGERPRINT_BYTES, ends, f32_bytes};
+pub use pass::{DeviceKv, DevicePass, KvLayout, StepRows};
 
 use crate::backend::{Backend, OpResult, RopeParams, WeightRef};
 
@@ -57,6 +59,9 @@ pub struct HipBackend {
     /// a pool freed and replaced never leaves a mirror behind); the lock is
     /// held for the whole call.
     kv_mirrors: Mutex<[Option<DeviceBuffer>; 2]>,
+    /// The buffers of resident passes ([`HipBackend::begin_pass`]), kept
+    /// between steps; held for the whole pass.
+    workspace: Mutex<pass::Workspace>,
 }
 
 /// `n` as a kernel's u32 argument; a size past it is a launch the kernels
@@ -92,21 +97,32 @@ impl HipBackend {
             device,
             weights,
             kv_mirrors: Mutex::new([None, None]),
+            workspace: Mutex::new(pass::Workspace::default()),
         }
     }
 
     /// Drops every cached weight (of every backend sharing the cache; ops
-    /// running on them keep theirs until they return) and this backend's
-    /// KV mirrors (call when models are unloaded).
+    /// running on them keep theirs until they return), this backend's KV
+    /// mirrors and its pass workspace (call when models are unloaded).
     pub fn forget_weights(&self) {
         self.weights.clear();
         *self.kv_mirrors.lock().unwrap_or_else(|p| p.into_inner()) = [None, None];
+        *self.workspace.lock().unwrap_or_else(|p| p.into_inner()) = pass::Workspace::default();
     }
 
     /// Bytes of weights cached on the device (shared with every backend
     /// using the same [`DeviceWeights`]).
     pub fn cached_weight_bytes(&self) -> usize {
         self.weights.bytes()
+    }
+
+    /// Device bytes of the pass workspace this backend keeps between steps
+    /// (charged to its partition).
+    pub fn workspace_bytes(&self) -> usize {
+        self.workspace
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .bytes()
     }
 
     /// The weight cache this backend reads.
@@ -121,7 +137,7 @@ impl HipBackend {
 
     /// Runs one op unless the device is out of service, and takes it out
     /// of service if the op finds it lost.
-    fn guarded(&self, op: impl FnOnce() -> OpResult) -> OpResult {
+    fn guarded<T>(&self, op: impl FnOnce() -> Result<T, DeviceError>) -> Result<T, DeviceError> {
         if let Some(lost) = self.weights.lost() {
             return Err(DeviceError::lost(
                 "the device is out of service",
@@ -169,20 +185,28 @@ impl HipBackend {
         hip::BLOCK_THREADS / self.device.wave_size()
     }
 
-    /// One weight row per wave, `n_tokens` grid rows: every row of the
-    /// result computed exactly as a one-token call computes it.
+    /// A matvec's grid: a wave per weight row, a grid row per
+    /// [`hip::MATVEC_TOKENS`] tokens.
+    fn matvec_grid(&self, rows: usize, n_tokens: usize) -> Result<[u32; 3], DeviceError> {
+        Ok([
+            grid_for(rows as u64, self.rows_per_block())?,
+            grid_for(n_tokens as u64, hip::MATVEC_TOKENS)?,
+            1,
+        ])
+    }
+
+    /// One weight row per wave against up to [`hip::MATVEC_TOKENS`]
+    /// tokens: every row of the result computed exactly as a one-token
+    /// call computes it.
     fn matvec(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]) -> OpResult {
-        let (kernel, quant) = match w.ty {
-            GgmlType::F16 => (names::MATVEC_F16, None),
-            GgmlType::Q8_0 => (names::MATVEC_Q8_0, Some(Quant::Q8_0)),
-            GgmlType::Q4_0 => (names::MATVEC_Q4_0, Some(Quant::Q8_0)),
-            GgmlType::Q4K => (names::MATVEC_Q4_K, Some(Quant::Q8K)),
-            GgmlType::Q6K => (names::MATVEC_Q6_K, Some(Quant::Q8K)),
-            _ => (names::MATVEC_DEQUANT, None),
-        };
+        let (kernel, quant) = matvec_kernel(w.ty);
         let xd = DeviceBuffer::from_f32(&self.device, x)?;
         let acts = match quant {
-            Some(q) => Some(self.quantize(&xd, q, n_tokens, w.cols)?),
+            Some(q) => {
+                let qd = DeviceBuffer::alloc(&self.device, q.bytes(n_tokens, w.cols))?;
+                self.quantize(xd.addr, qd.addr, q, n_tokens, w.cols)?;
+                Some(qd)
+            }
             None => None,
         };
         let od = DeviceBuffer::alloc(&self.device, out.len() * 4)?;
@@ -197,37 +221,26 @@ impl HipBackend {
             n_tokens: as_u32(n_tokens, "tokens")?,
             ty: w.ty.id(),
         };
-        let grid = [
-            grid_for(w.rows as u64, self.rows_per_block())?,
-            args.n_tokens,
-            1,
-        ];
+        let grid = self.matvec_grid(w.rows, n_tokens)?;
         self.launch(kernel, grid, hip::BLOCK_THREADS, &args)?;
         od.read_f32(out)
     }
 
-    /// Quantizes `n_tokens` rows of `cols` activations on the device.
-    fn quantize(
-        &self,
-        x: &DeviceBuffer,
-        quant: Quant,
-        n_tokens: usize,
-        cols: usize,
-    ) -> Result<DeviceBuffer, DeviceError> {
-        let (kernel, per_block, block_bytes) = match quant {
-            Quant::Q8_0 => (names::QUANTIZE_Q8_0, 32, hip::Q8_0_DEVICE_BYTES),
-            Quant::Q8K => (names::QUANTIZE_Q8_K, 256, hip::Q8_K_DEVICE_BYTES),
+    /// Quantizes `n_tokens` rows of `cols` activations at `x` into
+    /// `quant`'s blocks at `out` ([`Quant::bytes`] of them).
+    fn quantize(&self, x: u64, out: u64, quant: Quant, n_tokens: usize, cols: usize) -> OpResult {
+        let kernel = match quant {
+            Quant::Q8_0 => names::QUANTIZE_Q8_0,
+            Quant::Q8K => names::QUANTIZE_Q8_K,
         };
-        let blocks = n_tokens * cols / per_block;
-        let out = DeviceBuffer::alloc(&self.device, blocks * block_bytes)?;
+        let blocks = n_tokens * cols / quant.per_block();
         let args = hip::QuantizeArgs {
-            x: x.addr,
-            out: out.addr,
+            x,
+            out,
             n_tokens: as_u32(n_tokens, "tokens")?,
             cols: as_u32(cols, "cols")?,
         };
-        self.launch(kernel, [grid_for(blocks as u64, 64)?, 1, 1], 64, &args)?;
-        Ok(out)
+        self.launch(kernel, [grid_for(blocks as u64, 64)?, 1, 1], 64, &args)
     }
 
     fn matmul_tiled(
@@ -376,6 +389,10 @@ impl Backend for HipBackend {
         format!("hip ({})", self.device.describe())
     }
 
+    fn resident(&self) -> Option<&HipBackend> {
+        Some(self)
+    }
+
     /// One token: the decode matvecs. Several: the tiled matmul (f32
     /// activations, dequantized weight tiles).
     fn matmul(&self, w: &QuantMatrix<'_>, x: &[f32], n_tokens: usize, out: &mut [f32]) -> OpResult {
@@ -410,15 +427,15 @@ impl Backend for HipBackend {
         assert_eq!(out.len(), table.cols, "embedding: out is not one row");
         self.guarded(|| {
             let od = DeviceBuffer::alloc(&self.device, out.len() * 4)?;
+            let ids = DeviceBuffer::from_u32(&self.device, &[token])?;
             let td = self.weight(table.data)?;
             let args = hip::EmbeddingArgs {
                 table: td.addr,
+                tokens: ids.addr,
                 out: od.addr,
                 row_bytes: table.row_bytes() as u64,
-                token,
                 cols: as_u32(table.cols, "cols")?,
                 ty: table.ty.id(),
-                pad: 0,
             };
             let grid = grid_for(table.cols as u64, hip::BLOCK_THREADS)?;
             self.launch(names::EMBEDDING, [grid, 1, 1], hip::BLOCK_THREADS, &args)?;
@@ -475,20 +492,8 @@ impl Backend for HipBackend {
         }
         self.guarded(|| {
             let xd = DeviceBuffer::from_f32(&self.device, x)?;
-            let args = hip::RopeArgs {
-                x: xd.addr,
-                n_tokens: 1,
-                n_heads: as_u32(heads, "heads")?,
-                head_dim: as_u32(p.head_dim, "head_dim")?,
-                rot_dim: as_u32(p.rot_dim, "rot_dim")?,
-                start_pos: as_u32(pos, "position")?,
-                freq_base: p.freq_base,
-                freq_scale: p.freq_scale,
-                style: match p.style {
-                    RopeStyle::Normal => hip::ROPE_NORMAL,
-                    RopeStyle::Neox => hip::ROPE_NEOX,
-                },
-            };
+            let positions = DeviceBuffer::from_u32(&self.device, &[as_u32(pos, "position")?])?;
+            let args = rope_args(xd.addr, positions.addr, 1, heads, p)?;
             let pairs = (heads * p.rot_dim / 2) as u64;
             self.launch(
                 names::ROPE,
@@ -669,11 +674,69 @@ impl Backend for HipBackend {
     }
 }
 
+/// `bh_rope`'s arguments for `n_tokens` rows of `heads` heads at `x`, row
+/// `t` at the position `positions[t]`.
+fn rope_args(
+    x: u64,
+    positions: u64,
+    n_tokens: usize,
+    heads: usize,
+    p: &RopeParams,
+) -> Result<hip::RopeArgs, DeviceError> {
+    Ok(hip::RopeArgs {
+        x,
+        positions,
+        n_tokens: as_u32(n_tokens, "tokens")?,
+        n_heads: as_u32(heads, "heads")?,
+        head_dim: as_u32(p.head_dim, "head_dim")?,
+        rot_dim: as_u32(p.rot_dim, "rot_dim")?,
+        freq_base: p.freq_base,
+        freq_scale: p.freq_scale,
+        style: match p.style {
+            RopeStyle::Normal => hip::ROPE_NORMAL,
+            RopeStyle::Neox => hip::ROPE_NEOX,
+        },
+        pad: 0,
+    })
+}
+
+/// The matvec kernel for a weight type, and the activation blocks it
+/// reads (`None`: f32 activations).
+fn matvec_kernel(ty: GgmlType) -> (&'static str, Option<Quant>) {
+    match ty {
+        GgmlType::F16 => (names::MATVEC_F16, None),
+        GgmlType::Q8_0 => (names::MATVEC_Q8_0, Some(Quant::Q8_0)),
+        GgmlType::Q4_0 => (names::MATVEC_Q4_0, Some(Quant::Q8_0)),
+        GgmlType::Q4K => (names::MATVEC_Q4_K, Some(Quant::Q8K)),
+        GgmlType::Q6K => (names::MATVEC_Q6_K, Some(Quant::Q8K)),
+        _ => (names::MATVEC_DEQUANT, None),
+    }
+}
+
 /// The activation blocks a quantized weight type pairs with.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Quant {
     Q8_0,
     Q8K,
+}
+
+impl Quant {
+    /// Activations per block.
+    fn per_block(self) -> usize {
+        match self {
+            Quant::Q8_0 => 32,
+            Quant::Q8K => 256,
+        }
+    }
+
+    /// Device bytes of `n_tokens` rows of `cols` activations in these blocks.
+    fn bytes(self, n_tokens: usize, cols: usize) -> usize {
+        let block = match self {
+            Quant::Q8_0 => hip::Q8_0_DEVICE_BYTES,
+            Quant::Q8K => hip::Q8_K_DEVICE_BYTES,
+        };
+        n_tokens * cols / self.per_block() * block
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 // The glue of a forward pass that stays on the device: writing a step's
-// keys and values into the paged pool, adding a bias to every row, and
-// picking the rows whose logits are wanted. Pure data movement (and one
+// keys and values into the paged pool, adding a bias to every row,
+// copying a pool into its grown allocation, and picking the rows whose
+// logits are wanted. Pure data movement (and one
 // f32 add), so bit-identical to the host code they replace.
 #include "common.h"
 
@@ -24,6 +25,14 @@ BH_KERNEL void bh_add_rows(BhAddRowsArgs a) {
     for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < a.n;
          i += uint64_t(gridDim.x) * blockDim.x) {
         a.a[i] += a.b[i % a.width];
+    }
+}
+
+// a[i] = b[i] (BhBinaryArgs): a KV pool's blocks into its grown allocation.
+BH_KERNEL void bh_copy(BhBinaryArgs a) {
+    for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < a.n;
+         i += uint64_t(gridDim.x) * blockDim.x) {
+        a.a[i] = a.b[i];
     }
 }
 

@@ -54,6 +54,7 @@ static void dispatch(const std::string& name, const std::vector<uint8_t>& args, 
     BH_EMU_KERNEL(bh_attention_reduce)
     BH_EMU_KERNEL(bh_kv_store)
     BH_EMU_KERNEL(bh_add_rows)
+    BH_EMU_KERNEL(bh_copy)
     BH_EMU_KERNEL(bh_gather_rows)
     BH_EMU_KERNEL(bh_sha256_leaves)
 #undef BH_EMU_KERNEL

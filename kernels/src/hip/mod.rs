@@ -101,12 +101,14 @@ pub mod names {
     pub const KV_STORE: &str = "bh_kv_store";
     /// A bias added to every row.
     pub const ADD_ROWS: &str = "bh_add_rows";
+    /// `a = b` over n floats (a KV pool into its grown allocation).
+    pub const COPY: &str = "bh_copy";
     /// Rows picked by index (the rows whose logits are wanted).
     pub const GATHER_ROWS: &str = "bh_gather_rows";
     pub const SHA256_LEAVES: &str = "bh_sha256_leaves";
 
     /// Every kernel in the code objects.
-    pub const ALL: [&str; 21] = [
+    pub const ALL: [&str; 22] = [
         EMBEDDING,
         QUANTIZE_Q8_0,
         QUANTIZE_Q8_K,
@@ -126,6 +128,7 @@ pub mod names {
         ATTENTION_REDUCE,
         KV_STORE,
         ADD_ROWS,
+        COPY,
         GATHER_ROWS,
         SHA256_LEAVES,
     ];

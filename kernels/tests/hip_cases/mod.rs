@@ -710,7 +710,8 @@ pub fn attention_paged_matches_cpu(dev: &dyn KernelDevice) {
 /// The step glue (`step.hip`) moves exactly the floats the host code
 /// moves: a step's K and V rows land at their positions' block slots
 /// (scattered tables, a prefill crossing a block, untouched slots stay
-/// zero), a bias reaches every row, and gathered rows are copies.
+/// zero), a bias reaches every row, and copied and gathered rows are
+/// copies.
 pub fn step_glue_matches_host(dev: &dyn KernelDevice) {
     let mut rng = Rng::new(59);
     let u32_bytes = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
@@ -780,6 +781,24 @@ pub fn step_glue_matches_host(dev: &dyn KernelDevice) {
         scalar::add(row, &bias);
     }
     assert_close(&read_f32(dev, ad, a.len()), &want, |_| 0.0, "add_rows");
+
+    // A pool's blocks copied into a larger allocation (one block, so the
+    // grid-stride loop runs several times), the rest left zero.
+    let copied = zeros(dev, 2 * a.len());
+    let args = hip::BinaryArgs {
+        a: copied,
+        b: ad,
+        n: a.len() as u64,
+    };
+    dev.run(names::COPY, [1, 1, 1], 64, &args);
+    let mut want_copy = want.clone();
+    want_copy.resize(2 * a.len(), 0.0);
+    assert_close(
+        &read_f32(dev, copied, 2 * a.len()),
+        &want_copy,
+        |_| 0.0,
+        "copy",
+    );
 
     let picked = [4u32, 0, 4];
     let out = zeros(dev, picked.len() * width);

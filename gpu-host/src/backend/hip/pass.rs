@@ -3,7 +3,11 @@
 //! activations, attention's partials, the step's inputs and the logits)
 //! grown to the largest step seen and reused, so a decode step allocates
 //! nothing; a KV pool ([`DeviceKv`]) holds every layer's keys and values
-//! and its sequences' block tables in the partition's memory.
+//! and its sequences' block tables in the partition's memory. A pool holds
+//! device memory for the blocks up to the highest one used so far (the
+//! pool hands out low blocks first), grown by doubling when a step first
+//! reaches past it: the models of a partition share its memory by the
+//! blocks they use, not by the blocks they could.
 //!
 //! Per step the host sends one copy of the step's rows (token id,
 //! position, block-table row, 12 bytes each, and the index of each row
@@ -40,21 +44,26 @@ pub struct KvLayout {
 }
 
 impl KvLayout {
-    fn layer_floats(&self) -> usize {
-        self.blocks * self.block_tokens * self.kv_dim
+    fn block_floats(&self) -> usize {
+        self.block_tokens * self.kv_dim
     }
 
-    /// Bytes of K and V together.
+    /// Bytes of K and V together, every block.
     pub fn bytes(&self) -> usize {
-        2 * self.layers * self.layer_floats() * 4
+        2 * self.layers * self.blocks * self.block_floats() * 4
     }
 }
+
+/// Blocks a fresh pool holds memory for.
+const FIRST_BLOCKS: usize = 16;
 
 /// A KV pool in device memory (charged to the partition that allocated
 /// it), with the block tables of the sequences of its last step.
 #[derive(Debug)]
 pub struct DeviceKv {
     layout: KvLayout,
+    /// Blocks `k` and `v` hold (per layer), at most `layout.blocks`.
+    capacity: usize,
     k: DeviceBuffer,
     v: DeviceBuffer,
     tables: Slot,
@@ -66,6 +75,41 @@ pub struct DeviceKv {
 impl DeviceKv {
     pub fn layout(&self) -> KvLayout {
         self.layout
+    }
+
+    /// Floats of one layer's K (or V) as allocated now.
+    fn layer_floats(&self) -> usize {
+        self.capacity * self.layout.block_floats()
+    }
+
+    /// Makes room for block `block`: doubles the allocation until it fits
+    /// (at most the layout's blocks) and copies every layer's blocks over,
+    /// on the device.
+    fn reach(&mut self, hip: &HipBackend, block: usize) -> OpResult {
+        if block < self.capacity {
+            return Ok(());
+        }
+        let capacity = (block + 1).next_power_of_two().min(self.layout.blocks);
+        let layer = capacity * self.layout.block_floats();
+        let bytes = self.layout.layers * layer * 4;
+        let (k, v) = (
+            DeviceBuffer::alloc(&hip.device, bytes)?,
+            DeviceBuffer::alloc(&hip.device, bytes)?,
+        );
+        let old = self.layer_floats();
+        for l in 0..self.layout.layers {
+            for (to, from) in [(&k, &self.k), (&v, &self.v)] {
+                let args = hip::BinaryArgs {
+                    a: to.addr + (l * layer * 4) as u64,
+                    b: from.addr + (l * old * 4) as u64,
+                    n: old as u64,
+                };
+                let grid = DevicePass::elementwise_grid(old)?;
+                hip.launch(names::COPY, grid, hip::BLOCK_THREADS, &args)?;
+            }
+        }
+        (self.k, self.v, self.capacity) = (k, v, capacity);
+        Ok(())
     }
 }
 
@@ -147,11 +191,13 @@ impl HipBackend {
     /// partition's budget).
     pub fn alloc_kv(&self, layout: KvLayout) -> Result<DeviceKv, DeviceError> {
         self.guarded(|| {
-            let half = layout.bytes() / 2;
+            let capacity = layout.blocks.min(FIRST_BLOCKS);
+            let bytes = layout.layers * capacity * layout.block_floats() * 4;
             Ok(DeviceKv {
                 layout,
-                k: DeviceBuffer::alloc(&self.device, half)?,
-                v: DeviceBuffer::alloc(&self.device, half)?,
+                capacity,
+                k: DeviceBuffer::alloc(&self.device, bytes)?,
+                v: DeviceBuffer::alloc(&self.device, bytes)?,
                 tables: Slot::default(),
                 shadow: Vec::new(),
             })
@@ -285,6 +331,9 @@ fn upload_tables(
             assert!((b as usize) < layout.blocks, "block {b} outside the pool");
         }
         full[i * stride..i * stride + needed].copy_from_slice(&table[..needed]);
+    }
+    if let Some(&highest) = full.iter().max() {
+        kv.reach(hip, highest as usize)?;
     }
     let had = kv.tables.bytes();
     let addr = kv.tables.ensure(hip, full.len() * 4)?;
@@ -538,7 +587,7 @@ impl ForwardPass for DevicePass<'_> {
 
     fn store_kv(&mut self, layer: usize, k: Act, v: Act) -> OpResult {
         let layout = self.kv.layout;
-        let offset = (layer * layout.layer_floats() * 4) as u64;
+        let offset = (layer * self.kv.layer_floats() * 4) as u64;
         let args = hip::KvStoreArgs {
             k: self.addr(k),
             v: self.addr(v),
@@ -569,7 +618,7 @@ impl ForwardPass for DevicePass<'_> {
         );
         self.writes(out);
         let layout = self.kv.layout;
-        let offset = (layer * layout.layer_floats() * 4) as u64;
+        let offset = (layer * self.kv.layer_floats() * 4) as u64;
         let args = hip::AttentionArgs {
             q: self.addr(q),
             k_pool: self.kv.k.addr + offset,

@@ -120,7 +120,8 @@ pub(crate) fn run(
 ) {
     let mut batches: Vec<ModelBatch> = Vec::new();
     // One KV budget for all the partition's models.
-    let kv = PartitionKv::new(config.partition.memory_bytes);
+    let on_device = backend.resident().is_some();
+    let kv = PartitionKv::new(kv_memory(config.partition.memory_bytes, on_device));
     let mut outboxes: Vec<Rc<RefCell<Outbox>>> = Vec::new();
     // Counts of batches dropped (model unloaded), so totals never go back.
     let mut retired = PartitionLoad::default();
@@ -314,6 +315,25 @@ fn accept(
     );
 }
 
+/// The least of a device partition's memory kept for its pass workspace.
+const WORKSPACE_RESERVE_MIN: u64 = 64 << 20;
+
+/// What a partition's KV may take of its `memory_bytes`. On a device the
+/// pass workspace (activations, attention partials, logits) is allocated
+/// in the same budget as the KV pools, so a sixteenth of it (at least
+/// [`WORKSPACE_RESERVE_MIN`], at most half) is kept for it: the planner
+/// then refuses or waits before the device would run out. The CPU's
+/// workspace is host memory outside the KV budget.
+pub(crate) fn kv_memory(memory_bytes: u64, on_device: bool) -> u64 {
+    if !on_device {
+        return memory_bytes;
+    }
+    let reserve = (memory_bytes / 16)
+        .max(WORKSPACE_RESERVE_MIN)
+        .min(memory_bytes / 2);
+    memory_bytes - reserve
+}
+
 /// A batch for `model` with the partition's memory as KV blocks, shared as
 /// its plan says and charged to `kv`, the partition's memory all its
 /// models share (any one may use all of it, together no more); and the
@@ -328,7 +348,7 @@ fn new_batch(
         .kv_geometry()
         .map_err(|e| SchedError::Internal(format!("KV geometry of `{}`: {e}", model.name)))?;
     let partition = &config.partition;
-    let blocks = u32::try_from(geometry.blocks_in(partition.memory_bytes)).unwrap_or(u32::MAX);
+    let blocks = u32::try_from(geometry.blocks_in(kv.limit_bytes())).unwrap_or(u32::MAX);
     let limits = BatchLimits {
         max_running: config.max_running.saturating_mul(RESIDENT_PER_ROW),
         max_rows: config.max_running,
@@ -376,6 +396,17 @@ mod tests {
     use std::panic::catch_unwind;
 
     use super::*;
+
+    #[test]
+    fn a_device_partition_keeps_part_of_its_memory_for_the_pass_workspace() {
+        let gib = 1u64 << 30;
+        // The CPU's workspace is outside the KV budget.
+        assert_eq!(kv_memory(16 * gib, false), 16 * gib);
+        // A sixteenth on a device, at least 64 MiB, at most half.
+        assert_eq!(kv_memory(16 * gib, true), 15 * gib);
+        assert_eq!(kv_memory(gib, true), gib - (64 << 20));
+        assert_eq!(kv_memory(64 << 20, true), 32 << 20);
+    }
 
     fn planned(tenant: &str, max_cus: u32, owns_memory: bool) -> TenantSlot {
         TenantSlot {

@@ -18,6 +18,8 @@ mod pass;
 mod select;
 
 pub use budgeted::BudgetedDevice;
+#[cfg(test)]
+pub(crate) use budgeted::fake as fake_device;
 pub use compute::ComputeBackend;
 pub use cpu::CpuBackend;
 pub use device::{

@@ -187,3 +187,63 @@ fn bad_entries_are_refused_not_run() {
         .unwrap_err();
     assert!(matches!(err, ForwardError::TokenOutOfRange { .. }), "{err}");
 }
+
+/// A device pass that fails returns the device's error for its call (the
+/// pool stays usable); a lost device is out of service for every backend
+/// sharing it, whose next pass fails at once without reaching it. On a
+/// device that only holds memory: the numbers are meaningless, the calls
+/// are what is checked.
+#[test]
+fn a_failed_device_pass_is_an_error_and_a_lost_device_refuses_the_next() {
+    use std::sync::Arc;
+
+    use crate::backend::fake_device::MemoryOnly;
+    use crate::backend::{DeviceError, DeviceErrorKind, DeviceWeights, HipBackend};
+
+    let model = fixture("llama-q8_0.gguf");
+    let device = Arc::new(MemoryOnly::default());
+    let weights = DeviceWeights::new(device.clone());
+    let a = HipBackend::sharing(device.clone(), Arc::clone(&weights));
+    let b = HipBackend::sharing(device.clone(), weights);
+    let vocab = model.config().vocab_size;
+    let tokens = [1u32, 2, 3];
+    let entry = |blocks: &'static [u32]| BatchEntry {
+        tokens: &tokens,
+        start_pos: 0,
+        blocks,
+        logits: true,
+    };
+    let (mut pool_a, mut pool_b) = (model.new_kv_blocks(4), model.new_kv_blocks(4));
+    let logits = model
+        .forward_batch(&a, &mut pool_a, &[entry(&[0])])
+        .unwrap();
+    assert_eq!(logits.len(), vocab, "the pass ran on the device");
+    device.fail_launches(DeviceError::new("launch bh_rms_norm", "refused"));
+    let kind = |r: Result<Vec<f32>, ForwardError>| match r {
+        Err(ForwardError::Device(e)) => e.kind,
+        other => panic!("not a device error: {other:?}"),
+    };
+    assert_eq!(
+        kind(model.forward_batch(&a, &mut pool_a, &[entry(&[1])])),
+        DeviceErrorKind::Failed
+    );
+    assert!(
+        a.out_of_service().is_none(),
+        "a failed launch is not a lost device"
+    );
+    device.fail_launches(DeviceError::lost("launch", "hipErrorIllegalAddress (700)"));
+    assert_eq!(
+        kind(model.forward_batch(&a, &mut pool_a, &[entry(&[1])])),
+        DeviceErrorKind::Lost
+    );
+    let launched = device.launches().len();
+    assert_eq!(
+        kind(model.forward_batch(&b, &mut pool_b, &[entry(&[0])])),
+        DeviceErrorKind::Lost
+    );
+    assert_eq!(
+        device.launches().len(),
+        launched,
+        "nothing reached the device"
+    );
+}

@@ -30,7 +30,7 @@ pub use ledger::{Ledger, Transfers};
 #[cfg(test)]
 pub(crate) use partitioned::tests as partitioned_test_support;
 pub use partitioned::{MODEL_RESERVATION, PartitionCompute, PartitionedDevice, StreamSource};
-pub use pass::{Act, ForwardPass, Heads, PassShape, Segment};
+pub use pass::{Act, ForwardPass, Heads, MatmulSpan, PassShape, Segment, matmul_spans};
 pub use select::{
     BackendChoice, BackendPlan, BackendSelectError, DeviceLabel, HIP_ENGINE, HipEngine,
     plan_backend,

@@ -83,6 +83,45 @@ pub struct Segment {
     pub start_pos: usize,
 }
 
+/// How a pass splits a matmul over its rows: every row of a one-sequence
+/// call at once; in a batch, each run of one-row segments (decode steps)
+/// as one per-row matmul and each longer segment (a prefill chunk) as its
+/// own matmul, so every row is computed exactly as when its sequence runs
+/// alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulSpan {
+    /// First row.
+    pub at: usize,
+    pub rows: usize,
+    /// Each row as a one-row matmul computes it.
+    pub per_row: bool,
+}
+
+/// The [`MatmulSpan`]s of a pass over `segments`, in row order.
+pub fn matmul_spans(segments: &[Segment]) -> Vec<MatmulSpan> {
+    if let [only] = segments {
+        return vec![MatmulSpan {
+            at: 0,
+            rows: only.rows,
+            per_row: false,
+        }];
+    }
+    let mut spans: Vec<MatmulSpan> = Vec::new();
+    let mut at = 0;
+    for s in segments {
+        match spans.last_mut() {
+            Some(last) if last.per_row && s.rows == 1 => last.rows += 1,
+            _ => spans.push(MatmulSpan {
+                at,
+                rows: s.rows,
+                per_row: s.rows == 1,
+            }),
+        }
+        at += s.rows;
+    }
+    spans
+}
+
 /// The attention heads of a model.
 #[derive(Clone, Copy, Debug)]
 pub struct Heads {
@@ -128,4 +167,40 @@ pub trait ForwardPass {
         eps: f32,
         output: &QuantMatrix<'_>,
     ) -> Result<Vec<f32>, DeviceError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(rows: usize) -> Segment {
+        Segment { rows, start_pos: 0 }
+    }
+
+    fn span(at: usize, rows: usize, per_row: bool) -> MatmulSpan {
+        MatmulSpan { at, rows, per_row }
+    }
+
+    #[test]
+    fn decode_runs_are_per_row_and_prefill_chunks_their_own_matmul() {
+        // One sequence: one matmul, a single row included.
+        assert_eq!(matmul_spans(&[seg(5)]), [span(0, 5, false)]);
+        assert_eq!(matmul_spans(&[seg(1)]), [span(0, 1, false)]);
+        // Decode rows first (as the batcher orders them), then a chunk.
+        assert_eq!(
+            matmul_spans(&[seg(1), seg(1), seg(1), seg(4)]),
+            [span(0, 3, true), span(3, 4, false)]
+        );
+        // Runs split by a chunk stay apart; chunks never merge.
+        assert_eq!(
+            matmul_spans(&[seg(1), seg(2), seg(1), seg(3), seg(3)]),
+            [
+                span(0, 1, true),
+                span(1, 2, false),
+                span(3, 1, true),
+                span(4, 3, false),
+                span(7, 3, false)
+            ]
+        );
+    }
 }

@@ -8,7 +8,7 @@ use super::config::{ConfigError, ModelConfig};
 use super::weights::Weights;
 use crate::backend::{
     Act, Backend, DeviceError, DeviceKv, ForwardPass, Heads, KvLayout, OpResult, PassShape,
-    RopeParams, Segment, StepRows, WeightRef,
+    RopeParams, Segment, StepRows, WeightRef, matmul_spans,
 };
 use crate::gguf::Gguf;
 
@@ -450,10 +450,8 @@ impl ForwardPass for HostPass<'_> {
     }
 }
 
-/// One call (the contiguous cache, evaluation) keeps the plain matmul.
-/// Several sequences: each run of one-row segments (decode steps) is one
-/// per-row matmul, and each longer segment (a prefill chunk) its own
-/// matmul, so every row is computed exactly as when its sequence runs alone.
+/// `out = w · x` over the rows of `segments`, span by span
+/// ([`matmul_spans`]).
 fn matmul_by_segment(
     backend: &dyn Backend,
     segments: &[Segment],
@@ -461,31 +459,18 @@ fn matmul_by_segment(
     x: &[f32],
     out: &mut [f32],
 ) -> OpResult {
-    let n: usize = segments.iter().map(|s| s.rows).sum();
-    if segments.len() == 1 {
-        return backend.matmul(w, x, n, out);
-    }
     let (cols, rows) = (w.cols, w.rows);
-    let mut at = 0;
-    let mut i = 0;
-    while i < segments.len() {
-        let single = segments[i].rows == 1;
-        let mut span = segments[i].rows;
-        i += 1;
-        while single && i < segments.len() && segments[i].rows == 1 {
-            span += 1;
-            i += 1;
-        }
+    for span in matmul_spans(segments) {
+        let (at, n) = (span.at, span.rows);
         let (x, out) = (
-            &x[at * cols..(at + span) * cols],
-            &mut out[at * rows..(at + span) * rows],
+            &x[at * cols..(at + n) * cols],
+            &mut out[at * rows..(at + n) * rows],
         );
-        if single {
-            backend.matmul_per_row(w, x, span, out)?;
+        if span.per_row {
+            backend.matmul_per_row(w, x, n, out)?;
         } else {
-            backend.matmul(w, x, span, out)?;
+            backend.matmul(w, x, n, out)?;
         }
-        at += span;
     }
     Ok(())
 }

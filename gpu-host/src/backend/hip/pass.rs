@@ -26,7 +26,7 @@ use super::memory::DeviceBuffer;
 use super::{
     ATTENTION_SPLIT_POSITIONS, HipBackend, Quant, as_u32, grid_for, matvec_kernel, rope_args,
 };
-use crate::backend::pass::{Act, ForwardPass, Heads, PassShape, Segment};
+use crate::backend::pass::{Act, ForwardPass, Heads, PassShape, Segment, matmul_spans};
 use crate::backend::{OpResult, RopeParams};
 
 /// How a KV pool is laid out: per layer, `blocks` blocks of
@@ -435,6 +435,18 @@ impl DevicePass<'_> {
         Ok([grid_for(n as u64, hip::BLOCK_THREADS)?.clamp(1, 1024), 1, 1])
     }
 
+    /// `a = kernel(a, b)` over every row (`bh_add`, `bh_silu_mul`).
+    fn binary(&mut self, kernel: &str, a: Act, b: Act) -> OpResult {
+        self.writes(a);
+        let n = self.rows * a.width(&self.shape);
+        let args = hip::BinaryArgs {
+            a: self.addr(a),
+            b: self.addr(b),
+            n: n as u64,
+        };
+        self.launch(kernel, Self::elementwise_grid(n)?, &args)
+    }
+
     /// `out[at..at + len] = w · x[at..at + len]`, rows of an `n`-row input.
     /// One row (or a run of decode rows): the matvec, each row as a one-row
     /// call; several rows of one sequence: the tiled matmul.
@@ -535,24 +547,18 @@ impl ForwardPass for DevicePass<'_> {
         assert_eq!(w.rows, out.width(&self.shape), "matmul: output width");
         self.writes(out);
         let out = self.addr(out);
-        let n = self.rows;
-        let segments = self.segments;
-        if let [only] = segments {
-            return self.matmul_rows(w, Input::Act(x), n, 0, n, only.rows == 1, out);
-        }
-        // As on the host: each run of decode rows one per-row matvec, each
-        // prefill chunk its own matmul.
-        let (mut at, mut i) = (0, 0);
-        while i < segments.len() {
-            let single = segments[i].rows == 1;
-            let mut span = segments[i].rows;
-            i += 1;
-            while single && i < segments.len() && segments[i].rows == 1 {
-                span += 1;
-                i += 1;
-            }
-            self.matmul_rows(w, Input::Act(x), n, at, span, single, out)?;
-            at += span;
+        for span in matmul_spans(self.segments) {
+            // A lone row is a matvec either way.
+            let per_row = span.per_row || span.rows == 1;
+            self.matmul_rows(
+                w,
+                Input::Act(x),
+                self.rows,
+                span.at,
+                span.rows,
+                per_row,
+                out,
+            )?;
         }
         Ok(())
     }
@@ -644,25 +650,11 @@ impl ForwardPass for DevicePass<'_> {
     }
 
     fn add(&mut self, a: Act, b: Act) -> OpResult {
-        self.writes(a);
-        let n = self.rows * a.width(&self.shape);
-        let args = hip::BinaryArgs {
-            a: self.addr(a),
-            b: self.addr(b),
-            n: n as u64,
-        };
-        self.launch(names::ADD, Self::elementwise_grid(n)?, &args)
+        self.binary(names::ADD, a, b)
     }
 
     fn silu_mul(&mut self, gate: Act, up: Act) -> OpResult {
-        self.writes(gate);
-        let n = self.rows * gate.width(&self.shape);
-        let args = hip::BinaryArgs {
-            a: self.addr(gate),
-            b: self.addr(up),
-            n: n as u64,
-        };
-        self.launch(names::SILU_MUL, Self::elementwise_grid(n)?, &args)
+        self.binary(names::SILU_MUL, gate, up)
     }
 
     /// Gathers the wanted rows, normalizes them, projects them, and reads

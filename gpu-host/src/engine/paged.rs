@@ -98,7 +98,10 @@ impl Model {
                 return Err(ForwardError::TokenOutOfRange { token: bad, vocab });
             }
             let end = e.start_pos + e.tokens.len();
-            let capacity = (e.blocks.len() * BLOCK_TOKENS).min(context);
+            // A sequence never holds more blocks than the pool has (a
+            // table that repeats blocks is no more room).
+            let blocks = e.blocks.len().min(kv.blocks as usize);
+            let capacity = (blocks * BLOCK_TOKENS).min(context);
             if e.tokens.is_empty() || end > capacity {
                 return Err(ForwardError::ContextFull {
                     needed: end,

@@ -178,6 +178,18 @@ fn bad_entries_are_refused_not_run() {
         .forward_batch(&backend, &mut pool, &[entry(&long, &[0])])
         .unwrap_err();
     assert!(matches!(err, ForwardError::ContextFull { .. }), "{err}");
+    // A table longer than the pool (blocks repeated) holds no more than
+    // the pool: 65 positions do not fit 4 blocks of 16.
+    let err = model
+        .forward_batch(&backend, &mut pool, &[entry(&[1; 65], &[0, 1, 2, 3, 0])])
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ForwardError::ContextFull {
+            needed: 65,
+            capacity: 64
+        }
+    );
     let err = model
         .forward_batch(&backend, &mut pool, &[entry(&[1], &[9])])
         .unwrap_err();

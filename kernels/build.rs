@@ -1,3 +1,7 @@
+//! With the `cuda` feature, and nvcc found: compiles the same source with
+//! nvcc into one fatbin for `BULKHEAD_CUDA_ARCHS` (cuda.rs) and writes
+//! `cuda_fatbin.rs`; without nvcc that file says there is no fatbin.
+//!
 //! With the `hip` feature: compiles `hip/bulkhead.hip` (every HIP kernel)
 //! with `hipcc --genco` once per GPU architecture in `BULKHEAD_HIP_ARCHS`
 //! and writes `hip_code_objects.rs` into OUT_DIR, which `src/hip.rs`
@@ -26,8 +30,17 @@ const MAX_ARCH_LEN: usize = 40;
 /// The translation unit that includes every kernel file.
 const SOURCE: &str = "hip/bulkhead.hip";
 
+#[path = "build/cuda.rs"]
+mod cuda;
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    if env::var_os("CARGO_FEATURE_CUDA").is_some()
+        && let Err(message) = cuda::build()
+    {
+        eprintln!("error: bulkhead-kernels (feature `cuda`): {message}");
+        std::process::exit(1);
+    }
     if env::var_os("CARGO_FEATURE_HIP").is_none() {
         return;
     }

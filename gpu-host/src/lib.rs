@@ -11,6 +11,7 @@
 mod affinity;
 pub mod backend;
 mod chat;
+pub mod cuda;
 pub mod engine;
 pub mod gguf;
 pub mod hip;

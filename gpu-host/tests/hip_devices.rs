@@ -29,16 +29,32 @@ fn visible_devices() -> usize {
     }
 }
 
+/// CUDA devices the driver lists in this process (none on CI).
+fn visible_cuda_devices() -> usize {
+    match bulkhead_gpu_host::cuda::probe() {
+        bulkhead_gpu_host::cuda::CudaAvailability::Devices(devices) => devices.len(),
+        _ => 0,
+    }
+}
+
 #[test]
 fn devices_lists_them_or_says_why_there_are_none() {
     let out = bin().arg("devices").output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let count = visible_devices();
-    if count > 0 {
+    let (count, cuda) = (visible_devices(), visible_cuda_devices());
+    if count + cuda > 0 {
         assert!(out.status.success(), "{stderr}");
-        assert_eq!(stdout.lines().count(), count, "{stdout}");
-        assert!(stdout.lines().all(|l| l.contains(" CUs  wave")), "{stdout}");
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(lines.len(), count + cuda, "{stdout}");
+        let hip = lines
+            .iter()
+            .filter(|l| l.starts_with("hip ") && l.contains(" CUs  wave"));
+        assert_eq!(hip.count(), count, "{stdout}");
+        let nv = lines
+            .iter()
+            .filter(|l| l.starts_with("cuda ") && l.contains(" SMs  "));
+        assert_eq!(nv.count(), cuda, "{stdout}");
         return;
     }
     assert_eq!(
@@ -47,14 +63,20 @@ fn devices_lists_them_or_says_why_there_are_none() {
         "no device is an error exit: {stderr}"
     );
     assert!(stdout.is_empty(), "{stdout}");
-    let expected = if cfg!(feature = "hip") {
-        "error: no HIP device visible: hip"
+    let hip_why = if cfg!(feature = "hip") {
+        "error: no GPU device: HIP: no HIP device visible: hip"
     } else {
-        "error: this build of bulkhead-gpu-host has no HIP support (rebuild with `--features hip`"
+        "error: no GPU device: HIP: this build of bulkhead-gpu-host has no HIP support (rebuild with `--features hip`"
     };
     assert!(
-        stderr.starts_with(expected),
-        "{stderr:?} should start with {expected:?}"
+        stderr.starts_with(hip_why),
+        "{stderr:?} should start with {hip_why:?}"
+    );
+    // The default build has the CUDA backend; without a driver it says so.
+    let cuda_why = "; CUDA: no CUDA driver: libcuda.so could not be loaded";
+    assert!(
+        stderr.contains(cuda_why),
+        "{stderr:?} should say {cuda_why:?}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
@@ -62,16 +84,16 @@ fn devices_lists_them_or_says_why_there_are_none() {
 #[test]
 fn devices_json_has_every_property_or_the_same_error() {
     let out = bin().args(["devices", "--json"]).output().unwrap();
-    let count = visible_devices();
-    if count == 0 {
+    let (count, cuda) = (visible_devices(), visible_cuda_devices());
+    if count + cuda == 0 {
         assert_eq!(out.status.code(), Some(1));
         assert!(out.stdout.is_empty());
-        assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: "));
+        assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: no GPU device: HIP: "));
         return;
     }
     assert!(out.status.success());
-    let devices: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let devices = devices.as_array().unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let devices = report["hip"].as_array().unwrap();
     assert_eq!(devices.len(), count);
     for (i, d) in devices.iter().enumerate() {
         assert_eq!(d["ordinal"], i);
@@ -81,6 +103,12 @@ fn devices_json_has_every_property_or_the_same_error() {
         );
         assert!(d["compute_units"].as_u64().unwrap() > 0, "{d}");
         assert!(d["total_memory_bytes"].as_u64().unwrap() > 0, "{d}");
+    }
+    let devices = report["cuda"].as_array().unwrap();
+    assert_eq!(devices.len(), cuda);
+    for d in devices {
+        assert!(d["multiprocessors"].as_u64().unwrap() > 0, "{d}");
+        assert!(d["compute_capability"][0].as_u64().unwrap() >= 7, "{d}");
     }
 }
 
@@ -139,17 +167,27 @@ fn serve_auto_without_a_device_runs_on_the_cpu_and_says_why() {
         .lines()
         .find(|l| l.starts_with("backend: "))
         .unwrap_or_else(|| panic!("no backend line in {stderr:?}"));
+    if visible_cuda_devices() > 0 {
+        assert!(
+            line.starts_with("backend: cuda (CUDA device 0 ("),
+            "{line:?}"
+        );
+        return;
+    }
     if cfg!(feature = "hip") {
         assert!(
             line.starts_with("backend: cpu (not HIP: no HIP device visible: hip"),
             "{line:?}"
         );
-    } else {
-        assert_eq!(
-            line, "backend: cpu",
-            "a CPU-only build has nothing to explain"
-        );
     }
+    // The CUDA backend is in the default build: it says why not, last.
+    assert!(
+        line.ends_with(
+            "not CUDA: no CUDA driver: libcuda.so could not be loaded \
+             (install the NVIDIA driver; run `nvidia-smi` to check))"
+        ),
+        "{line:?}"
+    );
     assert_eq!(stderr.matches("backend: ").count(), 1, "one line: {stderr}");
 }
 
@@ -180,6 +218,33 @@ fn serve_backend_hip_without_a_device_is_a_clear_error() {
     assert!(
         stderr.contains(expected),
         "{stderr:?} should contain {expected:?}"
+    );
+}
+
+#[test]
+fn serve_backend_cuda_without_a_driver_is_a_clear_error() {
+    if visible_cuda_devices() > 0 {
+        eprintln!("skipped: a CUDA device is visible; this checks the error");
+        return;
+    }
+    let out = bin()
+        .args(["serve", "--listen", "unix:/nonexistent/never-bound.sock"])
+        .args([
+            "--model",
+            &format!("demo={}", demo_model()),
+            "--backend",
+            "cuda",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(out.stdout.is_empty(), "it must not listen");
+    let expected = "error: --backend cuda: no CUDA driver: libcuda.so could not be loaded";
+    assert!(
+        stderr.starts_with(expected),
+        "{stderr:?} should start with {expected:?}"
     );
 }
 

@@ -12,11 +12,15 @@
 //! - the kernel emulator (`bulkhead_kernels::hip::emulator`: the kernels'
 //!   own source on CPU threads, wave 64) — every machine with a C++20
 //!   compiler; it checks the backend's host code and the kernels together;
-//! - a real HIP device (`cargo test --features hip` where one is visible).
+//! - a real device, the `device_*` tests: HIP device 0 (`cargo test
+//!   --features hip` where one is visible), or CUDA device 0 with
+//!   `BULKHEAD_TEST_DEVICE=cuda` (`emulated` runs them on the emulator,
+//!   which is how tests/gpu/device-check is itself checked without a GPU).
 //!   Whether one is visible is decided before a test's body (the runtime's
-//!   own answer, `hip::probe`): without one the device tests skip for
-//!   `hip-device` (a failure where `BULKHEAD_REQUIRE` lists it); with one,
-//!   any error opening or using it fails the test. The emulator tests skip
+//!   own answer, `hip::probe` or `cuda::probe`): without one the device
+//!   tests skip for `hip-device` or `cuda-device` (a failure where
+//!   `BULKHEAD_REQUIRE` lists it); with one, any error opening or using it
+//!   fails the test. The emulator tests skip
 //!   only when there is no C++ compiler (`cxx`); a build error fails them.
 //!
 //! Tolerances. F32/F16 weights: both backends compute the same products in
@@ -41,7 +45,7 @@ use std::sync::{Arc, OnceLock};
 
 use bulkhead_gpu_host::backend::{
     Backend, CpuBackend, HipBackend, PartitionCompute, PartitionedDevice, StreamSource,
-    open_hip_device, open_hip_partitions,
+    open_cuda_device, open_cuda_partitions, open_hip_device, open_hip_partitions,
 };
 use bulkhead_gpu_host::engine::{BatchEntry, Logits, Model, argmax};
 use bulkhead_gpu_host::hip::{HipAvailability, probe};
@@ -52,8 +56,30 @@ use bulkhead_partition::{CuSet, Device};
 use bulkhead_testkit::{Need, skip};
 use serde::Deserialize;
 
+/// The committed fixtures, or `BULKHEAD_FIXTURES` (tests/gpu/prepare
+/// carries a copy to a machine without the repository).
 fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+    match std::env::var_os("BULKHEAD_FIXTURES") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures"),
+    }
+}
+
+/// What the `device_*` tests run on (`BULKHEAD_TEST_DEVICE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TestDevice {
+    Hip,
+    Cuda,
+    Emulated,
+}
+
+fn test_device() -> TestDevice {
+    match std::env::var("BULKHEAD_TEST_DEVICE").as_deref() {
+        Err(_) | Ok("") | Ok("hip") => TestDevice::Hip,
+        Ok("cuda") => TestDevice::Cuda,
+        Ok("emulated") => TestDevice::Emulated,
+        Ok(other) => panic!("BULKHEAD_TEST_DEVICE={other:?}: expected hip, cuda or emulated"),
+    }
 }
 
 #[derive(Deserialize)]
@@ -93,6 +119,24 @@ fn emulator() -> Option<Arc<dyn KernelDevice>> {
 /// `false` after skipping for `hip-device` when the build has no HIP or
 /// the runtime says there is no device; any other answer fails the test.
 fn device_visible() -> bool {
+    match test_device() {
+        TestDevice::Hip => {}
+        TestDevice::Emulated => return emulator().is_some(),
+        TestDevice::Cuda => {
+            use bulkhead_gpu_host::cuda::{self, CudaAvailability};
+            return match cuda::probe() {
+                CudaAvailability::Devices(_) => true,
+                CudaAvailability::NotBuilt => {
+                    skip(Need::CudaDevice, "built without the `cuda` feature");
+                    false
+                }
+                CudaAvailability::Unavailable(why) => {
+                    skip(Need::CudaDevice, why);
+                    false
+                }
+            };
+        }
+    }
     match probe() {
         HipAvailability::Devices(_) => true,
         HipAvailability::NotBuilt => {
@@ -114,7 +158,15 @@ fn hip_device() -> Option<Arc<dyn KernelDevice>> {
         return None;
     }
     let budget = bulkhead_gpu_host::hip::MemoryBudget::new("hip_parity", u64::MAX);
-    Some(open_hip_device(0, budget).unwrap_or_else(|e| panic!("opening HIP device 0: {e}")))
+    Some(match test_device() {
+        TestDevice::Hip => {
+            open_hip_device(0, budget).unwrap_or_else(|e| panic!("opening HIP device 0: {e}"))
+        }
+        TestDevice::Cuda => {
+            open_cuda_device(0, budget).unwrap_or_else(|e| panic!("opening CUDA device 0: {e}"))
+        }
+        TestDevice::Emulated => emulator()?,
+    })
 }
 
 /// HIP device 0 split for partitions, as [`hip_device`].
@@ -122,10 +174,17 @@ fn hip_partitions(memory_bytes: u64) -> Option<PartitionedDevice> {
     if !device_visible() {
         return None;
     }
-    Some(
-        open_hip_partitions(0, memory_bytes)
+    Some(match test_device() {
+        TestDevice::Hip => open_hip_partitions(0, memory_bytes)
             .unwrap_or_else(|e| panic!("opening HIP device 0 for partitions: {e}")),
-    )
+        TestDevice::Cuda => {
+            let (split, isolation) = open_cuda_partitions(0, memory_bytes)
+                .unwrap_or_else(|e| panic!("opening CUDA device 0 for partitions: {e}"));
+            eprintln!("{}: {}", split.device().name, isolation.describe());
+            split
+        }
+        TestDevice::Emulated => emulated_split(emulator()?),
+    })
 }
 
 /// (max |diff| / max |reference|, rms diff / rms reference) over all rows.

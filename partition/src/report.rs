@@ -20,6 +20,10 @@ pub struct PartitionsReport {
     pub epoch: u64,
     /// The layout's partitions, then the draining ones.
     pub partitions: Vec<PartitionReport>,
+    /// How dedicated partitions are kept apart on this device (`pinned
+    /// cores`, `CU-masked streams`, `green contexts (...)`, `shared
+    /// streams: ...`).
+    pub isolation: String,
 }
 
 /// One partition and its load.

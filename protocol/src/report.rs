@@ -52,6 +52,7 @@ impl From<PartitionsReport> for v1::PartitionsResponse {
             compute_units: report.compute_units,
             memory_bytes: report.memory_bytes,
             generation: report.epoch,
+            isolation: report.isolation,
             partitions: report.partitions.into_iter().map(partition).collect(),
         }
     }
@@ -105,6 +106,7 @@ impl TryFrom<v1::PartitionsResponse> for PartitionsReport {
             compute_units: r.compute_units,
             memory_bytes: r.memory_bytes,
             epoch: r.generation,
+            isolation: r.isolation,
             partitions: r
                 .partitions
                 .into_iter()
@@ -171,6 +173,7 @@ mod tests {
             memory_bytes: 4 * GIB,
             epoch: 3,
             partitions: vec![dedicated, shared],
+            isolation: "pinned cores".into(),
         }
     }
 
@@ -182,6 +185,7 @@ mod tests {
             ("cpu", "cores", 2)
         );
         assert_eq!((wire.memory_bytes, wire.generation), (4 * GIB, 3));
+        assert_eq!(wire.isolation, "pinned cores");
         let [first, second] = &wire.partitions[..] else {
             panic!("{wire:?}");
         };

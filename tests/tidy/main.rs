@@ -110,6 +110,12 @@ fn rules() -> Vec<Forbid> {
             To::Module(above),
             "the HIP runtime layer is a leaf",
         );
+        forbid(
+            host,
+            &["cuda"],
+            To::Module(above),
+            "the CUDA driver layer is a leaf",
+        );
     }
     let gateway = "bulkhead-gateway";
     for wire in ["tonic", "bulkhead_protocol", "prost"] {

@@ -76,6 +76,7 @@ pub fn report_json(report: &PartitionsReport) -> Value {
             "compute_units": report.compute_units,
             "memory_bytes": report.memory_bytes,
             "generation": report.epoch,
+            "isolation": report.isolation,
             "partitions": partitions,
         }],
     })

@@ -26,6 +26,10 @@ pub enum HipDeviceError {
     Hip(#[from] crate::hip::HipError),
     #[error(transparent)]
     CodeObject(#[from] bulkhead_kernels::hip::CodeObjectError),
+    #[error("this bulkhead-gpu-host was built without the `cuda` feature")]
+    CudaNotBuilt,
+    #[error("{0}")]
+    Cuda(String),
     #[error("splitting the device into partitions: {0}")]
     Partitions(String),
 }
@@ -81,6 +85,90 @@ pub fn open_hip_partitions(
     {
         let _ = (ordinal, partition_memory_bytes);
         Err(HipDeviceError::NotBuilt)
+    }
+}
+
+/// CUDA device `ordinal` with the kernels loaded, as a [`KernelDevice`]
+/// launching on one stream over every SM, its allocations charged to
+/// `budget`.
+pub fn open_cuda_device(
+    ordinal: usize,
+    budget: Arc<MemoryBudget>,
+) -> Result<Arc<dyn KernelDevice>, HipDeviceError> {
+    #[cfg(feature = "cuda")]
+    {
+        use super::budgeted::BudgetedDevice;
+        use super::partitioned::StreamSource;
+        let streams = crate::cuda::CudaStreams::open(ordinal).map_err(HipDeviceError::Cuda)?;
+        let all = bulkhead_partition::CuSet::full(streams.info().multiprocessors);
+        let view = streams
+            .streams_for(&all)
+            .map_err(HipDeviceError::Partitions)?;
+        Ok(Arc::new(BudgetedDevice::new(view, budget)))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (ordinal, budget);
+        Err(HipDeviceError::CudaNotBuilt)
+    }
+}
+
+/// CUDA device `ordinal` for partitions, as [`open_hip_partitions`]: the
+/// planner's compute units are its SMs (no XCD grouping), and how apart
+/// partitions are kept (green contexts or shared streams) comes back too.
+pub fn open_cuda_partitions(
+    ordinal: usize,
+    partition_memory_bytes: u64,
+) -> Result<(PartitionedDevice, crate::cuda::SmIsolation), HipDeviceError> {
+    #[cfg(feature = "cuda")]
+    {
+        let streams = crate::cuda::CudaStreams::open(ordinal).map_err(HipDeviceError::Cuda)?;
+        let info = streams.info().clone();
+        let isolation = streams.isolation().clone();
+        let reservation = info
+            .total_memory_bytes
+            .checked_sub(partition_memory_bytes)
+            .filter(|r| *r > 0)
+            .ok_or_else(|| {
+                HipDeviceError::Partitions(format!(
+                    "{} has {} of memory; the partitions' {} leave none for the weights",
+                    info.label(),
+                    format_bytes(info.total_memory_bytes),
+                    format_bytes(partition_memory_bytes)
+                ))
+            })?;
+        let model = Device {
+            name: info.label(),
+            compute_units: info.multiprocessors,
+            memory_bytes: info.total_memory_bytes,
+            xcds: None,
+        };
+        let split = PartitionedDevice::new(model, reservation, Arc::new(streams))
+            .map_err(HipDeviceError::Partitions)?;
+        Ok((split, isolation))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (ordinal, partition_memory_bytes);
+        Err(HipDeviceError::CudaNotBuilt)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl super::partitioned::StreamSource for crate::cuda::CudaStreams {
+    fn describe(&self) -> String {
+        self.info().label()
+    }
+
+    fn streams_for(
+        &self,
+        cus: &bulkhead_partition::CuSet,
+    ) -> Result<Arc<dyn KernelDevice>, String> {
+        self.view(cus)
+    }
+
+    fn isolation(&self) -> String {
+        crate::cuda::CudaStreams::isolation(self).describe()
     }
 }
 

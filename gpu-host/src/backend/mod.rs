@@ -23,7 +23,8 @@ pub(crate) use budgeted::fake as fake_device;
 pub use compute::ComputeBackend;
 pub use cpu::CpuBackend;
 pub use device::{
-    HipDeviceError, open_hip_backend, open_hip_device, open_hip_partitions, planning_device,
+    HipDeviceError, open_cuda_device, open_cuda_partitions, open_hip_backend, open_hip_device,
+    open_hip_partitions, planning_device,
 };
 pub use hip::{DeviceKv, DevicePass, DeviceWeights, HipBackend, KvLayout, StepRows};
 pub use ledger::{Ledger, Transfers};
@@ -32,7 +33,7 @@ pub(crate) use partitioned::tests as partitioned_test_support;
 pub use partitioned::{MODEL_RESERVATION, PartitionCompute, PartitionedDevice, StreamSource};
 pub use pass::{Act, ForwardPass, Heads, MatmulSpan, PassShape, Segment, matmul_spans};
 pub use select::{
-    BackendChoice, BackendPlan, BackendSelectError, DeviceLabel, HIP_ENGINE, HipEngine,
+    BackendChoice, BackendPlan, BackendSelectError, DeviceLabel, HIP_ENGINE, HipEngine, Ordinals,
     plan_backend,
 };
 

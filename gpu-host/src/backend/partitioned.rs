@@ -32,6 +32,10 @@ pub trait StreamSource: Send + Sync + fmt::Debug {
     /// of `cus` (mask bit `i` is id `i` of the set), on stream(s) of its
     /// own; its allocations share the device's address space.
     fn streams_for(&self, cus: &CuSet) -> Result<Arc<dyn KernelDevice>, String>;
+    /// How partitions' streams are kept apart, for the partitions report.
+    fn isolation(&self) -> String {
+        "CU-masked streams".into()
+    }
 }
 
 /// One partition's compute on the device.
@@ -108,6 +112,11 @@ impl PartitionedDevice {
     /// What the weights are charged to.
     pub fn weights_budget(&self) -> &Arc<MemoryBudget> {
         &self.weights_budget
+    }
+
+    /// How dedicated partitions are kept apart ([`StreamSource::isolation`]).
+    pub fn isolation(&self) -> String {
+        self.streams.isolation()
     }
 
     /// The weights every partition reads.

@@ -4,18 +4,21 @@
 
 use std::fmt;
 
+use crate::cuda::{CudaAvailability, CudaDeviceInfo};
 use crate::hip::{DeviceProperties, HipAvailability, HipError};
 
 /// `--backend`: what the operator asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendChoice {
-    /// HIP when this build has it and a device is visible, else the CPU
-    /// (saying why in one log line).
+    /// HIP when this build has it and a device is visible, else CUDA
+    /// likewise, else the CPU (saying why in one log line).
     Auto,
     /// The CPU backend, whatever else exists.
     Cpu,
     /// HIP or nothing: no HIP device is an error, not a silent fallback.
     Hip,
+    /// CUDA or nothing, as `hip`.
+    Cuda,
 }
 
 /// Whether the engine can run a model on HIP (the HIP `Backend`,
@@ -39,6 +42,8 @@ pub enum BackendPlan {
     Cpu { fallback: Option<String> },
     /// HIP on this device.
     Hip { device: DeviceProperties },
+    /// CUDA on this device.
+    Cuda { device: CudaDeviceInfo },
 }
 
 /// `--backend hip` that cannot be honoured.
@@ -48,6 +53,10 @@ pub enum BackendSelectError {
     HipUnavailable(HipError),
     #[error("--backend hip --hip-device {ordinal}: {count} HIP device(s) visible")]
     NoSuchDevice { ordinal: usize, count: usize },
+    #[error("--backend cuda: {0}")]
+    CudaUnavailable(String),
+    #[error("--backend cuda --cuda-device {ordinal}: {count} CUDA device(s) visible")]
+    NoSuchCudaDevice { ordinal: usize, count: usize },
     #[error(
         "--backend hip: {device} is visible, but this build's engine has no HIP backend yet \
          (use --backend cpu or auto)"
@@ -76,9 +85,67 @@ impl fmt::Display for DeviceLabel {
     }
 }
 
-/// Decides the backend for `choice` on device `hip_device`, given what the
-/// HIP runtime reported and whether the engine can use HIP.
+/// Which device of each kind `--backend` means.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ordinals {
+    pub hip: usize,
+    pub cuda: usize,
+}
+
+/// Decides the backend for `choice` on the devices `ordinals` name, given
+/// what the HIP runtime and the CUDA driver reported and whether the engine
+/// can use HIP. `auto` prefers HIP, then CUDA.
 pub fn plan_backend(
+    choice: BackendChoice,
+    ordinals: Ordinals,
+    hip: &HipAvailability,
+    cuda: &CudaAvailability,
+    engine: HipEngine,
+) -> Result<BackendPlan, BackendSelectError> {
+    let cuda_plan = || match cuda {
+        CudaAvailability::NotBuilt => Err(BackendSelectError::CudaUnavailable(
+            "this build of bulkhead-gpu-host has no CUDA support (rebuild with `--features cuda`)"
+                .into(),
+        )),
+        CudaAvailability::Unavailable(why) => Err(BackendSelectError::CudaUnavailable(why.clone())),
+        CudaAvailability::Devices(devices) => devices
+            .get(ordinals.cuda)
+            .map(|device| BackendPlan::Cuda {
+                device: device.clone(),
+            })
+            .ok_or(BackendSelectError::NoSuchCudaDevice {
+                ordinal: ordinals.cuda,
+                count: devices.len(),
+            }),
+    };
+    match choice {
+        BackendChoice::Cuda => cuda_plan(),
+        BackendChoice::Auto => match plan_hip(choice, ordinals.hip, hip, engine)? {
+            BackendPlan::Cpu { fallback } => match (cuda_plan(), cuda) {
+                (Ok(plan), _) => Ok(plan),
+                // A build without CUDA has nothing to say about it.
+                (Err(_), CudaAvailability::NotBuilt) => Ok(BackendPlan::Cpu {
+                    fallback: fallback.map(|why| format!("not HIP: {why}")),
+                }),
+                (Err(err), _) => {
+                    let cuda_why = err.to_string().replacen("--backend cuda: ", "", 1);
+                    let why = match fallback {
+                        Some(hip_why) => format!("not HIP: {hip_why}; not CUDA: {cuda_why}"),
+                        None => format!("not CUDA: {cuda_why}"),
+                    };
+                    Ok(BackendPlan::Cpu {
+                        fallback: Some(why),
+                    })
+                }
+            },
+            plan => Ok(plan),
+        },
+        _ => plan_hip(choice, ordinals.hip, hip, engine),
+    }
+}
+
+/// `cpu`, `hip`, or `auto` as far as HIP goes.
+fn plan_hip(
     choice: BackendChoice,
     hip_device: usize,
     hip: &HipAvailability,
@@ -96,7 +163,10 @@ pub fn plan_backend(
         (BackendChoice::Auto, Err(err)) => Ok(BackendPlan::Cpu {
             fallback: Some(err.to_string()),
         }),
-        (BackendChoice::Hip, Err(err)) => Err(BackendSelectError::HipUnavailable(err)),
+        // `cuda` never asks for HIP (plan_backend answers it).
+        (BackendChoice::Hip | BackendChoice::Cuda, Err(err)) => {
+            Err(BackendSelectError::HipUnavailable(err))
+        }
         (choice, Ok(devices)) => {
             let Some(device) = devices.get(hip_device) else {
                 let err = BackendSelectError::NoSuchDevice {
@@ -132,7 +202,7 @@ pub fn plan_backend(
 mod tests {
     use super::*;
     use crate::hip::CallFailure;
-    use BackendChoice::{Auto, Cpu, Hip};
+    use BackendChoice::{Auto, Cpu, Cuda, Hip};
 
     fn no_device() -> HipAvailability {
         HipAvailability::Unavailable(HipError::NoDevice(CallFailure {
@@ -152,7 +222,14 @@ mod tests {
         hip: &HipAvailability,
         engine: HipEngine,
     ) -> Result<BackendPlan, String> {
-        plan_backend(choice, 0, hip, engine).map_err(|e| e.to_string())
+        plan_backend(
+            choice,
+            Ordinals::default(),
+            hip,
+            &CudaAvailability::NotBuilt,
+            engine,
+        )
+        .map_err(|e| e.to_string())
     }
 
     fn fallback(reason: &str) -> Result<BackendPlan, String> {
@@ -180,18 +257,25 @@ mod tests {
         );
         assert_eq!(
             plan(Auto, &no_device(), HipEngine::Available),
-            fallback("no HIP device visible: hipInit failed: hipErrorInvalidDevice (101)")
+            fallback("not HIP: no HIP device visible: hipInit failed: hipErrorInvalidDevice (101)")
         );
         assert_eq!(
             plan(Auto, &one_device(), HipEngine::Missing),
             fallback(
-                "HIP device 0 (AMD Instinct MI325X, gfx942) is visible, but this build's \
-                 engine has no HIP backend yet"
+                "not HIP: HIP device 0 (AMD Instinct MI325X, gfx942) is visible, but this \
+                 build's engine has no HIP backend yet"
             )
         );
         assert_eq!(
-            plan_backend(Auto, 3, &one_device(), HipEngine::Available).map_err(|e| e.to_string()),
-            fallback("--backend hip --hip-device 3: 1 HIP device(s) visible")
+            plan_backend(
+                Auto,
+                Ordinals { hip: 3, cuda: 0 },
+                &one_device(),
+                &CudaAvailability::NotBuilt,
+                HipEngine::Available
+            )
+            .map_err(|e| e.to_string()),
+            fallback("not HIP: --backend hip --hip-device 3: 1 HIP device(s) visible")
         );
         let HipAvailability::Devices(devices) = one_device() else {
             unreachable!()
@@ -221,14 +305,101 @@ mod tests {
              build's engine has no HIP backend yet (use --backend cpu or auto)"
         );
         assert_eq!(
-            plan_backend(Hip, 1, &one_device(), HipEngine::Available)
-                .unwrap_err()
-                .to_string(),
+            plan_backend(
+                Hip,
+                Ordinals { hip: 1, cuda: 0 },
+                &one_device(),
+                &CudaAvailability::NotBuilt,
+                HipEngine::Available
+            )
+            .unwrap_err()
+            .to_string(),
             "--backend hip --hip-device 1: 1 HIP device(s) visible"
         );
         assert!(matches!(
             plan(Hip, &one_device(), HipEngine::Available),
             Ok(BackendPlan::Hip { .. })
         ));
+    }
+
+    fn h200() -> CudaAvailability {
+        CudaAvailability::Devices(vec![CudaDeviceInfo {
+            ordinal: 0,
+            name: "NVIDIA H200".into(),
+            compute_capability: (9, 0),
+            multiprocessors: 132,
+            free_memory_bytes: 140 << 30,
+            total_memory_bytes: 141 << 30,
+            driver_version: 12080,
+            green_contexts: true,
+        }])
+    }
+
+    fn with_cuda(
+        choice: BackendChoice,
+        hip: &HipAvailability,
+        cuda: &CudaAvailability,
+    ) -> Result<BackendPlan, String> {
+        plan_backend(choice, Ordinals::default(), hip, cuda, HipEngine::Available)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn auto_prefers_hip_then_cuda_then_the_cpu_saying_why() {
+        assert!(matches!(
+            with_cuda(Auto, &one_device(), &h200()),
+            Ok(BackendPlan::Hip { .. })
+        ));
+        assert!(matches!(
+            with_cuda(Auto, &HipAvailability::NotBuilt, &h200()),
+            Ok(BackendPlan::Cuda { .. })
+        ));
+        assert!(matches!(
+            with_cuda(Auto, &no_device(), &h200()),
+            Ok(BackendPlan::Cuda { .. })
+        ));
+        let none =
+            CudaAvailability::Unavailable("no CUDA driver: libcuda.so could not be loaded".into());
+        assert_eq!(
+            with_cuda(Auto, &no_device(), &none),
+            fallback(
+                "not HIP: no HIP device visible: hipInit failed: hipErrorInvalidDevice (101); \
+                 not CUDA: no CUDA driver: libcuda.so could not be loaded"
+            )
+        );
+        assert_eq!(
+            with_cuda(Auto, &HipAvailability::NotBuilt, &none),
+            fallback("not CUDA: no CUDA driver: libcuda.so could not be loaded")
+        );
+    }
+
+    #[test]
+    fn cuda_is_cuda_or_a_clear_error() {
+        assert!(matches!(
+            with_cuda(Cuda, &one_device(), &h200()),
+            Ok(BackendPlan::Cuda { .. })
+        ));
+        assert_eq!(
+            with_cuda(Cuda, &one_device(), &CudaAvailability::NotBuilt).unwrap_err(),
+            "--backend cuda: this build of bulkhead-gpu-host has no CUDA support (rebuild with \
+             `--features cuda`)"
+        );
+        let none = CudaAvailability::Unavailable("the CUDA driver reports no device".into());
+        assert_eq!(
+            with_cuda(Cuda, &one_device(), &none).unwrap_err(),
+            "--backend cuda: the CUDA driver reports no device"
+        );
+        assert_eq!(
+            plan_backend(
+                Cuda,
+                Ordinals { hip: 0, cuda: 2 },
+                &HipAvailability::NotBuilt,
+                &h200(),
+                HipEngine::Available
+            )
+            .unwrap_err()
+            .to_string(),
+            "--backend cuda --cuda-device 2: 1 CUDA device(s) visible"
+        );
     }
 }

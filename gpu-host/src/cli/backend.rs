@@ -1,4 +1,4 @@
-//! `--backend cpu|hip|emulated` for the commands that run a model once
+//! `--backend cpu|hip|cuda|emulated` for the commands that run a model once
 //! (`generate`, `eval`), and the device counts `--json` reports.
 
 use std::path::PathBuf;
@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use bulkhead_gpu_host::backend::{
-    Backend, BudgetedDevice, CpuBackend, HipBackend, Transfers, open_hip_device,
+    Backend, BudgetedDevice, CpuBackend, HipBackend, Transfers, open_cuda_device, open_hip_device,
 };
 use bulkhead_gpu_host::engine::Model;
 use bulkhead_gpu_host::hip::MemoryBudget;
@@ -23,6 +23,9 @@ pub enum BackendKind {
     Cpu,
     /// The HIP kernels on HIP device 0 (a build with feature `hip`).
     Hip,
+    /// The same kernels, built by nvcc, on CUDA device 0 (feature `cuda`,
+    /// with nvcc at build time).
+    Cuda,
     /// The HIP kernels on the kernel emulator: the HIP backend's host code
     /// and kernels run on CPU threads (slow; small models only). Built
     /// from the kernels' source with the first C++ compiler there is.
@@ -48,6 +51,8 @@ impl OpenBackend {
             }
             BackendKind::Hip => open_hip_device(0, MemoryBudget::new("hip device 0", u64::MAX))
                 .context("opening HIP device 0")?,
+            BackendKind::Cuda => open_cuda_device(0, MemoryBudget::new("cuda device 0", u64::MAX))
+                .context("opening CUDA device 0")?,
             BackendKind::Emulated => Arc::new(emulator()?),
         };
         let view = Arc::new(BudgetedDevice::new(

@@ -3,15 +3,15 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use bulkhead_gpu_host::backend::{
-    BackendChoice, BackendPlan, ComputeBackend, DeviceLabel, HIP_ENGINE, open_hip_partitions,
-    plan_backend,
+    BackendChoice, BackendPlan, ComputeBackend, DeviceLabel, HIP_ENGINE, Ordinals,
+    open_cuda_partitions, open_hip_partitions, plan_backend,
 };
-use bulkhead_gpu_host::hip;
 use bulkhead_gpu_host::models::ModelSpec;
 use bulkhead_gpu_host::server::{
     AuthSecret, PlaintextTcp, ServeConfig, Server, ServerTls, TestHooks,
 };
 use bulkhead_gpu_host::verify::ScrubConfig;
+use bulkhead_gpu_host::{cuda, hip};
 use bulkhead_protocol::Target;
 use clap::Args;
 
@@ -27,14 +27,19 @@ pub struct ServeArgs {
     #[arg(long = "model", value_name = "NAME=PATH")]
     models: Vec<ModelSpec>,
     /// What to run models on: `hip` (an AMD GPU; an error when none is
-    /// usable), `cpu`, or `auto` (HIP when a device is usable, else the CPU,
-    /// saying why in one line on stderr).
+    /// usable), `cuda` (an NVIDIA GPU, likewise), `cpu`, or `auto` (HIP when
+    /// a device is usable, else CUDA, else the CPU, saying why in one line
+    /// on stderr).
     #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
     backend: BackendChoice,
     /// The HIP device (ordinal, as `bulkhead-gpu-host devices` lists them)
     /// for the HIP backend. A hardware partition (CPX, NPS4) is a device.
     #[arg(long, default_value_t = 0)]
     hip_device: usize,
+    /// The CUDA device (ordinal, as `bulkhead-gpu-host devices` lists them)
+    /// for the CUDA backend. A MIG instance the process is given is a device.
+    #[arg(long, default_value_t = 0)]
+    cuda_device: usize,
     /// Cores of the CPU device (default: all): the compute units tenants'
     /// partitions split, each partition's workers pinned to its own.
     #[arg(long)]
@@ -132,7 +137,14 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         .kv_memory
         .unwrap_or_else(bulkhead_partition::default_kv_memory_bytes);
     let scrub = scrub_config(a.scrub_bytes_per_s, a.scrub_min_bytes_per_s)?;
-    let compute = choose_backend(a.backend, a.hip_device, kv_memory_bytes)?;
+    let compute = choose_backend(
+        a.backend,
+        Ordinals {
+            hip: a.hip_device,
+            cuda: a.cuda_device,
+        },
+        kv_memory_bytes,
+    )?;
     let auth_secret = a
         .auth_token_file
         .as_deref()
@@ -201,40 +213,58 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
 /// stderr naming the backend (and why not HIP, when `auto` fell back).
 fn choose_backend(
     choice: BackendChoice,
-    hip_device: usize,
+    ordinals: Ordinals,
     kv_memory_bytes: u64,
 ) -> anyhow::Result<ComputeBackend> {
+    // Not even asked: `--backend cpu` must work where a runtime misbehaves.
     let hip = match choice {
-        // Not even asked: `--backend cpu` must work where the runtime misbehaves.
-        BackendChoice::Cpu => hip::HipAvailability::NotBuilt,
+        BackendChoice::Cpu | BackendChoice::Cuda => hip::HipAvailability::NotBuilt,
         _ => hip::probe(),
     };
-    Ok(match plan_backend(choice, hip_device, &hip, HIP_ENGINE)? {
-        BackendPlan::Cpu { fallback: None } => {
-            eprintln!("backend: cpu");
-            ComputeBackend::Cpu
-        }
-        BackendPlan::Cpu {
-            fallback: Some(why),
-        } => {
-            eprintln!("backend: cpu (not HIP: {why})");
-            ComputeBackend::Cpu
-        }
-        BackendPlan::Hip { device } => {
-            let label = DeviceLabel::of(&device);
-            // `--kv-memory` of the device for the partitions (each one's
-            // streams on its CUs, its allocations charged to its budget);
-            // the rest is the model reservation the weights are charged to.
-            let split = open_hip_partitions(device.ordinal, kv_memory_bytes)
-                .with_context(|| format!("opening {label}"))?;
-            eprintln!(
-                "backend: hip ({label}; {} for partitions, {} for weights)",
-                bulkhead_partition::format_bytes(kv_memory_bytes),
-                bulkhead_partition::format_bytes(split.model_reservation_bytes())
-            );
-            ComputeBackend::Device(Arc::new(split))
-        }
-    })
+    let cuda = match choice {
+        BackendChoice::Cpu | BackendChoice::Hip => cuda::CudaAvailability::NotBuilt,
+        _ => cuda::probe(),
+    };
+    Ok(
+        match plan_backend(choice, ordinals, &hip, &cuda, HIP_ENGINE)? {
+            BackendPlan::Cpu { fallback: None } => {
+                eprintln!("backend: cpu");
+                ComputeBackend::Cpu
+            }
+            BackendPlan::Cpu {
+                fallback: Some(why),
+            } => {
+                eprintln!("backend: cpu ({why})");
+                ComputeBackend::Cpu
+            }
+            BackendPlan::Hip { device } => {
+                let label = DeviceLabel::of(&device);
+                // `--kv-memory` of the device for the partitions (each one's
+                // streams on its CUs, its allocations charged to its budget);
+                // the rest is the model reservation the weights are charged to.
+                let split = open_hip_partitions(device.ordinal, kv_memory_bytes)
+                    .with_context(|| format!("opening {label}"))?;
+                eprintln!(
+                    "backend: hip ({label}; {} for partitions, {} for weights)",
+                    bulkhead_partition::format_bytes(kv_memory_bytes),
+                    bulkhead_partition::format_bytes(split.model_reservation_bytes())
+                );
+                ComputeBackend::Device(Arc::new(split))
+            }
+            BackendPlan::Cuda { device } => {
+                let label = device.label();
+                let (split, isolation) = open_cuda_partitions(device.ordinal, kv_memory_bytes)
+                    .with_context(|| format!("opening {label}"))?;
+                eprintln!(
+                    "backend: cuda ({label}; {} for partitions, {} for weights; {})",
+                    bulkhead_partition::format_bytes(kv_memory_bytes),
+                    bulkhead_partition::format_bytes(split.model_reservation_bytes()),
+                    isolation.describe()
+                );
+                ComputeBackend::Device(Arc::new(split))
+            }
+        },
+    )
 }
 
 /// Resolves on the first SIGINT or SIGTERM (handlers are installed before we

@@ -226,6 +226,10 @@ impl Partitions {
             compute_units: device.compute_units,
             memory_bytes: device.memory_bytes,
             epoch: epoch.number,
+            isolation: match &self.settings.compute {
+                ComputeBackend::Cpu => "pinned cores".into(),
+                ComputeBackend::Device(device) => device.isolation(),
+            },
             partitions: current
                 .chain(old)
                 .map(|(view, draining)| {

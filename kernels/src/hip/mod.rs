@@ -37,6 +37,27 @@ include!(concat!(env!("OUT_DIR"), "/hip_code_objects.rs"));
 #[cfg(not(feature = "hip"))]
 pub const CODE_OBJECTS: &[CodeObject] = &[];
 
+/// The kernels for NVIDIA GPUs: one fatbin from nvcc (feature `cuda`, with
+/// nvcc at build time) holding a cubin per `sm_NN` target and PTX per
+/// `compute_NN` one, ready for `cuModuleLoadData`, which picks the cubin
+/// of the device's compute capability or JIT-compiles the PTX.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudaFatbin {
+    /// `BULKHEAD_CUDA_ARCHS` at build time (`sm_80`, `sm_90`, `compute_90`).
+    pub targets: &'static [&'static str],
+    pub bytes: &'static [u8],
+    /// How long nvcc took, in ms.
+    pub compile_millis: u64,
+}
+
+#[cfg(feature = "cuda")]
+include!(concat!(env!("OUT_DIR"), "/cuda_fatbin.rs"));
+
+/// Without the `cuda` feature no CUDA kernels are compiled.
+#[cfg(not(feature = "cuda"))]
+pub const CUDA_FATBIN: Result<CudaFatbin, &str> =
+    Err("bulkhead-kernels was built without the `cuda` feature, so it holds no CUDA kernels");
+
 /// Why no code object fits a device.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CodeObjectError {
@@ -150,6 +171,28 @@ pub const MAX_HEAD_DIM: usize = 256;
 
 #[cfg(test)]
 mod tests {
+    /// A fatbin, when nvcc built one, is nvcc's container (its magic
+    /// 0xBA55ED50, little-endian) naming the targets asked for.
+    #[test]
+    fn a_cuda_fatbin_is_a_fatbin_of_the_targets_asked_for() {
+        match CUDA_FATBIN {
+            Ok(fatbin) => {
+                assert!(fatbin.bytes.starts_with(&0xBA55_ED50u32.to_le_bytes()));
+                assert!(!fatbin.targets.is_empty());
+                // nvcc leaves the cubins and PTX uncompressed: every kernel's
+                // name is in them (cuLibraryGetKernel looks them up by it).
+                for name in names::ALL {
+                    let found = fatbin
+                        .bytes
+                        .windows(name.len())
+                        .any(|w| w == name.as_bytes());
+                    assert!(found, "{name} is not in the fatbin");
+                }
+            }
+            Err(why) => assert!(why.contains("without"), "{why}"),
+        }
+    }
+
     use super::*;
 
     #[test]

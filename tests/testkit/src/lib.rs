@@ -25,6 +25,9 @@ pub enum Need {
     HipDevice,
     /// hipcc and the ROCm headers and runtime library.
     HipToolchain,
+    /// An NVIDIA GPU the CUDA driver can see (and a build with feature
+    /// `cuda` whose kernels nvcc built).
+    CudaDevice,
     /// A CPU instruction set: `"avx2"` (with FMA and F16C) or
     /// `"avx512vnni"` (with AVX-512 F and VL).
     Isa(&'static str),
@@ -47,6 +50,7 @@ impl Need {
             Need::Cxx => "cxx".into(),
             Need::HipDevice => "hip-device".into(),
             Need::HipToolchain => "hip-toolchain".into(),
+            Need::CudaDevice => "cuda-device".into(),
             Need::Isa(isa) => format!("isa:{isa}"),
             Need::PythonSdk => "python-sdk".into(),
             Need::WasmGuests => "wasm-guests".into(),

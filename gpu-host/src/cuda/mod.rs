@@ -203,7 +203,10 @@ mod tests {
     fn without_a_driver_the_probe_says_so() {
         // CI machines have no NVIDIA driver; a machine that has one lists it.
         let answer = probe();
-        assert_eq!(answer == CudaAvailability::NotBuilt, !cfg!(feature = "cuda"));
+        assert_eq!(
+            answer == CudaAvailability::NotBuilt,
+            !cfg!(feature = "cuda")
+        );
         match answer {
             CudaAvailability::NotBuilt => {}
             CudaAvailability::Unavailable(why) => assert!(

@@ -1,11 +1,10 @@
-//! The CPU backend: a thread pool plus the chosen ISA, running matmul and
-//! attention in parallel on top of the row-level kernels.
+//! The CPU backend: a team of threads plus the chosen ISA, running matmul
+//! and attention in parallel on top of the row-level kernels.
 #![forbid(unsafe_code)]
-
-use rayon::prelude::*;
 
 use crate::avx2::{Avx2, Vnni};
 use crate::quantize::{BlockQ8_0U, quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
+use crate::team::Team;
 use crate::{GgmlType, Isa, KernelError, scalar};
 
 mod attention;
@@ -133,43 +132,35 @@ enum Backend {
     Avx2(Avx2),
 }
 
-/// The CPU compute backend: an ISA and a thread pool of a chosen size.
+/// The CPU compute backend: an ISA and a team of threads of a chosen size.
 #[derive(Debug)]
 pub struct CpuKernels {
     backend: Backend,
     /// Present with [`Isa::Avx512Vnni`]: the multi-token Q8_0/Q4_0 kernels
     /// take up to eight tokens per weight block instead of four.
     vnni: Option<Vnni>,
-    pool: rayon::ThreadPool,
+    team: Team,
 }
 
-/// Rows handed to one pool task: enough to amortise scheduling, few enough
-/// that every thread gets several tasks (work stealing evens out stragglers).
+/// Rows handed to one task: enough to amortise claiming it, few enough that
+/// every thread gets several tasks (dynamic claiming evens out stragglers).
 /// Even, so row pairs (see [`CpuKernels::rows_dot_grouped`]) never straddle
 /// two tasks and the pairing does not depend on the thread count.
 fn rows_per_task(rows: usize, threads: usize) -> usize {
     rows.div_ceil(threads * 4).clamp(8, 64).next_multiple_of(2)
 }
 
-/// Multiply-adds below which a call runs on the calling thread, not the pool.
+/// Multiply-adds below which a call runs on the calling thread alone.
 ///
-/// Handing work to the pool costs ~15 µs here (the caller sleeps on a latch,
-/// the workers are woken from sleep, then the caller again). Measured on the
-/// 2-core dev box (AVX2, decode, median of 9): 384×384 Q8_0 7 µs on one thread
-/// vs 22 µs on two, 768×768 23 vs 26 µs, 1024×1024 39 vs 35 µs, 768×3072
-/// 83 vs 63 µs. In a whole model the workers are often still awake between
-/// consecutive matmuls, so the hand-off is cheaper than in isolation: end to
-/// end (tests/bench/engine_vs_llamacpp, 2 threads) 2^20 left a dim-768
-/// model's 768×768 projections serial and lost ~20% decode speed, 2^18 sent a
-/// dim-384 model's 384×1024 matmuls to the pool and lost ~35%; 2^19 keeps
-/// both. Results do not change either way: every row is computed the same way.
-const MIN_PARALLEL_MACS: usize = 1 << 19;
+/// Handing work to the team costs well under a µs while the workers are
+/// spinning (see `team.rs`): one atomic store, then a cache-line transfer
+/// per worker. 2^15 multiply-adds are ~1-2 µs of kernel time, so smaller
+/// calls (a 15M model's K and V projections, say) are not worth splitting.
+const MIN_PARALLEL_MACS: usize = 1 << 15;
 
-/// Activations below which quantization runs on the calling thread: a
-/// batched decode step of 16 sequences quantizes 16 × 768 or 16 × 3072
-/// floats per matmul, a few µs of work against the ~15 µs of a hand-off
-/// to the pool (see [`MIN_PARALLEL_MACS`]) on top of the matmul's own.
-const MIN_PARALLEL_QUANTIZE: usize = 1 << 16;
+/// Activations below which quantization runs on the calling thread: a few
+/// thousand floats take well under a µs to quantize.
+const MIN_PARALLEL_QUANTIZE: usize = 1 << 13;
 
 /// `out[t * rows + r] = by_row[r * n_tokens + t]`, a tile of rows at a time.
 ///
@@ -220,21 +211,17 @@ impl CpuKernels {
                 (Backend::Avx2(avx2), Some(vnni))
             }
         };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("bulkhead-kernels-{i}"))
-            .build()
-            .map_err(|e| KernelError::ThreadPool(e.to_string()))?;
+        let team = Team::new(threads).map_err(|e| KernelError::Threads(e.to_string()))?;
         Ok(CpuKernels {
             backend,
             vnni,
-            pool,
+            team,
         })
     }
 
-    /// Threads in the pool.
+    /// Threads that run each op, the caller included.
     pub fn threads(&self) -> usize {
-        self.pool.current_num_threads()
+        self.team.threads()
     }
 
     /// The instruction set the kernels use.
@@ -452,10 +439,8 @@ impl CpuKernels {
                 quantize_row(x, q);
             }
         } else {
-            self.pool.install(|| {
-                q.par_chunks_exact_mut(per_token)
-                    .zip(x.par_chunks_exact(cols))
-                    .for_each(|(q, x)| quantize_row(x, q));
+            self.team.chunks_mut(&mut q, per_token, |t, q| {
+                quantize_row(&x[t * cols..(t + 1) * cols], q);
             });
         }
         q
@@ -543,7 +528,7 @@ impl CpuKernels {
     }
 
     /// Splits the result into chunks of rows (as `[row][token]`), runs
-    /// `work(first_row, chunk)` on each, in parallel when the pool has more
+    /// `work(first_row, chunk)` on each, in parallel when the team has more
     /// than one thread, and writes `out` back as `[token][row]`.
     fn row_chunks<F>(&self, w: &QuantMatrix, n_tokens: usize, out: &mut [f32], work: F)
     where
@@ -557,11 +542,8 @@ impl CpuKernels {
                     work(c * chunk, dst);
                 }
             } else {
-                self.pool.install(|| {
-                    dst.par_chunks_mut(chunk * n_tokens)
-                        .enumerate()
-                        .for_each(|(c, dst)| work(c * chunk, dst));
-                });
+                self.team
+                    .chunks_mut(dst, chunk * n_tokens, |c, dst| work(c * chunk, dst));
             }
         };
         if n_tokens == 1 {

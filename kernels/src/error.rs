@@ -30,13 +30,13 @@ pub enum KernelError {
         rows: usize,
         cols: usize,
     },
-    /// A thread pool needs at least one thread.
+    /// The kernel team needs at least one thread.
     #[error("kernel thread count must be at least 1")]
     ZeroThreads,
     /// The requested instruction set is missing on this CPU.
     #[error("{isa:?} kernels need a CPU with {}, which this one lacks", isa.features())]
     IsaUnavailable { isa: Isa },
-    /// Rayon could not start the pool's threads.
-    #[error("could not start the kernel thread pool: {0}")]
-    ThreadPool(String),
+    /// The OS could not start the kernel team's threads.
+    #[error("could not start the kernel threads: {0}")]
+    Threads(String),
 }

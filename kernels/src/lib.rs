@@ -3,7 +3,7 @@
 //!
 //! `scalar` is the oracle; `avx2` is the fast path, reachable only through an
 //! [`avx2::Avx2`] token that proves the CPU has the features. [`CpuKernels`]
-//! owns the thread pool and runs matmul and attention on it. [`hip`] holds
+//! owns the thread team and runs matmul and attention on it. [`hip`] holds
 //! the HIP kernels' code objects (feature `hip`), names and argument layouts.
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -15,6 +15,7 @@ mod error;
 mod isa;
 mod ops;
 mod quantize;
+mod team;
 mod types;
 
 pub mod avx2;

@@ -2,7 +2,7 @@
 //! pool for several sequences at once, each (row, head) computed the same
 //! way by both.
 
-use rayon::prelude::*;
+use std::cell::RefCell;
 
 use super::{Backend, CpuKernels, MIN_PARALLEL_MACS};
 use crate::avx2::Avx2;
@@ -99,10 +99,8 @@ impl CpuKernels {
                 task(idx, o, &mut scores);
             }
         } else {
-            self.pool.install(|| {
-                out.par_chunks_exact_mut(heads * head_dim)
-                    .enumerate()
-                    .for_each_init(Vec::new, |scores, (idx, o)| task(idx, o, scores));
+            self.team.chunks_mut(out, heads * head_dim, |idx, o| {
+                SCORES.with_borrow_mut(|scores| task(idx, o, scores));
             });
         }
     }
@@ -231,13 +229,16 @@ impl CpuKernels {
                 task(idx, o, &mut scores);
             }
         } else {
-            self.pool.install(|| {
-                out.par_chunks_exact_mut(heads * head_dim)
-                    .enumerate()
-                    .for_each_init(Vec::new, |scores, (idx, o)| task(idx, o, scores));
+            self.team.chunks_mut(out, heads * head_dim, |idx, o| {
+                SCORES.with_borrow_mut(|scores| task(idx, o, scores));
             });
         }
     }
+}
+
+thread_local! {
+    /// Each thread's attention scores, reused across tasks and calls.
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Query heads one attention task takes: all of a row's heads when there

@@ -41,24 +41,51 @@ fn generation(state: u64) -> u64 {
 }
 
 /// One call of [`Team::run`], on the caller's stack.
+///
+/// The tasks are split into one contiguous range per thread, claimed in
+/// order by its owner: consecutive tasks are usually consecutive weight
+/// rows, and a thread that streams one run of rows keeps the hardware
+/// prefetchers and DRAM pages on its side. Interleaving the threads' rows
+/// task by task cost about 40% of two-thread decode speed when the weights
+/// came from DRAM (a 64 MB Q4_0 set: 14 GB/s against 22 when each thread
+/// read its own half). A thread that runs out of its range takes tasks from
+/// the others', so a slow or absent worker holds nothing up.
 struct Job<'a> {
     task: &'a (dyn Fn(usize) + Sync),
     n_tasks: usize,
-    next: AtomicUsize,
+    /// Per thread (the caller first): the next task of its range.
+    next: &'a [Slot],
     /// Workers done with this job (they never touch it afterwards).
     done: AtomicUsize,
     panic: Mutex<Option<Box<dyn Any + Send>>>,
 }
 
+/// A thread's claim counter, on a cache line of its own so that claiming
+/// from one's own range does not bounce a line between cores.
+#[repr(align(128))]
+#[derive(Default)]
+struct Slot(AtomicUsize);
+
 impl Job<'_> {
-    /// Claims and runs tasks until none are left.
-    fn work(&self) {
-        loop {
-            let i = self.next.fetch_add(1, Ordering::Relaxed);
-            if i >= self.n_tasks {
-                return;
+    /// The first task of thread `slot`'s range (`slot == threads`: the end).
+    fn start(&self, slot: usize) -> usize {
+        slot * self.n_tasks / self.next.len()
+    }
+
+    /// Claims and runs tasks until none are left: first thread `me`'s own
+    /// range, then the others' in turn.
+    fn work(&self, me: usize) {
+        let threads = self.next.len();
+        for k in 0..threads {
+            let slot = (me + k) % threads;
+            let end = self.start(slot + 1);
+            loop {
+                let i = self.next[slot].0.fetch_add(1, Ordering::Relaxed);
+                if i >= end {
+                    break;
+                }
+                (self.task)(i);
             }
-            (self.task)(i);
         }
     }
 }
@@ -76,8 +103,9 @@ struct Shared {
 /// The caller plus `threads - 1` persistent workers.
 pub(crate) struct Team {
     shared: Arc<Shared>,
-    /// Held by the caller of the job in flight.
-    running: Mutex<()>,
+    /// Held by the caller of the job in flight, with the job's claim
+    /// counters (one per thread).
+    running: Mutex<Box<[Slot]>>,
     workers: Vec<(Thread, Option<JoinHandle<()>>)>,
 }
 
@@ -101,7 +129,7 @@ impl Team {
         });
         let mut team = Team {
             shared: shared.clone(),
-            running: Mutex::new(()),
+            running: Mutex::new((0..=n_workers).map(|_| Slot::default()).collect()),
             workers: Vec::with_capacity(n_workers),
         };
         for i in 0..n_workers {
@@ -124,7 +152,7 @@ impl Team {
     /// the caller and the workers; returns when all are done. A panic in a
     /// task is re-raised here once every thread has left the job.
     pub(crate) fn run(&self, n_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
-        let _running = match self.running.try_lock() {
+        let slots = match self.running.try_lock() {
             Ok(guard) => guard,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => return (0..n_tasks).for_each(task),
@@ -135,13 +163,19 @@ impl Team {
         let job = Job {
             task,
             n_tasks,
-            next: AtomicUsize::new(0),
+            next: &slots,
             done: AtomicUsize::new(0),
             panic: Mutex::new(None),
         };
+        for (i, slot) in slots.iter().enumerate() {
+            // Published to the workers by the SeqCst store of `state` below.
+            slot.0.store(job.start(i), Ordering::Relaxed);
+        }
         let s = &*self.shared;
-        s.job
-            .store((&job as *const Job<'_>).cast_mut().cast(), Ordering::Relaxed);
+        s.job.store(
+            (&job as *const Job<'_>).cast_mut().cast(),
+            Ordering::Relaxed,
+        );
         let next_gen = (generation(s.state.load(Ordering::Relaxed)) + 1) & u64::from(u32::MAX);
         // SeqCst pairs with a parking worker's SeqCst store of `parked` then
         // load of `state`: either it sees this job or we see it parked.
@@ -153,8 +187,11 @@ impl Team {
         }
         // Closes the job and waits for the workers in it, also when a task
         // of ours unwinds: only then may `job` go out of scope.
-        let close = CloseOnDrop { shared: s, job: &job };
-        job.work();
+        let close = CloseOnDrop {
+            shared: s,
+            job: &job,
+        };
+        job.work(0);
         drop(close);
         let panic = job.panic.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(payload) = panic {
@@ -238,7 +275,7 @@ fn worker(s: &Shared, index: usize) {
             // SAFETY: we joined the job while its generation was open, so the
             // caller waits for our `done` below before the job goes away.
             let job = unsafe { &*job };
-            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| job.work())) {
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| job.work(index + 1))) {
                 *job.panic.lock().unwrap_or_else(|p| p.into_inner()) = Some(payload);
             }
             // Our last touch of the job.

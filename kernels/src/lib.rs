@@ -22,7 +22,7 @@ pub mod avx2;
 pub mod hip;
 pub mod scalar;
 
-pub use cpu::{AttentionShape, CpuKernels, PagedSeq, PagedShape, QuantMatrix};
+pub use cpu::{AttentionShape, CpuKernels, PagedSeq, PagedShape, QuantMatrix, TokenGrouping};
 pub use dequant::{dequantize_row, dequantize_row_scalar};
 pub use error::KernelError;
 pub use isa::Isa;

@@ -89,7 +89,12 @@ impl Case {
     /// each activation moves by at most half a quantization step (amax/127
     /// of its block) plus the f16 rounding of the block scale.
     fn quantization_bound(&self, t: usize, r: usize) -> f64 {
-        let block = self.act_block();
+        self.quantization_bound_for(self.act_block(), t, r)
+    }
+
+    /// [`Case::quantization_bound`] with activations quantized in blocks of
+    /// `block` (the VNNI panels quantize every type's in blocks of 32).
+    fn quantization_bound_for(&self, block: usize, t: usize, r: usize) -> f64 {
         let mag = self.magnitude(t, r);
         if block == 0 {
             return 1e-5 * mag + 1e-6;
@@ -156,15 +161,46 @@ fn check_case(case: &Case) {
         );
         return;
     };
-    // Its eight-token Q8_0/Q4_0 kernels keep the AVX2 kernels' order of
-    // summation, so every type gives the same bits as AVX2.
-    assert_bit_identical(&fast, &case.run(vnni1), case, "avx2 vs avx512vnni");
-    assert_bit_identical(
-        &fast,
-        &case.run(vnni3),
-        case,
-        "avx2 vs avx512vnni 3 threads",
-    );
+    let vnni = case.run(vnni1);
+    assert_bit_identical(&vnni, &case.run(vnni3), case, "avx512vnni 1 vs 3 threads");
+    if vnni1.uses_panels(case.ty, case.cols, case.n_tokens) && case.ty != GgmlType::F16 {
+        // The VNNI panels: the same quantized activations, exact integer
+        // sums, float rounding in another order.
+        check_against_reference(case, &vnni, case.act_block(), "avx512vnni panels");
+        for t in 0..case.n_tokens {
+            for r in 0..case.rows {
+                let (s, v) = (scalar[t * case.rows + r], vnni[t * case.rows + r]);
+                let tol = 2e-6 * case.magnitude(t, r) + 1e-6;
+                assert!(
+                    f64::from((s - v).abs()) <= tol,
+                    "{} token {t} row {r}: scalar {s} vs avx512vnni panels {v} (tol {tol})",
+                    case.ty
+                );
+            }
+        }
+    } else {
+        // Its eight-token Q8_0/Q4_0 kernels keep the AVX2 kernels' order of
+        // summation, and F16 panels are AVX2's own, so every other call
+        // gives the same bits as AVX2.
+        assert_bit_identical(&fast, &vnni, case, "avx2 vs avx512vnni");
+    }
+}
+
+/// Every output of `got` against the f64 dot of the dequantized weights,
+/// within the error of activations quantized in blocks of `block`.
+fn check_against_reference(case: &Case, got: &[f32], block: usize, what: &str) {
+    for t in 0..case.n_tokens {
+        for r in 0..case.rows {
+            let got = f64::from(got[t * case.rows + r]);
+            let want = reference_dot(case.row(r), case.token(t));
+            let bound = case.quantization_bound_for(block, t, r);
+            assert!(
+                (got - want).abs() <= bound,
+                "{} {what} token {t} row {r}: {got} vs f64 dot of dequantized {want} (bound {bound})",
+                case.ty
+            );
+        }
+    }
 }
 
 fn assert_bit_identical(a: &[f32], b: &[f32], case: &Case, what: &str) {
@@ -384,7 +420,8 @@ fn kernels_report_their_configuration() {
 /// The VNNI tiles take eight tokens per call: token counts around and
 /// between multiples of eight (and of the AVX2 kernels' four), row counts
 /// that split unevenly into pool tasks and odd block counts must all give
-/// each token exactly what a one-token call gives it.
+/// each token exactly what a one-token call gives it in a row-exact call,
+/// and what the dequantized weights give in a prefill call (panels).
 #[test]
 fn vnni_tiles_equal_one_token_calls_on_edge_shapes() {
     let (Some(vnni1), Some(vnni3)) = (VNNI_1.as_ref(), VNNI_3.as_ref()) else {
@@ -413,7 +450,110 @@ fn vnni_tiles_equal_one_token_calls_on_edge_shapes() {
                     assert_bit_identical(&want, &got, &case, &what);
                     k.matmul(&case.matrix(), &case.x, n_tokens, &mut got);
                     let what = format!("matmul {rows}×{cols} {n_tokens} tokens");
-                    assert_bit_identical(&want, &got, &case, &what);
+                    if k.uses_panels(ty, cols, n_tokens) {
+                        check_against_reference(&case, &got, case.act_block(), &what);
+                    } else {
+                        assert_bit_identical(&want, &got, &case, &what);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The panels on the shapes that stress them: row counts that leave a
+/// partial panel (or panel pair) or split unevenly into tasks, token counts
+/// around the four (six for F16) a kernel call takes, every packed type,
+/// one and three threads (equal bits), against the f64 product of the
+/// dequantized weights.
+#[test]
+fn vnni_panels_match_the_dequantized_product_on_edge_shapes() {
+    let (Some(vnni1), Some(vnni3)) = (VNNI_1.as_ref(), VNNI_3.as_ref()) else {
+        skip(
+            Need::Isa("avx512vnni"),
+            "this CPU lacks avx512f/avx512vl/avx512vnni",
+        );
+        return;
+    };
+    let mut seed = 12_000;
+    let types = [
+        GgmlType::F16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+    ];
+    for ty in types {
+        for (rows, blocks) in [(1, 1), (7, 3), (8, 1), (9, 2), (17, 1), (65, 3), (300, 2)] {
+            // F16 "blocks" are single elements: give its rows some width.
+            let cols = blocks * ty.block_elements().max(32);
+            for n_tokens in [4, 5, 7, 8, 9, 13, 33] {
+                seed += 1;
+                let case = Case::new(ty, rows, cols, n_tokens, seed);
+                assert!(
+                    vnni1.uses_panels(ty, cols, n_tokens),
+                    "{ty} {n_tokens} tokens"
+                );
+                let got = case.run(vnni1);
+                let what = format!("panels {rows}×{cols} {n_tokens} tokens");
+                check_against_reference(&case, &got, case.act_block(), &what);
+                assert_bit_identical(&got, &case.run(vnni3), &case, &what);
+            }
+        }
+    }
+}
+
+/// `matmuls` runs several matrices over one input as one call (q, k, v of a
+/// layer; gate and up): each output must be bit for bit what its own
+/// `matmul` (or `matmul_row_exact`) call gives, whatever mix of types and
+/// row counts shares the call, on every ISA and thread count.
+#[test]
+fn matmuls_of_one_input_equal_separate_calls() {
+    use bulkhead_kernels::TokenGrouping;
+    let kernels = [
+        Some(&*SCALAR_1),
+        Some(&*SCALAR_3),
+        AVX2_3.as_ref(),
+        VNNI_1.as_ref(),
+        VNNI_3.as_ref(),
+    ];
+    let cols = 512;
+    for n_tokens in [1, 3, 9] {
+        let mats = [
+            Case::new(GgmlType::Q4K, 70, cols, n_tokens, 61),
+            Case::new(GgmlType::Q6K, 20, cols, n_tokens, 62),
+            Case::new(GgmlType::F16, 33, cols, n_tokens, 63),
+            Case::new(GgmlType::Q8_0, 300, cols, n_tokens, 64),
+        ];
+        let x = &mats[0].x;
+        for k in kernels.into_iter().flatten() {
+            for grouping in [TokenGrouping::Several, TokenGrouping::Exact] {
+                let mut outs: Vec<Vec<f32>> = mats
+                    .iter()
+                    .map(|m| vec![f32::NAN; n_tokens * m.rows])
+                    .collect();
+                let mut pairs: Vec<_> = mats
+                    .iter()
+                    .zip(outs.iter_mut())
+                    .map(|(m, o)| (m.matrix(), o.as_mut_slice()))
+                    .collect();
+                k.matmuls(x, n_tokens, &mut pairs, grouping);
+                for (m, got) in mats.iter().zip(&outs) {
+                    let mut want = vec![f32::NAN; got.len()];
+                    match grouping {
+                        TokenGrouping::Exact => {
+                            k.matmul_row_exact(&m.matrix(), x, n_tokens, &mut want)
+                        }
+                        _ => k.matmul(&m.matrix(), x, n_tokens, &mut want),
+                    }
+                    let what = format!(
+                        "{:?}×{} {grouping:?} {n_tokens} tokens",
+                        k.isa(),
+                        k.threads()
+                    );
+                    assert_bit_identical(&want, got, m, &what);
                 }
             }
         }

@@ -2,7 +2,7 @@
 //! when the processor has them, scalar otherwise, on host memory.
 
 use bulkhead_kernels::{
-    AttentionShape, CpuKernels, Isa, KernelError, PagedSeq, PagedShape, QuantMatrix,
+    AttentionShape, CpuKernels, Isa, KernelError, PagedSeq, PagedShape, QuantMatrix, TokenGrouping,
 };
 
 use super::{Backend, OpResult, RopeParams};
@@ -50,6 +50,22 @@ impl Backend for CpuBackend {
         out: &mut [f32],
     ) -> OpResult {
         self.kernels.matmul_row_exact(w, x, n_tokens, out);
+        Ok(())
+    }
+
+    fn matmuls(
+        &self,
+        x: &[f32],
+        n_tokens: usize,
+        outs: &mut [(QuantMatrix<'_>, &mut [f32])],
+        per_row: bool,
+    ) -> OpResult {
+        let grouping = if per_row {
+            TokenGrouping::Exact
+        } else {
+            TokenGrouping::Several
+        };
+        self.kernels.matmuls(x, n_tokens, outs, grouping);
         Ok(())
     }
 

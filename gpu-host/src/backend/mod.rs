@@ -73,6 +73,27 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         n_tokens: usize,
         out: &mut [f32],
     ) -> OpResult;
+    /// `out = w · x` for every `(w, out)` of `outs`, all over the same
+    /// `n_tokens` rows of `x` (a layer's q, k and v; gate and up), each
+    /// computed as [`Backend::matmul`] (or [`Backend::matmul_per_row`] with
+    /// `per_row`) computes it. A backend may run them as one job; by default
+    /// they are one call each.
+    fn matmuls(
+        &self,
+        x: &[f32],
+        n_tokens: usize,
+        outs: &mut [(QuantMatrix<'_>, &mut [f32])],
+        per_row: bool,
+    ) -> OpResult {
+        for (w, out) in outs.iter_mut() {
+            if per_row {
+                self.matmul_per_row(w, x, n_tokens, out)?;
+            } else {
+                self.matmul(w, x, n_tokens, out)?;
+            }
+        }
+        Ok(())
+    }
     /// Row `token` of an embedding table, dequantized into `out`.
     fn embedding(&self, table: &QuantMatrix<'_>, token: u32, out: &mut [f32]) -> OpResult;
     /// RMSNorm of each `weight.len()`-wide row of `x`, scaled by `weight`.

@@ -145,6 +145,15 @@ pub trait ForwardPass {
     fn rms_norm(&mut self, x: Act, weight: &[f32], eps: f32, out: Act) -> OpResult;
     /// `out[t] = w · x[t]` for every row.
     fn matmul(&mut self, w: &QuantMatrix<'_>, x: Act, out: Act) -> OpResult;
+    /// `out = w · x[t]` for every `(w, out)` of `ws` and every row: the
+    /// projections of one input, which a pass may run as one job. By
+    /// default one [`ForwardPass::matmul`] each.
+    fn matmuls(&mut self, x: Act, ws: &[(&QuantMatrix<'_>, Act)]) -> OpResult {
+        for &(w, out) in ws {
+            self.matmul(w, x, out)?;
+        }
+        Ok(())
+    }
     /// `bias` added to every row of `x`.
     fn add_bias(&mut self, x: Act, bias: &[f32]) -> OpResult;
     /// Rotates `heads` heads of every row at its position.

@@ -214,9 +214,8 @@ impl Model {
         pass.embed(&self.weights.token_embd.view(g), Act::X)?;
         for (l, w) in self.weights.layers.iter().enumerate() {
             pass.rms_norm(Act::X, &w.attn_norm, c.rms_eps, Act::Xn)?;
-            pass.matmul(&w.wq.view(g), Act::Xn, Act::Q)?;
-            pass.matmul(&w.wk.view(g), Act::Xn, Act::K)?;
-            pass.matmul(&w.wv.view(g), Act::Xn, Act::V)?;
+            let (wq, wk, wv) = (w.wq.view(g), w.wk.view(g), w.wv.view(g));
+            pass.matmuls(Act::Xn, &[(&wq, Act::Q), (&wk, Act::K), (&wv, Act::V)])?;
             for (act, bias) in [(Act::Q, &w.bq), (Act::K, &w.bk), (Act::V, &w.bv)] {
                 if let Some(bias) = bias {
                     pass.add_bias(act, bias)?;
@@ -230,8 +229,8 @@ impl Model {
             pass.add(Act::X, Act::Proj)?;
 
             pass.rms_norm(Act::X, &w.ffn_norm, c.rms_eps, Act::Xn)?;
-            pass.matmul(&w.w_gate.view(g), Act::Xn, Act::Gate)?;
-            pass.matmul(&w.w_up.view(g), Act::Xn, Act::Up)?;
+            let (gate, up) = (w.w_gate.view(g), w.w_up.view(g));
+            pass.matmuls(Act::Xn, &[(&gate, Act::Gate), (&up, Act::Up)])?;
             pass.silu_mul(Act::Gate, Act::Up)?;
             pass.matmul(&w.w_down.view(g), Act::Gate, Act::Proj)?;
             pass.add(Act::X, Act::Proj)?;
@@ -380,6 +379,19 @@ impl ForwardPass for HostPass<'_> {
         })
     }
 
+    fn matmuls(&mut self, x: Act, ws: &[(&QuantMatrix<'_>, Act)]) -> OpResult {
+        let mut bufs: Vec<Vec<f32>> = ws
+            .iter()
+            .map(|&(_, out)| std::mem::take(&mut self.bufs[out.index()]))
+            .collect();
+        let x = &self.bufs[x.index()];
+        let r = matmuls_by_segment(self.backend, self.segments, ws, x, &mut bufs);
+        for (&(_, out), buf) in ws.iter().zip(bufs) {
+            self.bufs[out.index()] = buf;
+        }
+        r
+    }
+
     fn add_bias(&mut self, x: Act, bias: &[f32]) -> OpResult {
         self.with_out(x, |p, x| {
             for row in x.chunks_exact_mut(bias.len()) {
@@ -471,6 +483,31 @@ fn matmul_by_segment(
         } else {
             backend.matmul(w, x, n, out)?;
         }
+    }
+    Ok(())
+}
+
+/// [`matmul_by_segment`] for several matrices over one input, each span
+/// one [`Backend::matmuls`] call.
+fn matmuls_by_segment(
+    backend: &dyn Backend,
+    segments: &[Segment],
+    ws: &[(&QuantMatrix<'_>, Act)],
+    x: &[f32],
+    outs: &mut [Vec<f32>],
+) -> OpResult {
+    let Some(&(first, _)) = ws.first() else {
+        return Ok(());
+    };
+    let cols = first.cols;
+    for span in matmul_spans(segments) {
+        let (at, n) = (span.at, span.rows);
+        let mut pairs: Vec<(QuantMatrix<'_>, &mut [f32])> = ws
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|(&(w, _), out)| (*w, &mut out[at * w.rows..(at + n) * w.rows]))
+            .collect();
+        backend.matmuls(&x[at * cols..(at + n) * cols], n, &mut pairs, span.per_row)?;
     }
     Ok(())
 }

@@ -32,6 +32,34 @@ impl Vnni {
     }
 }
 
+/// Rows in a VNNI panel.
+pub const PANEL_ROWS: usize = 8;
+/// Tokens one panel call takes.
+pub const PANEL_TOKENS: usize = 4;
+
+/// Rows in an F16 panel.
+pub const F16_PANEL_ROWS: usize = 8;
+/// Tokens one F16 panel call takes.
+pub const F16_PANEL_TOKENS: usize = 6;
+/// `out[t][p]` of one F16 panel call.
+pub type F16PanelOut = [[f32; F16_PANEL_ROWS]; 2];
+
+/// Widened F16 weight rows for the AVX2 GEMM; never made on this target.
+#[derive(Debug, Default)]
+pub struct F16Panel;
+
+/// Repacked weight rows for the VNNI GEMM; never made on this target.
+#[derive(Debug, Default)]
+pub struct Panel;
+
+impl Vnni {
+    /// No type: this target has no VNNI panels.
+    pub fn packs(ty: crate::GgmlType) -> bool {
+        let _ = ty;
+        false
+    }
+}
+
 macro_rules! unreachable_methods {
     ($token:ident: $($name:ident(self $(, $arg:ident: $ty:ty)*) $(-> $ret:ty)?;)*) => {
         impl $token {
@@ -49,6 +77,8 @@ unreachable_methods! {
     Vnni:
     dot_q8_0_tokens(self, w: &[u8], x: &[&[BlockQ8_0U]], out: &mut [f32]);
     dot_q4_0_tokens(self, w: &[u8], x: &[&[BlockQ8_0U]], out: &mut [f32]);
+    pack_panel(self, ty: crate::GgmlType, rows: &[&[u8]], panel: &mut Panel);
+    panel_dot(self, panel: &Panel, ys: &[&[BlockQ8_0U]], sums: &[&[f32]], out: &mut [f32], stride: usize);
 }
 
 unreachable_methods! {
@@ -65,6 +95,8 @@ unreachable_methods! {
     dot_q5k(self, w: &[u8], x: &[BlockQ8K]) -> f32;
     dot_q6k(self, w: &[u8], x: &[BlockQ8K]) -> f32;
     dot_f16_tokens(self, w: &[u8], x: &[&[f32]], out: &mut [f32]);
+    pack_f16_panel(self, rows: &[&[u8]], panel: &mut F16Panel);
+    f16_panel_dot(self, panels: &[&F16Panel], xs: &[&[f32]], out: &mut [F16PanelOut]);
     dequantize_row(self, ty: crate::GgmlType, src: &[u8], dst: &mut [f32]) -> bool;
     rope_rotate(self, x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32], style: crate::RopeStyle);
     dot_f16_rows_tokens(self, w: &[&[u8]], x: &[&[f32]], out: &mut [f32]);

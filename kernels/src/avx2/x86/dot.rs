@@ -180,16 +180,23 @@ pub(super) fn q4_1(w: &[u8], x: &[BlockQ8_1]) -> f32 {
     hsum_ps(acc) + mins
 }
 
+/// A Q5_0 block's 32 signed quants, `(nibble | bit << 4) - 16`, in
+/// element order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q5_0_block(acc: __m256, b: &[u8; Q5_0_BYTES], y: &BlockQ8_0) -> __m256 {
-    let d = f16_splat_mul(b[0], b[1], y.d);
+pub(super) fn q5_0_quants(b: &[u8; Q5_0_BYTES]) -> __m256i {
     let bits = bytes_from_bits(u32::from_le_bytes(*arr(&b[2..])));
     // (nibble | bit << 4) - 16 as i8: where the bit is clear, setting the
     // top four bits subtracts 16; where it is set, the value is the nibble.
     let high_off = _mm256_set1_epi8(0xF0u8 as i8);
-    let q = _mm256_or_si256(nibbles(arr(&b[6..])), _mm256_andnot_si256(bits, high_off));
-    let p = _mm256_cvtepi32_ps(dot_i8_i8(q, load_i8x32(&y.qs)));
+    _mm256_or_si256(nibbles(arr(&b[6..])), _mm256_andnot_si256(bits, high_off))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q5_0_block(acc: __m256, b: &[u8; Q5_0_BYTES], y: &BlockQ8_0) -> __m256 {
+    let d = f16_splat_mul(b[0], b[1], y.d);
+    let p = _mm256_cvtepi32_ps(dot_i8_i8(q5_0_quants(b), load_i8x32(&y.qs)));
     _mm256_fmadd_ps(d, p, acc)
 }
 
@@ -337,4 +344,24 @@ pub(super) fn q6k(w: &[u8], x: &[BlockQ8K]) -> f32 {
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc);
     }
     hsum_ps(acc)
+}
+
+/// The 32 quants `q - 32` (signed, -32..=31) of 32-element sub-block `j`
+/// (0..8) of a Q6_K super-block, in element order. Element `128 n + 32 g + l`
+/// takes a nibble of `ql[64 n + 32 (g % 2) + l]` (low for g < 2) and bits
+/// `2 g, 2 g + 1` of `qh[32 n + l]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn q6k_quants(b: &[u8; Q6K_BYTES], j: usize) -> __m256i {
+    let (n, g) = (j / 4, j % 4);
+    let ql = load_u8x32(arr(&b[64 * n + 32 * (g % 2)..]));
+    let ql = if g < 2 {
+        ql
+    } else {
+        _mm256_srli_epi16::<4>(ql)
+    };
+    let qh = load_u8x32(arr(&b[128 + 32 * n..]));
+    let qh = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g as i32));
+    let q = _mm256_or_si256(_mm256_and_si256(ql, _mm256_set1_epi8(0x0F)), high(qh));
+    _mm256_sub_epi8(q, _mm256_set1_epi8(32))
 }

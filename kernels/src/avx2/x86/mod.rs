@@ -2,11 +2,17 @@
 
 mod dot;
 mod dot_tokens;
+mod gemm;
+mod gemm_f16;
 mod ops;
 mod quantize;
 mod simd;
 mod vnni;
 
+pub use gemm::{PANEL_ROWS, PANEL_TOKENS, Panel};
+pub use gemm_f16::{F16_PANEL_ROWS, F16_PANEL_TOKENS, F16Panel};
+
+use crate::GgmlType;
 use crate::quantize::{BlockQ8_0, BlockQ8_0U, BlockQ8_1, BlockQ8K};
 
 /// Proof that this CPU supports AVX2, FMA and F16C; the AVX2 kernels are its
@@ -172,6 +178,21 @@ impl Avx2 {
     }
 }
 
+/// `out[t * stride..][..rows] = res[t][..rows]` for every token: a fixed
+/// eight-float store per token for a full panel (a slice copy of eight
+/// floats is a `memmove` call).
+#[inline]
+fn put_rows<const T: usize>(out: &mut [f32], stride: usize, rows: usize, res: [[f32; 8]; T]) {
+    for (t, r) in res.iter().enumerate() {
+        let at = t * stride;
+        if rows == 8 {
+            *<&mut [f32; 8]>::try_from(&mut out[at..at + 8]).expect("eight floats") = *r;
+        } else {
+            out[at..at + rows].copy_from_slice(&r[..rows]);
+        }
+    }
+}
+
 /// `out = v`, `out` known to be `N` long: a fixed-size store. (A slice
 /// `copy_from_slice` of a few floats is a `memmove` call per weight row and
 /// token group, ~2% of a batched decode step in perf.)
@@ -278,6 +299,221 @@ vnni_token_dots! {
     /// Q4_0 · up to eight offset Q8_0 rows; bit-identical to
     /// [`Avx2::dot_q4_0`] on the same activations.
     dot_q4_0_tokens(crate::blocks::Q4_0_BYTES) => vnni::q4_0_rows;
+}
+
+impl Vnni {
+    /// Whether [`Vnni::pack_panel`] takes weights of type `ty`.
+    pub fn packs(ty: GgmlType) -> bool {
+        matches!(
+            ty,
+            GgmlType::Q8_0
+                | GgmlType::Q4_0
+                | GgmlType::Q5_0
+                | GgmlType::Q4K
+                | GgmlType::Q5K
+                | GgmlType::Q6K
+        )
+    }
+
+    /// Repacks up to [`PANEL_ROWS`] rows of a `ty` matrix (each a whole
+    /// row's bytes) into `panel` for [`Vnni::panel_dot`].
+    ///
+    /// # Panics
+    /// If `ty` is not one [`Vnni::packs`] takes, if there are no rows or
+    /// more than [`PANEL_ROWS`], or if the rows differ in length or are not
+    /// whole blocks.
+    pub fn pack_panel(self, ty: GgmlType, rows: &[&[u8]], panel: &mut Panel) {
+        assert!(
+            (1..=PANEL_ROWS).contains(&rows.len()),
+            "pack_panel: {} rows, want 1..={PANEL_ROWS}",
+            rows.len()
+        );
+        let len = rows[0].len();
+        let block = ty.block_bytes();
+        assert!(
+            len > 0 && len.is_multiple_of(block) && rows.iter().all(|r| r.len() == len),
+            "pack_panel: rows are not whole {ty} blocks of one length"
+        );
+        // SAFETY (all): `self` proves avx2, fma, f16c, avx512f, avx512vl and
+        // avx512vnni; every row was checked to be whole blocks of `ty`.
+        unsafe {
+            match ty {
+                GgmlType::Q8_0 => gemm::pack_q8_0(panel, rows),
+                GgmlType::Q4_0 => gemm::pack_q4_0(panel, rows),
+                GgmlType::Q5_0 => gemm::pack_q5_0(panel, rows),
+                GgmlType::Q4K => gemm::pack_q4k(panel, rows),
+                GgmlType::Q5K => gemm::pack_q5k(panel, rows),
+                GgmlType::Q6K => gemm::pack_q6k(panel, rows),
+                other => panic!("pack_panel: {other} weights have no panel layout"),
+            }
+        }
+    }
+
+    /// `out[t * stride + r]` = row `r` of `panel` · token `t` (offset Q8_0
+    /// blocks, one per 32 weights), for the panel's rows and up to
+    /// [`PANEL_TOKENS`] tokens. With a min term (Q4_K, Q5_K:
+    /// [`Panel::has_min`]) `sums[t][b]` must be token `t`'s `d · Σ q` of
+    /// block `b`; otherwise `sums` is not read and may be empty.
+    ///
+    /// # Panics
+    /// If there are more than [`PANEL_TOKENS`] tokens, `sums` (when read)
+    /// has another count, a token's blocks do not match the panel, or `out`
+    /// is too short for the last token's rows.
+    pub fn panel_dot(
+        self,
+        panel: &Panel,
+        ys: &[&[BlockQ8_0U]],
+        sums: &[&[f32]],
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        let n = ys.len();
+        assert!(
+            n <= PANEL_TOKENS,
+            "panel_dot: {n} tokens, at most {PANEL_TOKENS}"
+        );
+        let blocks = panel.blocks();
+        assert!(
+            ys.iter().all(|y| y.len() == blocks),
+            "panel_dot: activations are not {blocks} blocks"
+        );
+        let no_sums: [&[f32]; PANEL_TOKENS] = [&[]; PANEL_TOKENS];
+        let sums = if panel.has_min() {
+            assert!(
+                sums.len() == n && sums.iter().all(|s| s.len() == blocks),
+                "panel_dot: block sums are not {n} tokens × {blocks} blocks"
+            );
+            sums
+        } else {
+            &no_sums[..n]
+        };
+        let rows = panel.rows();
+        assert!(
+            n == 0 || out.len() >= (n - 1) * stride + rows,
+            "panel_dot: output too short"
+        );
+        // SAFETY (all): `self` proves the kernel's features; the kernel
+        // reads `blocks` entries of each token's slices, checked above.
+        unsafe {
+            match n {
+                0 => {}
+                1 => put_rows(
+                    out,
+                    stride,
+                    rows,
+                    gemm::panel_tokens::<1>(panel, [ys[0]], [sums[0]]),
+                ),
+                2 => put_rows(
+                    out,
+                    stride,
+                    rows,
+                    gemm::panel_tokens::<2>(panel, [ys[0], ys[1]], [sums[0], sums[1]]),
+                ),
+                3 => put_rows(
+                    out,
+                    stride,
+                    rows,
+                    gemm::panel_tokens::<3>(
+                        panel,
+                        [ys[0], ys[1], ys[2]],
+                        [sums[0], sums[1], sums[2]],
+                    ),
+                ),
+                _ => put_rows(
+                    out,
+                    stride,
+                    rows,
+                    gemm::panel_tokens::<4>(
+                        panel,
+                        [ys[0], ys[1], ys[2], ys[3]],
+                        [sums[0], sums[1], sums[2], sums[3]],
+                    ),
+                ),
+            }
+        }
+    }
+}
+
+/// `out[t][p]` of one [`Avx2::f16_panel_dot`] call: token `t`, panel `p`.
+pub type F16PanelOut = [[f32; F16_PANEL_ROWS]; 2];
+
+impl Avx2 {
+    /// Widens and transposes up to [`F16_PANEL_ROWS`] F16 rows (each a
+    /// whole row's bytes, a multiple of eight elements) into `panel` for
+    /// [`Avx2::f16_panel_dot`].
+    ///
+    /// # Panics
+    /// If there are no rows or too many, or they differ in length or are
+    /// not a multiple of eight elements.
+    pub fn pack_f16_panel(self, rows: &[&[u8]], panel: &mut F16Panel) {
+        assert!(
+            (1..=F16_PANEL_ROWS).contains(&rows.len()),
+            "pack_f16_panel: {} rows, want 1..={F16_PANEL_ROWS}",
+            rows.len()
+        );
+        let len = rows[0].len();
+        assert!(
+            len > 0 && len.is_multiple_of(16) && rows.iter().all(|r| r.len() == len),
+            "pack_f16_panel: rows are not one length of a multiple of eight F16"
+        );
+        // SAFETY: `self` proves avx2, fma and f16c; rows checked above.
+        unsafe { gemm_f16::pack_f16(panel, rows) }
+    }
+
+    /// `out[t][p][r]` = row `r` of `panels[p]` · `xs[t]`, for one or two
+    /// panels and up to [`F16_PANEL_TOKENS`] tokens (with one panel,
+    /// `out[t][1]` is left as it was).
+    ///
+    /// # Panics
+    /// If there are no panels or more than two, the panels differ in width,
+    /// a token is not that wide, or the token and output counts differ or
+    /// exceed [`F16_PANEL_TOKENS`].
+    pub fn f16_panel_dot(self, panels: &[&F16Panel], xs: &[&[f32]], out: &mut [F16PanelOut]) {
+        let cols = panels.first().map_or(0, |p| p.cols());
+        assert!(
+            (1..=2).contains(&panels.len()) && panels.iter().all(|p| p.cols() == cols),
+            "f16_panel_dot: want one or two panels of one width"
+        );
+        assert!(
+            xs.len() == out.len() && xs.len() <= F16_PANEL_TOKENS,
+            "f16_panel_dot: {} tokens, {} outputs (at most {F16_PANEL_TOKENS})",
+            xs.len(),
+            out.len()
+        );
+        assert!(
+            xs.iter().all(|x| x.len() == cols),
+            "f16_panel_dot: activations are not {cols} wide"
+        );
+        macro_rules! go {
+            ($($t:literal),*) => {
+                match (panels, xs.len()) {
+                    $(
+                        ([a], $t) => {
+                            // SAFETY: `self` proves avx2, fma and f16c;
+                            // widths checked above.
+                            let r = unsafe {
+                                gemm_f16::f16_panels_tokens::<1, $t>([a], xs.try_into().unwrap())
+                            };
+                            for (o, r) in out.iter_mut().zip(r) {
+                                o[0] = r[0];
+                            }
+                        }
+                        ([a, b], $t) => {
+                            // SAFETY: as above.
+                            let r = unsafe {
+                                gemm_f16::f16_panels_tokens::<2, $t>([a, b], xs.try_into().unwrap())
+                            };
+                            for (o, r) in out.iter_mut().zip(r) {
+                                *o = r;
+                            }
+                        }
+                    )*
+                    _ => {}
+                }
+            };
+        }
+        go!(1, 2, 3, 4, 5, 6);
+    }
 }
 
 impl Avx2 {

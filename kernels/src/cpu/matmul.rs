@@ -191,6 +191,12 @@ impl<'x> Activations<'x> {
     }
 }
 
+thread_local! {
+    /// The caller's scratch for prefill outputs in blocks (see
+    /// [`CpuKernels::run_jobs`]); it keeps its largest size.
+    static BLOCKED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// What a task of a [`Job`] runs: rows `first_row..` of the result into
 /// `dst`, as `[token][row]` (`dst.len() / n_tokens` rows).
 pub(super) type Work<'a> = Box<dyn Fn(usize, &mut [f32]) + Sync + 'a>;
@@ -558,17 +564,39 @@ impl CpuKernels {
     /// its own; with one token that is the task's part of the output, with
     /// more a scratch copy whose rows are then copied into place.
     fn run_jobs(&self, jobs: &[Job<'_>], n_tokens: usize, outs: &mut [&mut [f32]]) {
-        let mut blocked: Vec<Vec<f32>> = if n_tokens == 1 {
-            Vec::new()
-        } else {
-            outs.iter().map(|o| vec![0.0f32; o.len()]).collect()
-        };
+        if n_tokens == 1 {
+            let dsts = outs.iter_mut().map(|o| &mut **o).collect();
+            return self.run_tasks(jobs, n_tokens, dsts);
+        }
+        // The blocks go to a scratch buffer kept by the thread: a fresh one
+        // per call was a fresh mapping for prefill-sized outputs, and its
+        // page faults cost more than the copy.
+        BLOCKED.with_borrow_mut(|scratch| {
+            let total: usize = outs.iter().map(|o| o.len()).sum();
+            if scratch.len() < total {
+                scratch.resize(total, 0.0);
+            }
+            let mut dsts = Vec::with_capacity(outs.len());
+            let mut rest = &mut scratch[..total];
+            for o in outs.iter() {
+                let (here, tail) = rest.split_at_mut(o.len());
+                dsts.push(here);
+                rest = tail;
+            }
+            self.run_tasks(jobs, n_tokens, dsts);
+            let mut at = 0;
+            for (job, out) in jobs.iter().zip(outs.iter_mut()) {
+                let blocked = &scratch[at..at + out.len()];
+                unblock_rows(blocked, n_tokens, job.rows, job.chunk, out);
+                at += out.len();
+            }
+        });
+    }
+
+    /// Runs every job's row chunks into its `dsts` slice (each task's rows
+    /// as a `[token][row]` block), across the team when worth it.
+    fn run_tasks(&self, jobs: &[Job<'_>], n_tokens: usize, dsts: Vec<&mut [f32]>) {
         let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
-        let dsts: Vec<&mut [f32]> = if n_tokens == 1 {
-            outs.iter_mut().map(|o| &mut **o).collect()
-        } else {
-            blocked.iter_mut().map(Vec::as_mut_slice).collect()
-        };
         for (j, (job, dst)) in jobs.iter().zip(dsts).enumerate() {
             for (c, part) in dst.chunks_mut(job.chunk * n_tokens).enumerate() {
                 tasks.push((j, c * job.chunk, part));
@@ -584,11 +612,6 @@ impl CpuKernels {
                 let (j, first_row, dst) = &mut task[0];
                 (jobs[*j].work)(*first_row, dst);
             });
-        }
-        if n_tokens > 1 {
-            for ((job, blocked), out) in jobs.iter().zip(&blocked).zip(outs.iter_mut()) {
-                unblock_rows(blocked, n_tokens, job.rows, job.chunk, out);
-            }
         }
     }
 }

@@ -412,3 +412,85 @@ fn a_scrub_floor_above_its_rate_is_refused_naming_both() {
         "{err}"
     );
 }
+
+#[test]
+fn bench_reports_warm_prefill_and_decode_rates() {
+    let m = model("llama-q8_0.gguf");
+    let v = ok_json(&[
+        "bench",
+        "--model",
+        &m,
+        "--prompt-tokens",
+        "24",
+        "--gen-tokens",
+        "8",
+        "--repetitions",
+        "3",
+        "--threads",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(v["prompt_tokens"], 24);
+    assert_eq!(v["gen_tokens"], 8);
+    for key in ["prefill_samples_tok_s", "decode_samples_tok_s"] {
+        let samples = v[key].as_array().unwrap();
+        assert_eq!(samples.len(), 3, "{key}: {v}");
+        assert!(
+            samples.iter().all(|s| s.as_f64().unwrap() > 0.0),
+            "{key}: {v}"
+        );
+    }
+    // The rates are the medians of the samples.
+    for (rate, samples) in [
+        ("prefill_tok_s", "prefill_samples_tok_s"),
+        ("decode_tok_s", "decode_samples_tok_s"),
+    ] {
+        let mut s: Vec<f64> = v[samples]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        s.sort_by(f64::total_cmp);
+        assert_eq!(v[rate].as_f64().unwrap(), s[1], "{v}");
+    }
+    assert!(v["backend"].as_str().unwrap().contains("cpu"), "{v}");
+
+    // Prefill only.
+    let v = ok_json(&[
+        "bench",
+        "--model",
+        &m,
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "0",
+        "--repetitions",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(v["decode_tok_s"], 0.0);
+    assert!(v["prefill_tok_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn bench_refuses_what_it_cannot_measure() {
+    let m = model("llama-q8_0.gguf");
+    let err = failure(&["bench", "--model", &m, "--prompt-tokens", "0"]);
+    assert!(err.contains("--prompt-tokens must be"), "{err}");
+    let err = failure(&["bench", "--model", &m, "--repetitions", "0"]);
+    assert!(err.contains("--repetitions must be"), "{err}");
+    // The fixture's context is 512 positions.
+    let err = failure(&[
+        "bench",
+        "--model",
+        &m,
+        "--prompt-tokens",
+        "500",
+        "--gen-tokens",
+        "100",
+    ]);
+    assert!(err.contains("exceed the model's context of 512"), "{err}");
+    let err = failure(&["bench", "--model", "/nonexistent.gguf"]);
+    assert!(err.contains("/nonexistent.gguf"), "{err}");
+}

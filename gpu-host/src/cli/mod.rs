@@ -1,6 +1,7 @@
 //! Command-line interface of `bulkhead-gpu-host`.
 
 mod backend;
+mod bench;
 mod devices;
 mod eval;
 mod generate;
@@ -31,6 +32,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Print the logits of every prompt position as JSON.
     Eval(eval::EvalArgs),
+    /// Measure prefill and decode speed (warm, as llama.cpp's llama-bench does).
+    Bench(bench::BenchArgs),
     /// Print a model's architecture, metadata and tensor table.
     Inspect(inspect::InspectArgs),
     /// Print the token ids of a text as JSON.
@@ -45,6 +48,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         Command::Generate(a) => generate::run(a),
         Command::Eval(a) => eval::run(a),
+        Command::Bench(a) => bench::run(a),
         Command::Inspect(a) => inspect::run(a),
         Command::Tokenize(a) => inspect::tokenize(a),
         Command::Serve(a) => serve::run(a),

@@ -187,3 +187,59 @@ fn llama288_q4_k_m_fallback_types_run_and_match_llamacpp() {
     );
     quantized_no_worse_than_llamacpp("llama288");
 }
+
+/// The CPU backend's packed weights (AVX-512 VNNI: Q4_0, Q8_0, made by
+/// `preload`, as `generate`, `eval` and `bench` load a model): the same
+/// error against transformers as llama.cpp's on the same file, and the
+/// same greedy tokens as the unpacked path's logits give.
+fn packed_no_worse_than_llamacpp(family: &str) {
+    let b = backend();
+    if b.name() != "cpu-avx512vnni" {
+        bulkhead_testkit::skip(
+            bulkhead_testkit::Need::Isa("avx512vnni"),
+            "packed weights need AVX-512 VNNI",
+        );
+        return;
+    }
+    let r = reference(family);
+    for ty in ["q4_0", "q8_0"] {
+        let m = model(family, ty);
+        let plain = eval(&m, &b, &r.prompt_tokens);
+        m.preload(&b).unwrap();
+        // Every projection (the output matrix too when it is Q4_0/Q8_0;
+        // llama.cpp's Q4_0 files keep it in Q6_K).
+        assert!(
+            m.packed_matrices() >= 7 * m.config().layers,
+            "{family} {ty}: {} matrices packed",
+            m.packed_matrices()
+        );
+        let ours = eval(&m, &b, &r.prompt_tokens);
+        let (_, ours_rms) = error(&ours, &r.transformers_f32_logits);
+        let (_, plain_rms) = error(&plain, &r.transformers_f32_logits);
+        let (_, llama_rms) = error(&r.llamacpp[ty], &r.transformers_f32_logits);
+        eprintln!(
+            "{family} {ty} packed: rms {ours_rms:.3e}; unpacked {plain_rms:.3e}; llama.cpp {llama_rms:.3e}"
+        );
+        assert!(
+            ours_rms <= llama_rms * 1.01,
+            "{family} {ty}: packed rms error {ours_rms:.3e} is worse than llama.cpp's {llama_rms:.3e}"
+        );
+        for (row, (p, u)) in ours.iter().zip(&plain).enumerate() {
+            assert_eq!(
+                argmax(p),
+                argmax(u),
+                "{family} {ty}: greedy token of row {row}"
+            );
+        }
+    }
+}
+
+#[test]
+fn llama_packed_no_worse_than_llamacpp() {
+    packed_no_worse_than_llamacpp("llama");
+}
+
+#[test]
+fn qwen2_packed_no_worse_than_llamacpp() {
+    packed_no_worse_than_llamacpp("qwen2");
+}

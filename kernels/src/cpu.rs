@@ -4,7 +4,7 @@
 
 use crate::avx2::{Avx2, Vnni};
 use crate::team::Team;
-use crate::{GgmlType, Isa, KernelError};
+use crate::{GgmlType, Isa, KernelError, PackedMatrix};
 
 mod attention;
 mod gemm;
@@ -20,6 +20,9 @@ pub struct QuantMatrix<'a> {
     pub data: &'a [u8],
     pub rows: usize,
     pub cols: usize,
+    /// The same matrix repacked ([`CpuKernels::pack`]): the VNNI kernels
+    /// read it instead of `data` where given.
+    pub packed: Option<&'a PackedMatrix>,
 }
 
 impl<'a> QuantMatrix<'a> {
@@ -36,9 +39,25 @@ impl<'a> QuantMatrix<'a> {
             data,
             rows,
             cols,
+            packed: None,
         };
         m.check()?;
         Ok(m)
+    }
+
+    /// This matrix with its packed form `p` attached.
+    ///
+    /// # Panics
+    /// If `p` is not of this matrix's type and shape.
+    pub fn with_packed(self, p: &'a PackedMatrix) -> Self {
+        assert!(
+            p.fits(&self),
+            "with_packed: the packed form is of another matrix"
+        );
+        QuantMatrix {
+            packed: Some(p),
+            ..self
+        }
     }
 
     /// Bytes per row (assumes a shape that passed [`QuantMatrix::new`]).
@@ -124,6 +143,14 @@ impl CpuKernels {
             vnni,
             team,
         })
+    }
+
+    /// `m` repacked for these kernels' matvec, if they have one for its
+    /// type (AVX-512 VNNI: Q4_0 and Q8_0); attach it with
+    /// [`QuantMatrix::with_packed`]. Done once per weight, at load.
+    pub fn pack(&self, m: &QuantMatrix<'_>) -> Option<PackedMatrix> {
+        self.vnni?;
+        PackedMatrix::pack(m)
     }
 
     /// Threads that run each op, the caller included.

@@ -14,6 +14,7 @@ mod dequant;
 mod error;
 mod isa;
 mod ops;
+mod packed;
 mod quantize;
 mod team;
 mod types;
@@ -27,6 +28,7 @@ pub use dequant::{dequantize_row, dequantize_row_scalar};
 pub use error::KernelError;
 pub use isa::Isa;
 pub use ops::{RopeStyle, add, rms_norm, rope, silu_mul, softmax};
+pub use packed::{PACK_ROWS, PackedMatrix};
 pub use quantize::{
     BlockQ8_0, BlockQ8_0U, BlockQ8_1, BlockQ8K, quantize_row_q8_0, quantize_row_q8_1,
     quantize_row_q8_k,

@@ -559,3 +559,66 @@ fn matmuls_of_one_input_equal_separate_calls() {
         }
     }
 }
+
+/// Packed weights (VNNI): every call shape, decode to prefill, against the
+/// scalar oracle on the same activations; and each token's row bits the
+/// same alone or batched, on one thread or three (batched decode needs it).
+#[test]
+fn packed_weights_match_scalar_and_are_row_exact() {
+    let (Some(vnni1), Some(vnni3)) = (VNNI_1.as_ref(), VNNI_3.as_ref()) else {
+        skip(
+            Need::Isa("avx512vnni"),
+            "this CPU lacks avx512f/avx512vl/avx512vnni",
+        );
+        return;
+    };
+    let mut seed = 20_000;
+    for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+        for (rows, cols) in [(1, 32), (7, 96), (8, 64), (9, 256), (65, 800), (300, 2048)] {
+            for n_tokens in [1, 2, 4, 5, 9, 33] {
+                seed += 1;
+                let case = Case::new(ty, rows, cols, n_tokens, seed);
+                let packed = vnni1.pack(&case.matrix()).expect("Q4_0 and Q8_0 pack");
+                let m = case.matrix().with_packed(&packed);
+                let what = format!("packed {rows}×{cols} {n_tokens} tokens");
+                let mut got = vec![f32::NAN; n_tokens * rows];
+                vnni1.matmul(&m, &case.x, n_tokens, &mut got);
+                let scalar = case.run(&SCALAR_1);
+                for t in 0..n_tokens {
+                    for r in 0..rows {
+                        let (s, p) = (scalar[t * rows + r], got[t * rows + r]);
+                        let tol = 2e-6 * case.magnitude(t, r) + 1e-6;
+                        assert!(
+                            f64::from((s - p).abs()) <= tol,
+                            "{ty} {what} token {t} row {r}: scalar {s} vs packed {p}"
+                        );
+                    }
+                }
+                let mut alone = Vec::with_capacity(got.len());
+                let mut one = vec![f32::NAN; rows];
+                for t in 0..n_tokens {
+                    vnni1.matmul(&m, case.token(t), 1, &mut one);
+                    alone.extend_from_slice(&one);
+                }
+                assert_bit_identical(&alone, &got, &case, &what);
+                let mut exact = vec![f32::NAN; got.len()];
+                vnni3.matmul_row_exact(&m, &case.x, n_tokens, &mut exact);
+                assert_bit_identical(&alone, &exact, &case, &what);
+            }
+        }
+    }
+    // Kernels without VNNI have no packed form, and ignore one attached.
+    if let Some(avx2) = AVX2_1.as_ref() {
+        let case = Case::new(GgmlType::Q8_0, 9, 64, 3, 7);
+        assert!(avx2.pack(&case.matrix()).is_none());
+        let packed = vnni1.pack(&case.matrix()).unwrap();
+        let mut with = vec![f32::NAN; 27];
+        avx2.matmul(&case.matrix().with_packed(&packed), &case.x, 3, &mut with);
+        assert_bit_identical(
+            &case.run(avx2),
+            &with,
+            &case,
+            "avx2 ignores the packed form",
+        );
+    }
+}

@@ -2,7 +2,8 @@
 //! when the processor has them, scalar otherwise, on host memory.
 
 use bulkhead_kernels::{
-    AttentionShape, CpuKernels, Isa, KernelError, PagedSeq, PagedShape, QuantMatrix, TokenGrouping,
+    AttentionShape, CpuKernels, Isa, KernelError, PackedMatrix, PagedSeq, PagedShape, QuantMatrix,
+    TokenGrouping,
 };
 
 use super::{Backend, OpResult, RopeParams};
@@ -67,6 +68,10 @@ impl Backend for CpuBackend {
         };
         self.kernels.matmuls(x, n_tokens, outs, grouping);
         Ok(())
+    }
+
+    fn pack(&self, m: &QuantMatrix<'_>) -> Option<PackedMatrix> {
+        self.kernels.pack(m)
     }
 
     fn embedding(&self, table: &QuantMatrix<'_>, token: u32, out: &mut [f32]) -> OpResult {

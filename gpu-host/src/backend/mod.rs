@@ -38,7 +38,9 @@ pub use select::{
 };
 
 pub use bulkhead_kernels::hip::{DeviceError, DeviceErrorKind};
-use bulkhead_kernels::{AttentionShape, PagedSeq, PagedShape, QuantMatrix, RopeStyle};
+use bulkhead_kernels::{
+    AttentionShape, PackedMatrix, PagedSeq, PagedShape, QuantMatrix, RopeStyle,
+};
 
 /// RoPE parameters shared by every call in a model.
 #[derive(Clone, Copy, Debug)]
@@ -128,6 +130,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// KV cache resident there ([`HipBackend::begin_pass`]); `None` for
     /// one whose passes run on the host through these ops.
     fn resident(&self) -> Option<&HipBackend> {
+        None
+    }
+    /// `m` repacked into the form this backend's matmuls read fastest
+    /// (`QuantMatrix::with_packed`), or `None` where it has none: done once
+    /// per weight, at load. The CPU backend packs Q4_0 and Q8_0 on AVX-512
+    /// VNNI.
+    fn pack(&self, m: &QuantMatrix<'_>) -> Option<PackedMatrix> {
+        let _ = m;
         None
     }
     /// Makes `weight` resident where the ops will read it, so that no

@@ -80,11 +80,27 @@ impl Model {
     }
 
     /// Makes every weight the forward pass reads resident on `backend`'s
-    /// device (a no-op on the CPU): after this, passes move activations,
-    /// never weights.
+    /// device: after this, passes move activations, never weights. On the
+    /// CPU, repacks the matrices it has a faster form for
+    /// ([`Backend::pack`]); when the model is the mapped file, the file's
+    /// pages of a repacked matrix are then dropped, so memory holds one copy
+    /// (they are the file's: a later read faults them back in).
     pub fn preload(&self, backend: &dyn Backend) -> Result<(), DeviceError> {
         let g = &self.gguf;
         let w = &self.weights;
+        let tied = w.output.file_range() == w.token_embd.file_range();
+        let mut matrices: Vec<&super::weights::MatrixRef> = vec![&w.output];
+        for l in &w.layers {
+            matrices.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        }
+        for m in matrices {
+            if let Some(packed) = backend.pack(&m.view(g))
+                && m.set_packed(packed)
+                && !(tied && std::ptr::eq(m, &w.output))
+            {
+                g.release_file_pages(m.file_range());
+            }
+        }
         let matrix = |m: &super::weights::MatrixRef| backend.preload(WeightRef::Matrix(m.view(g)));
         matrix(&w.token_embd)?;
         for l in &w.layers {
@@ -96,6 +112,16 @@ impl Model {
         }
         backend.preload(WeightRef::Vector(&w.output_norm))?;
         matrix(&w.output)
+    }
+
+    /// Matrices a backend repacked at [`Model::preload`].
+    pub fn packed_matrices(&self) -> usize {
+        let w = &self.weights;
+        let layers = w
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        layers.chain([&w.output]).filter(|m| m.is_packed()).count()
     }
 
     /// Runs `tokens` through the model after what `cache` already holds,

@@ -2,26 +2,51 @@
 
 use std::ops::Range;
 
-use bulkhead_kernels::{GgmlType, QuantMatrix, dequantize_row};
+use std::sync::OnceLock;
+
+use bulkhead_kernels::{GgmlType, PackedMatrix, QuantMatrix, dequantize_row};
 
 use super::config::{Arch, ConfigError, ModelConfig};
 use crate::gguf::{Gguf, TensorInfo};
 
-/// A matrix stored in the file: `rows` rows of `cols` elements of type `ty`.
+/// A matrix stored in the file: `rows` rows of `cols` elements of type `ty`,
+/// and the form a backend repacked it into, once it has.
 #[derive(Clone, Debug)]
 pub struct MatrixRef {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
     range: Range<usize>,
+    packed: OnceLock<PackedMatrix>,
 }
 
 impl MatrixRef {
-    /// A kernel view of this matrix inside `gguf`'s mapping.
-    pub fn view<'g>(&self, gguf: &'g Gguf) -> QuantMatrix<'g> {
+    /// A kernel view of this matrix inside `gguf`'s mapping, with its packed
+    /// form when it has one.
+    pub fn view<'g>(&'g self, gguf: &'g Gguf) -> QuantMatrix<'g> {
         let bytes = &gguf.mapped_bytes()[self.range.clone()];
-        QuantMatrix::new(self.ty, bytes, self.rows, self.cols)
-            .expect("shape and length were checked when the model was loaded")
+        let m = QuantMatrix::new(self.ty, bytes, self.rows, self.cols)
+            .expect("shape and length were checked when the model was loaded");
+        match self.packed.get() {
+            Some(p) => m.with_packed(p),
+            None => m,
+        }
+    }
+
+    /// Keeps `packed` (this matrix, repacked by a backend) for every later
+    /// view; false if it already had one.
+    pub fn set_packed(&self, packed: PackedMatrix) -> bool {
+        self.packed.set(packed).is_ok()
+    }
+
+    /// Whether a backend repacked this matrix.
+    pub fn is_packed(&self) -> bool {
+        self.packed.get().is_some()
+    }
+
+    /// The file's bytes of this matrix.
+    pub fn file_range(&self) -> Range<usize> {
+        self.range.clone()
     }
 }
 
@@ -129,6 +154,7 @@ fn matrix(gguf: &Gguf, name: &str, rows: usize, cols: usize) -> Result<MatrixRef
         rows,
         cols,
         range: t.file_range(),
+        packed: OnceLock::new(),
     })
 }
 

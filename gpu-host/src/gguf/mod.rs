@@ -24,6 +24,8 @@ pub struct Gguf {
     path: PathBuf,
     map: Mmap,
     layout: GgufLayout,
+    /// The map is the file's pages (`open`), not a resident copy.
+    file_backed: bool,
 }
 
 impl Gguf {
@@ -39,7 +41,12 @@ impl Gguf {
             source,
         })?;
         let layout = GgufLayout::parse(&map, &Limits::default())?;
-        Ok(Gguf { path, map, layout })
+        Ok(Gguf {
+            path,
+            map,
+            layout,
+            file_backed: true,
+        })
     }
 
     /// Parses a file already copied into memory (the weight verifier's
@@ -50,7 +57,32 @@ impl Gguf {
             path: path.as_ref().to_path_buf(),
             map,
             layout,
+            file_backed: false,
         })
+    }
+
+    /// Lets the kernel drop the pages of `range` from this process's memory
+    /// when they are the mapped file's (`open`): a later read faults them
+    /// back in from the file, so nothing is lost. A no-op for a resident
+    /// copy (`from_resident`), whose pages are the only copy and which the
+    /// weight scrub reads. For weights the backend keeps in another form.
+    #[allow(unsafe_code)]
+    pub fn release_file_pages(&self, range: std::ops::Range<usize>) {
+        if !self.file_backed || range.is_empty() || range.end > self.map.len() {
+            return;
+        }
+        // SAFETY: the map is a private, read-only mapping of a file that
+        // was never written through it, so every page equals the file's and
+        // MADV_DONTNEED only drops our reference: a later access faults the
+        // same bytes back in. (On anonymous memory it would zero them; that
+        // case returned above.) A failure only leaves the pages resident.
+        let _ = unsafe {
+            self.map.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                range.start,
+                range.len(),
+            )
+        };
     }
 
     /// The file this was opened from.

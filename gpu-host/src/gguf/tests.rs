@@ -321,3 +321,23 @@ mod prop {
         }
     }
 }
+
+/// Releasing a file-backed tensor's pages loses nothing: the bytes read
+/// back are the file's. A resident copy ignores the request.
+#[test]
+fn released_file_pages_read_back_the_same_bytes() {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/models/llama-q8_0.gguf");
+    let g = Gguf::open(&path).unwrap();
+    let before = g.mapped_bytes().to_vec();
+    let t = g.tensor("blk.0.ffn_up.weight").unwrap().clone();
+    g.release_file_pages(t.file_range());
+    g.release_file_pages(0..g.file_len());
+    assert_eq!(g.mapped_bytes(), &before[..]);
+
+    let mut copy = memmap2::MmapMut::map_anon(before.len()).unwrap();
+    copy.copy_from_slice(&before);
+    let resident = Gguf::from_resident(&path, copy.make_read_only().unwrap()).unwrap();
+    resident.release_file_pages(0..resident.file_len());
+    assert_eq!(resident.mapped_bytes(), &before[..]);
+}

@@ -37,6 +37,9 @@ pub const PANEL_ROWS: usize = 8;
 /// Tokens one panel call takes.
 pub const PANEL_TOKENS: usize = 4;
 
+/// Tokens per `packed_dot` call.
+pub const PACKED_TOKENS: usize = 4;
+
 /// Rows in an F16 panel.
 pub const F16_PANEL_ROWS: usize = 8;
 /// Tokens one F16 panel call takes.
@@ -78,6 +81,7 @@ unreachable_methods! {
     dot_q8_0_tokens(self, w: &[u8], x: &[&[BlockQ8_0U]], out: &mut [f32]);
     dot_q4_0_tokens(self, w: &[u8], x: &[&[BlockQ8_0U]], out: &mut [f32]);
     pack_panel(self, ty: crate::GgmlType, rows: &[&[u8]], panel: &mut Panel);
+    packed_dot(self, p: &crate::PackedMatrix, g: usize, ys: &[&[BlockQ8_0]], sums: &[&[i32]], out: &mut [[f32; crate::PACK_ROWS]]);
     panel_dot(self, panel: &Panel, ys: &[&[BlockQ8_0U]], sums: &[&[f32]], out: &mut [f32], stride: usize);
 }
 

@@ -10,15 +10,12 @@ use super::matmul::{Activations, Job};
 use super::{CpuKernels, QuantMatrix};
 use crate::GgmlType;
 use crate::avx2::{
-    Avx2, F16_PANEL_ROWS, F16_PANEL_TOKENS, F16Panel, F16PanelOut, PANEL_ROWS, PANEL_TOKENS, Panel,
-    Vnni,
+    Avx2, F16_PANEL_ROWS, F16_PANEL_TOKENS, F16Panel, F16PanelOut, PACKED_TOKENS, PANEL_ROWS,
+    PANEL_TOKENS, Panel, Vnni,
 };
+use crate::quantize::BlockQ8_0;
 use crate::quantize::BlockQ8_0U;
-
-/// Tokens from which a matmul goes through panels. Below it the repack
-/// (one pass over the weights, as the matmul itself) is shared by too few
-/// tokens to pay off against the multi-token row kernels.
-pub(super) const MIN_PANEL_TOKENS: usize = 4;
+use crate::{PACK_ROWS, PackedMatrix};
 
 thread_local! {
     /// Each thread's panel, reused across tasks and calls.
@@ -96,6 +93,58 @@ impl CpuKernels {
 }
 
 impl CpuKernels {
+    /// The job for `w` through its packed form `p` (every call, decode or
+    /// prefill): groups of eight rows, four tokens per kernel call.
+    pub(super) fn packed_job<'a>(
+        &'a self,
+        vnni: Vnni,
+        w: &QuantMatrix<'a>,
+        p: &'a PackedMatrix,
+        acts: &'a Activations<'a>,
+    ) -> Job<'a> {
+        let n_tokens = acts.tokens();
+        let blocks = w.cols / 32;
+        let ys = acts.q8_0(self);
+        let sums = acts.q8_0_isums(self);
+        // Whole groups per task, at least four tasks a thread.
+        let groups = w.rows.div_ceil(PACK_ROWS);
+        let chunk = groups.div_ceil(self.threads() * 4).clamp(1, 8) * PACK_ROWS;
+        self.new_job(
+            w,
+            n_tokens,
+            chunk,
+            Box::new(move |first_row, dst| {
+                let rows_here = dst.len() / n_tokens;
+                for r0 in (0..rows_here).step_by(PACK_ROWS) {
+                    let nr = PACK_ROWS.min(rows_here - r0);
+                    let g = (first_row + r0) / PACK_ROWS;
+                    for t0 in (0..n_tokens).step_by(PACKED_TOKENS) {
+                        let nt = PACKED_TOKENS.min(n_tokens - t0);
+                        let mut xs: [&[BlockQ8_0]; PACKED_TOKENS] = [&[]; PACKED_TOKENS];
+                        let mut ss: [&[i32]; PACKED_TOKENS] = [&[]; PACKED_TOKENS];
+                        for i in 0..nt {
+                            let t = t0 + i;
+                            xs[i] = &ys[t * blocks..(t + 1) * blocks];
+                            ss[i] = &sums[t * blocks..(t + 1) * blocks];
+                        }
+                        let mut res = [[0.0f32; PACK_ROWS]; PACKED_TOKENS];
+                        vnni.packed_dot(p, g, &xs[..nt], &ss[..nt], &mut res[..nt]);
+                        for (i, res) in res[..nt].iter().enumerate() {
+                            let at = (t0 + i) * rows_here + r0;
+                            if nr == PACK_ROWS {
+                                let out: &mut [f32; PACK_ROWS] =
+                                    (&mut dst[at..at + PACK_ROWS]).try_into().expect("a group");
+                                *out = *res;
+                            } else {
+                                dst[at..at + nr].copy_from_slice(&res[..nr]);
+                            }
+                        }
+                    }
+                }
+            }),
+        )
+    }
+
     /// The job for F16 weights `w` (a multiple of eight columns) through
     /// F16 panels, two at a time.
     pub(super) fn f16_panels_job<'a>(

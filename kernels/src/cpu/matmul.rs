@@ -6,13 +6,18 @@
 
 use std::cell::OnceCell;
 
-use super::{Backend, CpuKernels, MIN_PARALLEL_MACS, MIN_PARALLEL_QUANTIZE, QuantMatrix, gemm};
+use super::{Backend, CpuKernels, MIN_PARALLEL_MACS, MIN_PARALLEL_QUANTIZE, QuantMatrix};
 use crate::avx2::{Avx2, F16_PANEL_ROWS, Vnni};
 use crate::quantize::{
     BlockQ8_0, BlockQ8_0U, BlockQ8_1, BlockQ8K, quantize_row_q8_0, quantize_row_q8_1,
     quantize_row_q8_k,
 };
 use crate::{GgmlType, scalar};
+
+/// Tokens from which a matmul goes through panels. Below it the repack
+/// (one pass over the weights, as the matmul itself) is shared by too few
+/// tokens to pay off against the multi-token row kernels.
+const MIN_PANEL_TOKENS: usize = 4;
 
 /// Whether matmul may hand several tokens to one kernel call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,6 +111,8 @@ pub(super) struct Activations<'x> {
     cols: usize,
     q8_0: OnceCell<Vec<BlockQ8_0>>,
     q8_0u: OnceCell<Vec<BlockQ8_0U>>,
+    /// `Σ q` of every Q8_0 block.
+    q8_0_isums: OnceCell<Vec<i32>>,
     q8_1: OnceCell<Vec<BlockQ8_1>>,
     q8_k: OnceCell<Vec<BlockQ8K>>,
     /// The Q8_K blocks as 32-element offset blocks, with their sums.
@@ -120,6 +127,7 @@ impl<'x> Activations<'x> {
             cols,
             q8_0: OnceCell::new(),
             q8_0u: OnceCell::new(),
+            q8_0_isums: OnceCell::new(),
             q8_1: OnceCell::new(),
             q8_k: OnceCell::new(),
             q8_k_32: OnceCell::new(),
@@ -150,6 +158,16 @@ impl<'x> Activations<'x> {
     pub(super) fn q8_0u(&self, k: &CpuKernels) -> &[BlockQ8_0U] {
         self.q8_0u
             .get_or_init(|| self.q8_0(k).iter().map(BlockQ8_0U::from).collect())
+    }
+
+    /// `Σ q` of every Q8_0 block (the packed matvec's offset terms).
+    pub(super) fn q8_0_isums(&self, k: &CpuKernels) -> &[i32] {
+        self.q8_0_isums.get_or_init(|| {
+            self.q8_0(k)
+                .iter()
+                .map(|b| b.qs.iter().map(|&v| i32::from(v)).sum())
+                .collect()
+        })
     }
 
     /// The Q8_K blocks (as K-quant weights take them, and ggml quantizes
@@ -303,7 +321,7 @@ impl CpuKernels {
     /// from the one-row kernels' by float re-association only: they take
     /// the same quantized activations.
     pub fn uses_panels(&self, ty: GgmlType, cols: usize, n_tokens: usize) -> bool {
-        n_tokens >= gemm::MIN_PANEL_TOKENS
+        n_tokens >= MIN_PANEL_TOKENS
             && match ty {
                 GgmlType::F16 => {
                     matches!(self.backend, Backend::Avx2(_)) && cols.is_multiple_of(F16_PANEL_ROWS)
@@ -320,6 +338,11 @@ impl CpuKernels {
         grouping: TokenGrouping,
     ) -> Job<'a> {
         let n_tokens = acts.tokens();
+        // Packed weights: one kernel for decode, batched decode and
+        // prefill, each row's result independent of what shares the call.
+        if let (Some(p), Some(v)) = (w.packed, self.vnni) {
+            return self.packed_job(v, w, p, acts);
+        }
         if grouping == TokenGrouping::Several && self.uses_panels(w.ty, w.cols, n_tokens) {
             match (self.backend, self.vnni) {
                 (Backend::Avx2(k), _) if w.ty == GgmlType::F16 => {

@@ -5,12 +5,14 @@ mod dot_tokens;
 mod gemm;
 mod gemm_f16;
 mod ops;
+mod packed;
 mod quantize;
 mod simd;
 mod vnni;
 
 pub use gemm::{PANEL_ROWS, PANEL_TOKENS, Panel};
 pub use gemm_f16::{F16_PANEL_ROWS, F16_PANEL_TOKENS, F16Panel};
+pub use packed::PACKED_TOKENS;
 
 use crate::GgmlType;
 use crate::quantize::{BlockQ8_0, BlockQ8_0U, BlockQ8_1, BlockQ8K};
@@ -302,6 +304,75 @@ vnni_token_dots! {
 }
 
 impl Vnni {
+    /// `out[t][r]` = row `8g + r` of `p` · token `t`, for group `g`'s rows
+    /// (lanes past the matrix's last row are zero) and up to
+    /// [`PACKED_TOKENS`] tokens of Q8_0 activations, `sums[t][b]` being
+    /// token `t`'s `Σ q` of block `b`. A row's result is the same whatever
+    /// tokens share the call.
+    ///
+    /// # Panics
+    /// If `g` is past the last group, or the tokens' blocks, sums and
+    /// outputs do not match `p` and each other.
+    pub fn packed_dot(
+        self,
+        p: &crate::PackedMatrix,
+        g: usize,
+        ys: &[&[BlockQ8_0]],
+        sums: &[&[i32]],
+        out: &mut [[f32; crate::PACK_ROWS]],
+    ) {
+        let blocks = p.cols() / 32;
+        let group = p.group(g);
+        let n = ys.len();
+        assert!(
+            n <= PACKED_TOKENS && sums.len() == n && out.len() == n,
+            "packed_dot: {n} tokens, {} sums, {} outputs (at most {PACKED_TOKENS})",
+            sums.len(),
+            out.len()
+        );
+        assert!(
+            ys.iter().all(|y| y.len() == blocks) && sums.iter().all(|s| s.len() == blocks),
+            "packed_dot: activations are not {blocks} blocks"
+        );
+        let ty = p.ty();
+        // SAFETY (each arm): `self` proves avx2, fma, f16c, avx512f,
+        // avx512vl and avx512vnni; `group` is `blocks` packed blocks of
+        // `ty` and every token has `blocks` blocks and sums (checked above).
+        unsafe {
+            match n {
+                0 => {}
+                1 => out.copy_from_slice(&packed::packed_tokens::<1>(
+                    ty,
+                    group,
+                    blocks,
+                    [ys[0]],
+                    [sums[0]],
+                )),
+                2 => out.copy_from_slice(&packed::packed_tokens::<2>(
+                    ty,
+                    group,
+                    blocks,
+                    [ys[0], ys[1]],
+                    [sums[0], sums[1]],
+                )),
+                3 => out.copy_from_slice(&packed::packed_tokens::<3>(
+                    ty,
+                    group,
+                    blocks,
+                    [ys[0], ys[1], ys[2]],
+                    [sums[0], sums[1], sums[2]],
+                )),
+                _ => out.copy_from_slice(&packed::packed_tokens::<4>(
+                    ty,
+                    group,
+                    blocks,
+                    [ys[0], ys[1], ys[2], ys[3]],
+                    [sums[0], sums[1], sums[2], sums[3]],
+                )),
+            }
+        }
+    }
+
     /// Whether [`Vnni::pack_panel`] takes weights of type `ty`.
     pub fn packs(ty: GgmlType) -> bool {
         matches!(

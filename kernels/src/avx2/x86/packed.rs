@@ -1,0 +1,116 @@
+//! The matvec on [`PackedMatrix`] groups with AVX-512 VNNI (256-bit forms):
+//! eight rows against up to four tokens.
+//!
+//! Per block: the eight rows' quants `W[k]` (unsigned, `q + K`) enter
+//! `vpdpbusd` against a broadcast dword of the token's signed quants, so
+//! lane `r` sums row `r`'s 32 products; the offset's share `K Σ y` starts
+//! the sum; the convert, the scale (eight rows' `d_w` times the token's
+//! `d_y`) and the FMA serve all eight rows. Even and odd `k` go to two
+//! accumulators so the `vpdpbusd` chain is half as long.
+//!
+//! A row's result depends only on its own quants and the token's: integer
+//! sums are exact and each lane's float steps run in block order, so a row
+//! comes out the same whatever group and tokens share its call (batched
+//! decode rows equal single-token calls bit for bit).
+
+use std::arch::x86_64::*;
+
+use super::dot::arr;
+use super::simd::*;
+use crate::GgmlType;
+use crate::packed::PACK_ROWS;
+use crate::quantize::BlockQ8_0;
+
+/// Tokens per call.
+pub const PACKED_TOKENS: usize = 4;
+
+/// Quants `4k..4k + 4` of a block, in every lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn bcast4(qs: &[i8; 32], k: usize) -> __m256i {
+    let q = [
+        qs[4 * k] as u8,
+        qs[4 * k + 1] as u8,
+        qs[4 * k + 2] as u8,
+        qs[4 * k + 3] as u8,
+    ];
+    _mm256_set1_epi32(i32::from_le_bytes(q))
+}
+
+/// The eight vectors `W[k]` of a packed block's quants.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn unpack<const Q4: bool>(quants: &[u8]) -> [__m256i; 8] {
+    let mut w = [_mm256_setzero_si256(); 8];
+    if Q4 {
+        let low = _mm256_set1_epi8(0x0F);
+        for j in 0..4 {
+            let v = load_u8x32(arr(&quants[32 * j..]));
+            w[2 * j] = _mm256_and_si256(v, low);
+            w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+        }
+    } else {
+        for (k, wk) in w.iter_mut().enumerate() {
+            *wk = load_u8x32(arr(&quants[32 * k..]));
+        }
+    }
+    w
+}
+
+/// `out[t][r]` = row `r` of the packed `group` (`blocks` blocks of
+/// `group_block` bytes) · token `t`; `sums[t][b]` is token `t`'s `Σ q` of
+/// block `b`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+fn group_tokens<const Q4: bool, const T: usize>(
+    group: &[u8],
+    blocks: usize,
+    ys: [&[BlockQ8_0]; T],
+    sums: [&[i32]; T],
+) -> [[f32; PACK_ROWS]; T] {
+    let (group_block, k_offset) = if Q4 { (16 + 128, 8) } else { (16 + 256, 128) };
+    let group = &group[..blocks * group_block];
+    let mut y = [&[][..]; T];
+    let mut sm = [&[][..]; T];
+    for t in 0..T {
+        y[t] = &ys[t][..blocks];
+        sm[t] = &sums[t][..blocks];
+    }
+    let mut acc = [_mm256_setzero_ps(); T];
+    for (b, blk) in group.chunks_exact(group_block).enumerate() {
+        let d_w = _mm256_cvtph_ps(load_u8x16(arr(blk)));
+        let w = unpack::<Q4>(&blk[16..]);
+        for t in 0..T {
+            let yb = &y[t][b];
+            let mut even = _mm256_set1_epi32(-k_offset * sm[t][b]);
+            let mut odd = _mm256_setzero_si256();
+            for k in (0..8).step_by(2) {
+                even = _mm256_dpbusd_epi32(even, w[k], bcast4(&yb.qs, k));
+                odd = _mm256_dpbusd_epi32(odd, w[k + 1], bcast4(&yb.qs, k + 1));
+            }
+            let s = _mm256_cvtepi32_ps(_mm256_add_epi32(even, odd));
+            let d = _mm256_mul_ps(d_w, _mm256_set1_ps(yb.d));
+            acc[t] = _mm256_fmadd_ps(s, d, acc[t]);
+        }
+    }
+    let mut out = [[0.0f32; PACK_ROWS]; T];
+    for t in 0..T {
+        store_f32x8(&mut out[t], acc[t]);
+    }
+    out
+}
+
+/// [`group_tokens`] for the group's type.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+pub(super) fn packed_tokens<const T: usize>(
+    ty: GgmlType,
+    group: &[u8],
+    blocks: usize,
+    ys: [&[BlockQ8_0]; T],
+    sums: [&[i32]; T],
+) -> [[f32; PACK_ROWS]; T] {
+    match ty {
+        GgmlType::Q4_0 => group_tokens::<true, T>(group, blocks, ys, sums),
+        _ => group_tokens::<false, T>(group, blocks, ys, sums),
+    }
+}

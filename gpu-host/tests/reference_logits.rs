@@ -188,7 +188,7 @@ fn llama288_q4_k_m_fallback_types_run_and_match_llamacpp() {
     quantized_no_worse_than_llamacpp("llama288");
 }
 
-/// The CPU backend's packed weights (AVX-512 VNNI: Q4_0, Q8_0, made by
+/// The CPU backend's packed weights (AVX-512 VNNI: Q4_0, Q8_0, Q4_K, Q6_K, made by
 /// `preload`, as `generate`, `eval` and `bench` load a model): the same
 /// error against transformers as llama.cpp's on the same file, and the
 /// same greedy tokens as the unpacked path's logits give.
@@ -202,7 +202,7 @@ fn packed_no_worse_than_llamacpp(family: &str) {
         return;
     }
     let r = reference(family);
-    for ty in ["q4_0", "q8_0"] {
+    for ty in ["q4_0", "q8_0", "q4_k_m"] {
         let m = model(family, ty);
         let plain = eval(&m, &b, &r.prompt_tokens);
         m.preload(&b).unwrap();

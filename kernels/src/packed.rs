@@ -1,6 +1,8 @@
 //! Weights repacked once, at load, for the VNNI matvec: every eight rows
 //! interleaved block by block so that one 256-bit vector holds the same
-//! four quants of all eight rows ([`PackedMatrix`]).
+//! four quants of all eight rows ([`PackedMatrix`]). Q4_0 and Q8_0; Q4_K
+//! and Q6_K with their sub-block scales kept as integers, applied to exact
+//! integer sums as ggml's K-quant dots do.
 //!
 //! The file's layout suits one row at a time: a block's scale, then its
 //! quants. A one-row kernel pays a convert, a scale product and an FMA per
@@ -11,7 +13,7 @@
 //! memory than before; the last group of a matrix is padded with zero rows.
 #![forbid(unsafe_code)]
 
-use crate::blocks::{Q4_0_BYTES, Q8_0_BYTES, QK};
+use crate::blocks::{Q4_0_BYTES, Q4K_BYTES, Q6K_BYTES, Q8_0_BYTES, scales_mins_k4};
 use crate::{GgmlType, QuantMatrix};
 
 /// Rows interleaved in a group.
@@ -36,7 +38,10 @@ pub struct PackedMatrix {
 impl PackedMatrix {
     /// Whether `ty` has a packed form.
     pub fn packs(ty: GgmlType) -> bool {
-        matches!(ty, GgmlType::Q4_0 | GgmlType::Q8_0)
+        matches!(
+            ty,
+            GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q6K
+        )
     }
 
     /// `m` repacked, or `None` for a type without a packed form.
@@ -44,7 +49,7 @@ impl PackedMatrix {
         if !Self::packs(m.ty) {
             return None;
         }
-        let blocks = m.cols / QK;
+        let blocks = m.cols / m.ty.block_elements();
         let groups = m.rows.div_ceil(PACK_ROWS);
         let group_block = group_block_bytes(m.ty);
         let mut data = vec![0u8; groups * blocks * group_block];
@@ -52,7 +57,11 @@ impl PackedMatrix {
             for (b, out) in group.chunks_exact_mut(group_block).enumerate() {
                 for r in 0..PACK_ROWS.min(m.rows - g * PACK_ROWS) {
                     let row = m.row(g * PACK_ROWS + r);
-                    pack_row_block(m.ty, row, b, r, out);
+                    match m.ty {
+                        GgmlType::Q4K => pack_q4k_row_block(row, b, r, out),
+                        GgmlType::Q6K => pack_q6k_row_block(row, b, r, out),
+                        _ => pack_row_block(m.ty, row, b, r, out),
+                    }
                 }
             }
         }
@@ -81,9 +90,14 @@ impl PackedMatrix {
         group_block_bytes(self.ty)
     }
 
+    /// Blocks per row: of 32 elements, or of 256 for Q4_K and Q6_K.
+    pub fn blocks(&self) -> usize {
+        self.cols / self.ty.block_elements()
+    }
+
     /// The packed bytes of group `g` (rows `8g..8g + 8`): every block's.
     pub fn group(&self, g: usize) -> &[u8] {
-        let n = self.cols / QK * self.group_block_bytes();
+        let n = self.blocks() * self.group_block_bytes();
         &self.data[g * n..(g + 1) * n]
     }
 
@@ -103,7 +117,38 @@ impl PackedMatrix {
 fn group_block_bytes(ty: GgmlType) -> usize {
     match ty {
         GgmlType::Q4_0 => 16 + 128,
+        GgmlType::Q4K => Q4K_GROUP_BYTES,
+        GgmlType::Q6K => Q6K_GROUP_BYTES,
         _ => 16 + 256,
+    }
+}
+
+/// A Q4_K super-block of eight rows: `d` and `dmin` (f16 per row), the
+/// eight sub-blocks' 6-bit scales and mins (a byte per row), then each
+/// sub-block's quants (0..=15) nibble-packed as Q4_0's are: 1184 bytes for
+/// the 1152 of eight rows in the file.
+pub(crate) const Q4K_GROUP_BYTES: usize = 16 + 16 + 64 + 64 + 8 * 128;
+pub(crate) const Q4K_SCALES_AT: usize = 32;
+pub(crate) const Q4K_MINS_AT: usize = 96;
+pub(crate) const Q4K_QUANTS_AT: usize = 160;
+
+/// Writes row `r`'s Q4_K super-block `b` into its lanes of `out`.
+fn pack_q4k_row_block(row: &[u8], b: usize, r: usize, out: &mut [u8]) {
+    let block = &row[b * Q4K_BYTES..(b + 1) * Q4K_BYTES];
+    out[2 * r..2 * r + 2].copy_from_slice(&block[..2]);
+    out[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&block[2..4]);
+    let (scales, mins) = scales_mins_k4(&block[4..16]);
+    for j in 0..8 {
+        out[Q4K_SCALES_AT + 8 * j + r] = scales[j];
+        out[Q4K_MINS_AT + 8 * j + r] = mins[j];
+        let quants = &mut out[Q4K_QUANTS_AT + 128 * j..Q4K_QUANTS_AT + 128 * (j + 1)];
+        let qs = &block[16 + 32 * (j / 2)..16 + 32 * (j / 2) + 32];
+        for k in 0..8 {
+            for m in 0..4 {
+                let q = (qs[4 * k + m] >> (4 * (j % 2))) & 0x0F;
+                quants[32 * (k / 2) + 4 * r + m] |= q << (4 * (k % 2));
+            }
+        }
     }
 }
 
@@ -131,6 +176,48 @@ fn pack_row_block(ty: GgmlType, row: &[u8], b: usize, r: usize, out: &mut [u8]) 
             }
         }
     }
+}
+
+/// A Q6_K super-block of eight rows: `d` (f16 per row), the sixteen
+/// 16-element sub-blocks' scales (an i8 per row), then per 32-element
+/// sub-block the quants (`q + 32`, 0..=63): their low nibbles packed as
+/// Q4_0's (128 bytes), then their top two bits, two vectors whose byte
+/// `4r + m` holds, in bits `2k' .. 2k' + 2`, those of element `4k + m`
+/// (`k' = k % 4`; `k < 4` in the first). 1680 bytes, as eight rows in the
+/// file.
+pub(crate) const Q6K_GROUP_BYTES: usize = 16 + 128 + 8 * 192;
+pub(crate) const Q6K_SCALES_AT: usize = 16;
+pub(crate) const Q6K_QUANTS_AT: usize = 144;
+
+/// Writes row `r`'s Q6_K super-block `b` into its lanes of `out`.
+fn pack_q6k_row_block(row: &[u8], b: usize, r: usize, out: &mut [u8]) {
+    let block = &row[b * Q6K_BYTES..(b + 1) * Q6K_BYTES];
+    out[2 * r..2 * r + 2].copy_from_slice(&block[208..210]);
+    for s in 0..16 {
+        out[Q6K_SCALES_AT + 8 * s + r] = block[192 + s];
+    }
+    for j in 0..8 {
+        let sub = &mut out[Q6K_QUANTS_AT + 192 * j..Q6K_QUANTS_AT + 192 * (j + 1)];
+        for k in 0..8 {
+            for m in 0..4 {
+                let q = q6k_quant(block, 32 * j + 4 * k + m);
+                let at = 4 * r + m;
+                sub[32 * (k / 2) + at] |= (q & 0x0F) << (4 * (k % 2));
+                sub[128 + 32 * (k / 4) + at] |= (q >> 4) << (2 * (k % 4));
+            }
+        }
+    }
+}
+
+/// Element `e` (0..256) of a Q6_K super-block as stored: `q + 32`, 0..=63.
+/// Element `128 n + 32 g + l` takes a nibble of `ql[64 n + 32 (g % 2) + l]`
+/// (the high one for `g >= 2`) and bits `2g, 2g + 1` of `qh[32 n + l]`.
+fn q6k_quant(block: &[u8], e: usize) -> u8 {
+    let (n, g, l) = (e / 128, e % 128 / 32, e % 32);
+    let ql = block[64 * n + 32 * (g % 2) + l];
+    let low = if g < 2 { ql & 0x0F } else { ql >> 4 };
+    let high = (block[128 + 32 * n + l] >> (2 * g)) & 3;
+    low | (high << 4)
 }
 
 /// Element `e` of a Q4_0 block as stored: `q + 8`, 0..=15.
@@ -201,11 +288,12 @@ mod tests {
     }
 
     #[test]
-    fn only_q4_0_and_q8_0_pack() {
+    fn only_q4_0_q8_0_q4_k_and_q6_k_pack() {
         let data = vec![0u8; 4 * 34];
         let m = QuantMatrix::new(GgmlType::Q8_0, &data, 4, 32).unwrap();
         assert!(PackedMatrix::pack(&m).is_some());
-        for ty in [GgmlType::F16, GgmlType::Q4K, GgmlType::Q6K] {
+        assert!(PackedMatrix::packs(GgmlType::Q4K) && PackedMatrix::packs(GgmlType::Q6K));
+        for ty in [GgmlType::F16, GgmlType::Q5_0, GgmlType::Q5K] {
             assert!(!PackedMatrix::packs(ty), "{ty}");
         }
     }

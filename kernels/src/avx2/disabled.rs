@@ -82,6 +82,7 @@ unreachable_methods! {
     dot_q4_0_tokens(self, w: &[u8], x: &[&[BlockQ8_0U]], out: &mut [f32]);
     pack_panel(self, ty: crate::GgmlType, rows: &[&[u8]], panel: &mut Panel);
     packed_dot(self, p: &crate::PackedMatrix, g: usize, ys: &[&[BlockQ8_0]], sums: &[&[i32]], out: &mut [[f32; crate::PACK_ROWS]]);
+    packed_dot_k(self, p: &crate::PackedMatrix, g: usize, ys: &[&[BlockQ8K]], out: &mut [[f32; crate::PACK_ROWS]]);
     panel_dot(self, panel: &Panel, ys: &[&[BlockQ8_0U]], sums: &[&[f32]], out: &mut [f32], stride: usize);
 }
 

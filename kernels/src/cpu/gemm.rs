@@ -13,8 +13,7 @@ use crate::avx2::{
     Avx2, F16_PANEL_ROWS, F16_PANEL_TOKENS, F16Panel, F16PanelOut, PACKED_TOKENS, PANEL_ROWS,
     PANEL_TOKENS, Panel, Vnni,
 };
-use crate::quantize::BlockQ8_0;
-use crate::quantize::BlockQ8_0U;
+use crate::quantize::{BlockQ8_0, BlockQ8_0U, BlockQ8K};
 use crate::{PACK_ROWS, PackedMatrix};
 
 thread_local! {
@@ -103,9 +102,15 @@ impl CpuKernels {
         acts: &'a Activations<'a>,
     ) -> Job<'a> {
         let n_tokens = acts.tokens();
-        let blocks = w.cols / 32;
-        let ys = acts.q8_0(self);
-        let sums = acts.q8_0_isums(self);
+        let blocks = p.blocks();
+        // K-quants take Q8_K activations, as their row kernels do; the
+        // others Q8_0.
+        let k_quant = matches!(p.ty(), GgmlType::Q4K | GgmlType::Q6K);
+        let (ys, sums, ys_k): (&[BlockQ8_0], &[i32], &[BlockQ8K]) = if k_quant {
+            (&[], &[], acts.q8_k(self))
+        } else {
+            (acts.q8_0(self), acts.q8_0_isums(self), &[])
+        };
         // Whole groups per task, at least four tasks a thread.
         let groups = w.rows.div_ceil(PACK_ROWS);
         let chunk = groups.div_ceil(self.threads() * 4).clamp(1, 8) * PACK_ROWS;
@@ -120,15 +125,24 @@ impl CpuKernels {
                     let g = (first_row + r0) / PACK_ROWS;
                     for t0 in (0..n_tokens).step_by(PACKED_TOKENS) {
                         let nt = PACKED_TOKENS.min(n_tokens - t0);
-                        let mut xs: [&[BlockQ8_0]; PACKED_TOKENS] = [&[]; PACKED_TOKENS];
-                        let mut ss: [&[i32]; PACKED_TOKENS] = [&[]; PACKED_TOKENS];
-                        for i in 0..nt {
-                            let t = t0 + i;
-                            xs[i] = &ys[t * blocks..(t + 1) * blocks];
-                            ss[i] = &sums[t * blocks..(t + 1) * blocks];
-                        }
                         let mut res = [[0.0f32; PACK_ROWS]; PACKED_TOKENS];
-                        vnni.packed_dot(p, g, &xs[..nt], &ss[..nt], &mut res[..nt]);
+                        if k_quant {
+                            let mut xs: [&[BlockQ8K]; PACKED_TOKENS] = [&[]; PACKED_TOKENS];
+                            for (i, x) in xs[..nt].iter_mut().enumerate() {
+                                let t = t0 + i;
+                                *x = &ys_k[t * blocks..(t + 1) * blocks];
+                            }
+                            vnni.packed_dot_k(p, g, &xs[..nt], &mut res[..nt]);
+                        } else {
+                            let mut xs: [&[BlockQ8_0]; PACKED_TOKENS] = [&[]; PACKED_TOKENS];
+                            let mut ss: [&[i32]; PACKED_TOKENS] = [&[]; PACKED_TOKENS];
+                            for i in 0..nt {
+                                let t = t0 + i;
+                                xs[i] = &ys[t * blocks..(t + 1) * blocks];
+                                ss[i] = &sums[t * blocks..(t + 1) * blocks];
+                            }
+                            vnni.packed_dot(p, g, &xs[..nt], &ss[..nt], &mut res[..nt]);
+                        }
                         for (i, res) in res[..nt].iter().enumerate() {
                             let at = (t0 + i) * rows_here + r0;
                             if nr == PACK_ROWS {

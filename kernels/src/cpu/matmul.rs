@@ -203,7 +203,7 @@ impl<'x> Activations<'x> {
             .get_or_init(|| k.quantize(self, 32, quantize_row_q8_1))
     }
 
-    fn q8_k(&self, k: &CpuKernels) -> &[BlockQ8K] {
+    pub(super) fn q8_k(&self, k: &CpuKernels) -> &[BlockQ8K] {
         self.q8_k
             .get_or_init(|| k.quantize(self, 256, quantize_row_q8_k))
     }

@@ -321,7 +321,12 @@ impl Vnni {
         sums: &[&[i32]],
         out: &mut [[f32; crate::PACK_ROWS]],
     ) {
-        let blocks = p.cols() / 32;
+        assert!(
+            matches!(p.ty(), GgmlType::Q4_0 | GgmlType::Q8_0),
+            "packed_dot: {} weights take packed_dot_k",
+            p.ty()
+        );
+        let blocks = p.blocks();
         let group = p.group(g);
         let n = ys.len();
         assert!(
@@ -370,6 +375,72 @@ impl Vnni {
                     [sums[0], sums[1], sums[2], sums[3]],
                 )),
             }
+        }
+    }
+
+    /// [`Vnni::packed_dot`] for a packed Q4_K or Q6_K matrix, whose tokens
+    /// come as Q8_K blocks.
+    ///
+    /// # Panics
+    /// If `p` is not Q4_K or Q6_K, `g` is past the last group, or the tokens'
+    /// blocks and outputs do not match `p` and each other.
+    pub fn packed_dot_k(
+        self,
+        p: &crate::PackedMatrix,
+        g: usize,
+        ys: &[&[BlockQ8K]],
+        out: &mut [[f32; crate::PACK_ROWS]],
+    ) {
+        let q6k = match p.ty() {
+            GgmlType::Q4K => false,
+            GgmlType::Q6K => true,
+            other => panic!("packed_dot_k: {other} weights"),
+        };
+        let blocks = p.blocks();
+        let group = p.group(g);
+        let n = ys.len();
+        assert!(
+            n <= PACKED_TOKENS && out.len() == n,
+            "packed_dot_k: {n} tokens, {} outputs (at most {PACKED_TOKENS})",
+            out.len()
+        );
+        assert!(
+            ys.iter().all(|y| y.len() == blocks),
+            "packed_dot_k: activations are not {blocks} blocks"
+        );
+        macro_rules! go {
+            ($kernel:ident) => {
+                // SAFETY (each arm): `self` proves avx2, fma, f16c, avx512f,
+                // avx512vl and avx512vnni; `group` is `blocks` packed
+                // super-blocks of `p`'s type and every token has `blocks`
+                // blocks (checked above).
+                unsafe {
+                    match n {
+                        0 => {}
+                        1 => out.copy_from_slice(&packed::$kernel::<1>(group, blocks, [ys[0]])),
+                        2 => out.copy_from_slice(&packed::$kernel::<2>(
+                            group,
+                            blocks,
+                            [ys[0], ys[1]],
+                        )),
+                        3 => out.copy_from_slice(&packed::$kernel::<3>(
+                            group,
+                            blocks,
+                            [ys[0], ys[1], ys[2]],
+                        )),
+                        _ => out.copy_from_slice(&packed::$kernel::<4>(
+                            group,
+                            blocks,
+                            [ys[0], ys[1], ys[2], ys[3]],
+                        )),
+                    }
+                }
+            };
+        }
+        if q6k {
+            go!(packed_q6k_tokens)
+        } else {
+            go!(packed_q4k_tokens)
         }
     }
 

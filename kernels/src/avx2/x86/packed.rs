@@ -18,8 +18,11 @@ use std::arch::x86_64::*;
 use super::dot::arr;
 use super::simd::*;
 use crate::GgmlType;
-use crate::packed::PACK_ROWS;
-use crate::quantize::BlockQ8_0;
+use crate::packed::{
+    PACK_ROWS, Q4K_GROUP_BYTES, Q4K_MINS_AT, Q4K_QUANTS_AT, Q4K_SCALES_AT, Q6K_GROUP_BYTES,
+    Q6K_QUANTS_AT, Q6K_SCALES_AT,
+};
+use crate::quantize::{BlockQ8_0, BlockQ8K};
 
 /// Tokens per call.
 pub const PACKED_TOKENS: usize = 4;
@@ -113,4 +116,154 @@ pub(super) fn packed_tokens<const T: usize>(
         GgmlType::Q4_0 => group_tokens::<true, T>(group, blocks, ys, sums),
         _ => group_tokens::<false, T>(group, blocks, ys, sums),
     }
+}
+
+/// Quants `4k..4k + 4` of a Q8_K block's 32-element sub-block `j`, in
+/// every lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn bcast4_k(qs: &[i8; 256], j: usize, k: usize) -> __m256i {
+    let at = 32 * j + 4 * k;
+    let q = [
+        qs[at] as u8,
+        qs[at + 1] as u8,
+        qs[at + 2] as u8,
+        qs[at + 3] as u8,
+    ];
+    _mm256_set1_epi32(i32::from_le_bytes(q))
+}
+
+/// Eight u8 of a packed block, one per row, widened to i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn row_bytes_i32(b: &[u8]) -> __m256i {
+    let v = u64::from_le_bytes(*arr::<8>(b));
+    _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64))
+}
+
+/// `out[t][r]` = row `r` of the packed Q4_K `group` (`blocks` super-blocks)
+/// · token `t` (Q8_K). Per super-block and row, as ggml sums a Q4_K dot:
+/// `d Σ_j sc_j (Σ q y) - dmin Σ_j m_j (Σ y)`, both sums over sub-blocks
+/// in exact integers, then two float steps shared by the eight rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+pub(super) fn packed_q4k_tokens<const T: usize>(
+    group: &[u8],
+    blocks: usize,
+    ys: [&[BlockQ8K]; T],
+) -> [[f32; PACK_ROWS]; T] {
+    let group = &group[..blocks * Q4K_GROUP_BYTES];
+    let mut y = [&[][..]; T];
+    for t in 0..T {
+        y[t] = &ys[t][..blocks];
+    }
+    let mut acc = [_mm256_setzero_ps(); T];
+    for (b, blk) in group.chunks_exact(Q4K_GROUP_BYTES).enumerate() {
+        let d = _mm256_cvtph_ps(load_u8x16(arr(blk)));
+        let dmin = _mm256_cvtph_ps(load_u8x16(arr(&blk[16..])));
+        let mut isum = [_mm256_setzero_si256(); T];
+        let mut imin = [_mm256_setzero_si256(); T];
+        for j in 0..8 {
+            let w = unpack::<true>(&blk[Q4K_QUANTS_AT + 128 * j..]);
+            let sc = row_bytes_i32(&blk[Q4K_SCALES_AT + 8 * j..]);
+            let m = row_bytes_i32(&blk[Q4K_MINS_AT + 8 * j..]);
+            for t in 0..T {
+                let yb = &y[t][b];
+                let mut even = _mm256_setzero_si256();
+                let mut odd = _mm256_setzero_si256();
+                for k in (0..8).step_by(2) {
+                    even = _mm256_dpbusd_epi32(even, w[k], bcast4_k(&yb.qs, j, k));
+                    odd = _mm256_dpbusd_epi32(odd, w[k + 1], bcast4_k(&yb.qs, j, k + 1));
+                }
+                let dot = _mm256_add_epi32(even, odd);
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(dot, sc));
+                let ysum = i32::from(yb.bsums[2 * j]) + i32::from(yb.bsums[2 * j + 1]);
+                imin[t] = _mm256_add_epi32(imin[t], _mm256_mullo_epi32(m, _mm256_set1_epi32(ysum)));
+            }
+        }
+        for t in 0..T {
+            let dy = _mm256_set1_ps(y[t][b].d);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, dy), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin[t]), _mm256_mul_ps(dmin, dy), acc[t]);
+        }
+    }
+    let mut out = [[0.0f32; PACK_ROWS]; T];
+    for t in 0..T {
+        store_f32x8(&mut out[t], acc[t]);
+    }
+    out
+}
+
+/// The eight vectors `W[k]` (`q + 32`, 0..=63) of a packed Q6_K
+/// 32-element sub-block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn unpack_q6k(sub: &[u8]) -> [__m256i; 8] {
+    let mut w = unpack::<true>(sub);
+    let three = _mm256_set1_epi8(3);
+    for half in 0..2 {
+        let h = load_u8x32(arr(&sub[128 + 32 * half..]));
+        for k in 0..4 {
+            let bits =
+                _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * k as i32)), three);
+            let wk = &mut w[4 * half + k];
+            *wk = _mm256_or_si256(*wk, _mm256_slli_epi16::<4>(bits));
+        }
+    }
+    w
+}
+
+/// Eight i8 of a packed block, one per row, widened to i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn row_i8_i32(b: &[u8]) -> __m256i {
+    let v = u64::from_le_bytes(*arr::<8>(b));
+    _mm256_cvtepi8_epi32(_mm_cvtsi64_si128(v as i64))
+}
+
+/// `out[t][r]` = row `r` of the packed Q6_K `group` (`blocks`
+/// super-blocks) · token `t` (Q8_K). Per super-block and row, as ggml sums
+/// a Q6_K dot: `d Σ_s sc_s (Σ q y - 32 Σ y)` over the sixteen 16-element
+/// sub-blocks `s`, in exact integers, then one float step for eight rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+pub(super) fn packed_q6k_tokens<const T: usize>(
+    group: &[u8],
+    blocks: usize,
+    ys: [&[BlockQ8K]; T],
+) -> [[f32; PACK_ROWS]; T] {
+    let group = &group[..blocks * Q6K_GROUP_BYTES];
+    let mut y = [&[][..]; T];
+    for t in 0..T {
+        y[t] = &ys[t][..blocks];
+    }
+    let mut acc = [_mm256_setzero_ps(); T];
+    for (b, blk) in group.chunks_exact(Q6K_GROUP_BYTES).enumerate() {
+        let d = _mm256_cvtph_ps(load_u8x16(arr(blk)));
+        let mut isum = [_mm256_setzero_si256(); T];
+        for j in 0..8 {
+            let w = unpack_q6k(&blk[Q6K_QUANTS_AT + 192 * j..]);
+            let sc_lo = row_i8_i32(&blk[Q6K_SCALES_AT + 8 * (2 * j)..]);
+            let sc_hi = row_i8_i32(&blk[Q6K_SCALES_AT + 8 * (2 * j + 1)..]);
+            for t in 0..T {
+                let yb = &y[t][b];
+                let mut lo = _mm256_set1_epi32(-32 * i32::from(yb.bsums[2 * j]));
+                let mut hi = _mm256_set1_epi32(-32 * i32::from(yb.bsums[2 * j + 1]));
+                for k in 0..4 {
+                    lo = _mm256_dpbusd_epi32(lo, w[k], bcast4_k(&yb.qs, j, k));
+                    hi = _mm256_dpbusd_epi32(hi, w[k + 4], bcast4_k(&yb.qs, j, k + 4));
+                }
+                let scaled =
+                    _mm256_add_epi32(_mm256_mullo_epi32(lo, sc_lo), _mm256_mullo_epi32(hi, sc_hi));
+                isum[t] = _mm256_add_epi32(isum[t], scaled);
+            }
+        }
+        for t in 0..T {
+            let dy = _mm256_set1_ps(y[t][b].d);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, dy), acc[t]);
+        }
+    }
+    let mut out = [[0.0f32; PACK_ROWS]; T];
+    for t in 0..T {
+        store_f32x8(&mut out[t], acc[t]);
+    }
+    out
 }

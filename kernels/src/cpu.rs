@@ -81,7 +81,7 @@ enum TokenGrouping {
     /// [`Avx2::MAX_TOKENS`], or [`Vnni::MAX_TOKENS`] for its kernels.
     Several,
     /// As `Several`, but only for the types whose multi-token kernels keep
-    /// the one-row accumulation order (Q4_0, Q8_0, Q4_K): every result is
+    /// the one-row accumulation order (Q4_0, Q8_0, Q4_K, IQ4_NL, IQ4_XS): every result is
     /// bit-identical to a one-row call.
     Exact,
 }
@@ -251,7 +251,7 @@ impl CpuKernels {
     ///
     /// Quantized weights take activations quantized the way ggml pairs them
     /// (Q8_0, Q8_1 or Q8_K), once per call. With AVX2 and more than one
-    /// token, F16, Q4_0, Q8_0, Q4_K and Q6_K weights go through multi-token
+    /// token, F16, Q4_0, Q8_0, Q4_K, Q6_K, IQ4_NL and IQ4_XS weights go through multi-token
     /// kernels that unpack each weight block once for up to four tokens
     /// (eight for Q8_0 and Q4_0 with [`Isa::Avx512Vnni`], same results).
     /// Results do not depend on the thread count.
@@ -276,13 +276,15 @@ impl CpuKernels {
     /// what a one-token call computes for that token: batched decode, where
     /// a sequence must get the same logits whatever else is in the batch.
     /// Multi-token kernels only where they sum in the one-row order (Q4_0,
-    /// Q8_0, Q4_K); single-row dots otherwise (F16, Q6_K, …).
+    /// Q8_0, Q4_K, IQ4_NL, IQ4_XS); single-row dots otherwise (F16, Q6_K, …).
     ///
     /// # Panics
     /// As [`CpuKernels::matmul`].
     pub fn matmul_row_exact(&self, w: &QuantMatrix, x: &[f32], n_tokens: usize, out: &mut [f32]) {
         let grouping = match w.ty {
-            GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q4K => TokenGrouping::Exact,
+            GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::IQ4NL | GgmlType::IQ4XS => {
+                TokenGrouping::Exact
+            }
             _ => TokenGrouping::One,
         };
         self.matmul_by(w, x, n_tokens, out, grouping);
@@ -420,6 +422,34 @@ impl CpuKernels {
                         out,
                     ),
                     None => self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_q6k), out),
+                }
+            }
+            GgmlType::IQ4NL => {
+                let q = self.quantize_q8_0(x, n_tokens, w.cols);
+                match grouped {
+                    Some(k) => self.rows_dot_grouped(
+                        w,
+                        &q,
+                        n_tokens,
+                        Tile::avx2(RowsPerCall::One),
+                        |w, x, o| k.dot_iq4_nl_tokens(w[0], x, o),
+                        out,
+                    ),
+                    None => self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_iq4_nl), out),
+                }
+            }
+            GgmlType::IQ4XS => {
+                let q = self.quantize(x, n_tokens, w.cols, 256, quantize_row_q8_k);
+                match grouped {
+                    Some(k) => self.rows_dot_grouped(
+                        w,
+                        &q,
+                        n_tokens,
+                        Tile::avx2(RowsPerCall::One),
+                        |w, x, o| k.dot_iq4_xs_tokens(w[0], x, o),
+                        out,
+                    ),
+                    None => self.rows_dot(w, &q, n_tokens, row_kernel!(b, dot_iq4_xs), out),
                 }
             }
         }

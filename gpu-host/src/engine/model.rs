@@ -5,9 +5,9 @@ use std::path::Path;
 use bulkhead_kernels::{AttentionShape, QuantMatrix};
 
 use super::config::{ConfigError, ModelConfig};
-use super::weights::Weights;
+use super::weights::{Ffn, Weights};
 use crate::backend::{
-    Act, Backend, DeviceError, DeviceKv, ForwardPass, Heads, KvLayout, OpResult, PassShape,
+    Act, Backend, DeviceError, DeviceKv, ForwardPass, Heads, KvLayout, MoeFfn, OpResult, PassShape,
     RopeParams, Segment, StepRows, WeightRef, matmul_spans,
 };
 use crate::gguf::Gguf;
@@ -83,19 +83,42 @@ impl Model {
     /// device (a no-op on the CPU): after this, passes move activations,
     /// never weights.
     pub fn preload(&self, backend: &dyn Backend) -> Result<(), DeviceError> {
+        if backend.resident().is_some() {
+            self.device_support()
+                .map_err(|e| DeviceError::new("load", e.to_string()))?;
+        }
         let g = &self.gguf;
         let w = &self.weights;
         let matrix = |m: &super::weights::MatrixRef| backend.preload(WeightRef::Matrix(m.view(g)));
         matrix(&w.token_embd)?;
         for l in &w.layers {
             backend.preload(WeightRef::Vector(&l.attn_norm))?;
-            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+            for m in [&l.wq, &l.wk, &l.wv, &l.wo] {
                 matrix(m)?;
+            }
+            if let Ffn::Dense { gate, up, down } = &l.ffn {
+                for m in [gate, up, down] {
+                    matrix(m)?;
+                }
             }
             backend.preload(WeightRef::Vector(&l.ffn_norm))?;
         }
         backend.preload(WeightRef::Vector(&w.output_norm))?;
         matrix(&w.output)
+    }
+
+    /// Whether a device backend (whose passes run on the device) has every
+    /// op this model needs: the error names the architecture and the op
+    /// it lacks. The CPU backend runs every model.
+    pub fn device_support(&self) -> Result<(), UnsupportedOnDevice> {
+        match self.config.moe {
+            Some(moe) => Err(UnsupportedOnDevice {
+                arch: self.config.arch.name(),
+                what: format!("a mixture of {} experts", moe.experts),
+                op: "moe_ffn",
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Runs `tokens` through the model after what `cache` already holds,
@@ -230,10 +253,18 @@ impl Model {
             pass.add(Act::X, Act::Proj)?;
 
             pass.rms_norm(Act::X, &w.ffn_norm, c.rms_eps, Act::Xn)?;
-            pass.matmul(&w.w_gate.view(g), Act::Xn, Act::Gate)?;
-            pass.matmul(&w.w_up.view(g), Act::Xn, Act::Up)?;
-            pass.silu_mul(Act::Gate, Act::Up)?;
-            pass.matmul(&w.w_down.view(g), Act::Gate, Act::Proj)?;
+            match (&w.ffn, c.moe) {
+                (Ffn::Dense { gate, up, down }, _) => {
+                    pass.matmul(&gate.view(g), Act::Xn, Act::Gate)?;
+                    pass.matmul(&up.view(g), Act::Xn, Act::Up)?;
+                    pass.silu_mul(Act::Gate, Act::Up)?;
+                    pass.matmul(&down.view(g), Act::Gate, Act::Proj)?;
+                }
+                (Ffn::Moe(moe), Some(mc)) => {
+                    pass.moe_ffn(&moe.view(g, mc.experts_used), Act::Xn, Act::Proj)?;
+                }
+                (Ffn::Moe(_), None) => unreachable!("MoE weights are loaded for a MoE config"),
+            }
             pass.add(Act::X, Act::Proj)?;
         }
         pass.logits(
@@ -422,6 +453,12 @@ impl ForwardPass for HostPass<'_> {
         self.per_segment(gate, up, |backend, a, b| backend.silu_mul(a, b))
     }
 
+    fn moe_ffn(&mut self, moe: &MoeFfn<'_>, x: Act, out: Act) -> OpResult {
+        self.with_out(out, |p, out| {
+            super::moe::moe_ffn(p.backend, p.segments, moe, &p.bufs[x.index()], out)
+        })
+    }
+
     /// Only the rows whose logits are wanted go through the output projection.
     fn logits(
         &mut self,
@@ -601,6 +638,18 @@ impl KvCache {
     pub fn bytes(&self) -> usize {
         self.layout.bytes()
     }
+}
+
+/// A model needs an op the device backends do not have.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "architecture {arch} with {what} needs the `{op}` op, which the device backend does not have \
+     (run it on the CPU backend)"
+)]
+pub struct UnsupportedOnDevice {
+    pub arch: &'static str,
+    pub what: String,
+    pub op: &'static str,
 }
 
 /// Why a forward call was refused.

@@ -80,9 +80,21 @@ impl Scrubbable for LoadedModel {
 #[derive(Debug)]
 pub(crate) struct ModelRegistry {
     models: ArcSwap<BTreeMap<String, Arc<LoadedModel>>>,
+    /// Where its models run: a model needing an op the device lacks is
+    /// refused at load for a device, not failed at its first step.
+    placement: Placement,
     /// One load at a time: each already uses every core, and a second would
     /// double the memory being filled.
     loading: tokio::sync::Mutex<()>,
+}
+
+/// Where a host's passes run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Placement {
+    /// The host's CPU: every model runs.
+    Host,
+    /// A HIP/CUDA device: models that need ops it lacks are refused.
+    Device,
 }
 
 /// Why a `LoadModel` failed, by whose fault.
@@ -108,6 +120,7 @@ pub(crate) fn load_model(
     spec: &ModelSpec,
     expected: Option<&Expected>,
     digest: Option<String>,
+    placement: Placement,
 ) -> Result<LoadedModel, LoadRefused> {
     let invalid = |message: String| LoadRefused::Invalid(message);
     // Copied into memory and hashed on the way (every byte once).
@@ -126,6 +139,9 @@ pub(crate) fn load_model(
         digest.unwrap_or_else(|| format!("chunks-sha256:{}", to_hex(weights.chunk_root())));
     let gguf = Gguf::from_resident(&spec.path, resident.map).map_err(|e| invalid(e.to_string()))?;
     let model = Model::from_gguf(gguf).map_err(|e| invalid(e.to_string()))?;
+    if placement == Placement::Device {
+        model.device_support().map_err(|e| invalid(e.to_string()))?;
+    }
     let tokenizer = Tokenizer::from_metadata(model.gguf().metadata())
         .map_err(|e| invalid(format!("tokenizer: {e}")))?;
     let chat_template =
@@ -156,21 +172,26 @@ pub enum StartError {
 impl ModelRegistry {
     /// Loads the models given at start (hashed, not checked against a
     /// registration: the command line is trusted like the binary).
-    pub(crate) fn load(specs: &[ModelSpec]) -> Result<ModelRegistry, StartError> {
+    pub(crate) fn load(
+        specs: &[ModelSpec],
+        placement: Placement,
+    ) -> Result<ModelRegistry, StartError> {
         let mut models = BTreeMap::new();
         for spec in specs {
             if models.contains_key(&spec.name) {
                 return Err(StartError::DuplicateModel(spec.name.clone()));
             }
-            let loaded = load_model(spec, None, None).map_err(|e| StartError::LoadModel {
-                name: spec.name.clone(),
-                path: spec.path.clone(),
-                message: e.to_string(),
-            })?;
+            let loaded =
+                load_model(spec, None, None, placement).map_err(|e| StartError::LoadModel {
+                    name: spec.name.clone(),
+                    path: spec.path.clone(),
+                    message: e.to_string(),
+                })?;
             models.insert(spec.name.clone(), Arc::new(loaded));
         }
         Ok(ModelRegistry {
             models: ArcSwap::from_pointee(models),
+            placement,
             loading: tokio::sync::Mutex::new(()),
         })
     }
@@ -186,10 +207,12 @@ impl ModelRegistry {
         if self.get(&spec.name).is_some() {
             return Err(LoadRefused::NameTaken(spec.name));
         }
-        let loaded =
-            tokio::task::spawn_blocking(move || load_model(&spec, Some(&expected), digest))
-                .await
-                .map_err(|e| LoadRefused::Invalid(format!("loading failed (a bug): {e}")))??;
+        let placement = self.placement;
+        let loaded = tokio::task::spawn_blocking(move || {
+            load_model(&spec, Some(&expected), digest, placement)
+        })
+        .await
+        .map_err(|e| LoadRefused::Invalid(format!("loading failed (a bug): {e}")))??;
         let loaded = Arc::new(loaded);
         // Loads are serialized by `loading`, so nothing else added this name.
         self.models.rcu(|current| {
@@ -225,5 +248,37 @@ impl ModelRegistry {
 
     pub(crate) fn len(&self) -> usize {
         self.models.load().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(name: &str) -> ModelSpec {
+        ModelSpec {
+            name: "m".into(),
+            path: PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../tests/fixtures/models")
+                .join(name),
+        }
+    }
+
+    /// A model needing an op the device backends lack is refused when
+    /// loaded for a device, naming the architecture and the op; the host
+    /// runs it, and a device takes the models it can run.
+    #[test]
+    fn a_device_refuses_at_load_what_it_cannot_run() {
+        let moe = spec("mixtral-q8_0.gguf");
+        let Err(LoadRefused::Invalid(message)) = load_model(&moe, None, None, Placement::Device)
+        else {
+            panic!("a mixture of experts loaded for a device");
+        };
+        for part in ["llama", "4 experts", "moe_ffn", "device"] {
+            assert!(message.contains(part), "{message}");
+        }
+        assert!(load_model(&moe, None, None, Placement::Host).is_ok());
+        let dense = spec("llama-q8_0.gguf");
+        assert!(load_model(&dense, None, None, Placement::Device).is_ok());
     }
 }

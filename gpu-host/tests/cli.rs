@@ -322,6 +322,42 @@ fn eval_on_the_emulator_gives_the_cpus_logits() {
     }
 }
 
+/// A mixture-of-experts model runs on the CPU; the device backend (here
+/// on the emulator) refuses it before the first pass, naming the
+/// architecture and the op it lacks.
+#[test]
+fn a_mixture_of_experts_runs_on_the_cpu_and_is_refused_by_the_device() {
+    let m = model("mixtral-q8_0.gguf");
+    let args = |backend: &'static str| {
+        [
+            "generate",
+            "--model",
+            &m,
+            "--prompt",
+            "Hi",
+            "--max-tokens",
+            "3",
+            "--threads",
+            "2",
+            "--backend",
+            backend,
+            "--json",
+        ]
+        .map(str::to_owned)
+    };
+    let cpu = ok_json(&args("cpu").each_ref().map(String::as_str));
+    let generated = cpu["tokens"].as_array().map_or(0, Vec::len);
+    assert!((1..=3).contains(&generated), "{cpu}");
+    let err = failure(&args("emulated").each_ref().map(String::as_str));
+    if err.contains("no C++ compiler") {
+        bulkhead_testkit::skip(bulkhead_testkit::Need::Cxx, err.trim());
+        return;
+    }
+    for part in ["architecture llama", "4 experts", "moe_ffn", "device"] {
+        assert!(err.contains(part), "{err}");
+    }
+}
+
 #[test]
 fn eval_prints_one_logit_row_per_token() {
     let m = model("qwen2-f16.gguf");

@@ -653,6 +653,15 @@ fn emulated_llama_q4_k_m_logits_match_cpu() {
     on_emulator(|d| logits_match_cpu(d, "llama", "q4_k_m"));
 }
 
+/// IQ4 weights go through the dequantizing matvec and the tiled matmul.
+#[test]
+fn emulated_llama_iq4_logits_match_cpu() {
+    on_emulator(|d| {
+        logits_match_cpu(Arc::clone(&d), "llama", "iq4_nl");
+        logits_match_cpu(d, "llama", "iq4_xs");
+    });
+}
+
 #[test]
 fn emulated_paged_batch_matches_cpu() {
     on_emulator(|d| paged_batch_matches_cpu(d, "llama", "f32"));

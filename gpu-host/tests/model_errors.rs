@@ -193,3 +193,67 @@ fn tensor_problems_name_the_tensor() {
     });
     assert!(err.contains("blk.0.attn_q.bias"), "{err}");
 }
+
+/// The tiny model with a mixture of 4 experts (top 2) in place of its FFN.
+fn to_moe(meta: &mut Vec<(&'static str, Value)>, tensors: &mut Vec<(String, Vec<u64>)>) {
+    meta.push(("llama.expert_count", Value::U32(4)));
+    meta.push(("llama.expert_used_count", Value::U32(2)));
+    tensors.retain(|(n, _)| !n.starts_with("blk.0.ffn_") || n == "blk.0.ffn_norm.weight");
+    tensors.push(("blk.0.ffn_gate_inp.weight".into(), vec![DIM, 4]));
+    tensors.push(("blk.0.ffn_gate_exps.weight".into(), vec![DIM, FFN, 4]));
+    tensors.push(("blk.0.ffn_up_exps.weight".into(), vec![DIM, FFN, 4]));
+    tensors.push(("blk.0.ffn_down_exps.weight".into(), vec![FFN, DIM, 4]));
+}
+
+#[test]
+fn mixture_of_experts_problems_name_the_key_or_tensor() {
+    let model = open(&tiny_llama(to_moe)).unwrap();
+    let moe = model.config().moe.expect("a mixture of experts");
+    assert_eq!(
+        (moe.experts, moe.experts_used, moe.expert_ffn_dim),
+        (4, 2, FFN as usize)
+    );
+    let backend = CpuBackend::new(1).unwrap();
+    let mut cache = model.new_cache(4);
+    let logits = model
+        .forward(&backend, &mut cache, &[1, 2], Logits::All)
+        .unwrap();
+    assert!(logits.iter().all(|x| x.is_finite()));
+
+    let key = "llama.expert_used_count";
+    let err = refused(|m, t| {
+        to_moe(m, t);
+        m.retain(|(k, _)| *k != key);
+    });
+    assert!(err.contains(key) && err.contains("missing"), "{err}");
+    let err = refused(|m, t| {
+        to_moe(m, t);
+        set(m, key, Value::U32(5));
+    });
+    assert!(err.contains(key) && err.contains("1..=4"), "{err}");
+    let err = refused(|m, t| {
+        to_moe(m, t);
+        set(m, "llama.expert_count", Value::U32(1 << 20));
+    });
+    assert!(err.contains("llama.expert_count"), "{err}");
+    for name in [
+        "blk.0.ffn_gate_inp.weight",
+        "blk.0.ffn_gate_exps.weight",
+        "blk.0.ffn_down_exps.weight",
+    ] {
+        let err = refused(|m, t| {
+            to_moe(m, t);
+            t.retain(|(n, _)| n != name);
+        });
+        assert!(err.contains(name) && err.contains("missing"), "{err}");
+    }
+    // Experts stacked the wrong way round (gate's shape for down).
+    let err = refused(|m, t| {
+        to_moe(m, t);
+        t.last_mut().unwrap().1 = vec![DIM, FFN, 4];
+    });
+    assert!(
+        err.contains("blk.0.ffn_down_exps.weight") && err.contains("shape"),
+        "{err}"
+    );
+}

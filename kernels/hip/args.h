@@ -22,6 +22,8 @@ enum BhType : uint32_t {
     BH_Q4_K = 12,
     BH_Q5_K = 13,
     BH_Q6_K = 14,
+    BH_IQ4_NL = 20,
+    BH_IQ4_XS = 23,
     BH_BF16 = 30,
 };
 

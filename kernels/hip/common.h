@@ -76,8 +76,8 @@ BH_DEVICE float bh_block_max(float v, float* scratch) {
 
 BH_DEVICE uint32_t bh_block_elems(uint32_t ty) {
     switch (ty) {
-        case BH_Q4_0: case BH_Q4_1: case BH_Q5_0: case BH_Q5_1: case BH_Q8_0: return 32;
-        case BH_Q4_K: case BH_Q5_K: case BH_Q6_K: return 256;
+        case BH_Q4_0: case BH_Q4_1: case BH_Q5_0: case BH_Q5_1: case BH_Q8_0: case BH_IQ4_NL: return 32;
+        case BH_Q4_K: case BH_Q5_K: case BH_Q6_K: case BH_IQ4_XS: return 256;
         default: return 1;
     }
 }
@@ -94,6 +94,8 @@ BH_DEVICE uint32_t bh_block_bytes(uint32_t ty) {
         case BH_Q4_K: return 144;
         case BH_Q5_K: return 176;
         case BH_Q6_K: return 210;
+        case BH_IQ4_NL: return 18;
+        case BH_IQ4_XS: return 136;
         default: return 0;
     }
 }
@@ -108,6 +110,15 @@ BH_DEVICE void bh_scale_min_k4(const uint8_t* q, int j, uint32_t* sc, uint32_t* 
         *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
         *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
     }
+}
+
+// Entry k (0..16) of IQ4_NL/IQ4_XS's non-linear table (ggml's kvalues_iq4nl:
+// -127 -104 -83 -65 -49 -35 -22 -10 1 13 25 38 53 69 89 113; blocks.rs
+// KVALUES_IQ4NL), unpacked from two constants so that no array has to live
+// in device memory.
+BH_DEVICE int bh_iq4nl_value(uint32_t k) {
+    const uint64_t packed = k < 8 ? 0xF6EADDCFBFAD9881ull : 0x7159453526190D01ull;
+    return int(int8_t(uint8_t(packed >> (8 * (k % 8)))));
 }
 
 // ---- dequantization --------------------------------------------------------
@@ -166,6 +177,21 @@ BH_DEVICE float bh_dequant_in_block(uint32_t ty, const uint8_t* b, uint32_t i) {
             const uint32_t nib = (k < 2) ? (lo & 0x0F) : (lo >> 4);
             const int q = int(nib | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
             return (bh_f16(b + 208) * float(sc)) * float(q);
+        }
+        case BH_IQ4_NL: {
+            const uint32_t j = i % 16;
+            const uint32_t q = i < 16 ? (b[2 + j] & 0x0F) : (b[2 + j] >> 4);
+            return bh_f16(b) * float(bh_iq4nl_value(q));
+        }
+        case BH_IQ4_XS: {
+            // Sub-block ib of 32: a 6-bit scale (low nibble from scales_l,
+            // two high bits from scales_h) minus 32, then as IQ4_NL.
+            const uint32_t ib = i / 32, r = i % 32, j = r % 16;
+            const uint32_t lo = (b[4 + ib / 2] >> (4 * (ib % 2))) & 0x0F;
+            const uint32_t hi = (bh_u16(b + 2) >> (2 * ib)) & 3;
+            const float dl = bh_f16(b) * float(int(lo | (hi << 4)) - 32);
+            const uint8_t qb = b[8 + 16 * ib + j];
+            return dl * float(bh_iq4nl_value(r < 16 ? qb & 0x0F : qb >> 4));
         }
         default: return 0.0f;
     }

@@ -77,7 +77,7 @@ BH_KERNEL void bh_matvec_f16(BhMatArgs a) {
 
 // Any weight type · f32 activations, dequantizing element by element: the
 // path for the types without an integer kernel (F32, BF16, Q4_1, Q5_0, Q5_1,
-// Q5_K). Correct everywhere, tuned nowhere.
+// Q5_K, IQ4_NL, IQ4_XS). Correct everywhere, tuned nowhere.
 BH_KERNEL void bh_matvec_dequant(BhMatArgs a) {
     const BhRowCtx c = bh_row_ctx(a);
     if (!c.live) return;

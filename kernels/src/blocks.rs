@@ -27,6 +27,33 @@ pub(crate) const Q5K_BYTES: usize = 176;
 /// Q6_K: `ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16`.
 pub(crate) const Q6K_BYTES: usize = 210;
 
+/// IQ4_NL: `d: f16, qs: [u8; 16]`, nibbles indexing [`KVALUES_IQ4NL`].
+pub(crate) const IQ4NL_BYTES: usize = 18;
+/// IQ4_XS: `d: f16, scales_h: u16, scales_l: [u8; 4], qs: [u8; 128]`.
+pub(crate) const IQ4XS_BYTES: usize = 136;
+
+/// The sixteen values an IQ4_NL/IQ4_XS nibble stands for (ggml's
+/// `kvalues_iq4nl`): denser near zero, where most weights are.
+pub(crate) const KVALUES_IQ4NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// The eight signed sub-block scales of an IQ4_XS super-block: 6 bits each,
+/// the low four from `scales_l` (two per byte, low nibble first), the top
+/// two from `scales_h` (two bits per sub-block, from bit 0), minus 32.
+#[inline]
+pub(crate) fn iq4xs_scales(block: &[u8]) -> [i8; 8] {
+    let h = u16::from_le_bytes([block[2], block[3]]);
+    let low = &block[4..8];
+    let mut out = [0i8; 8];
+    for (ib, s) in out.iter_mut().enumerate() {
+        let lo = (low[ib / 2] >> (4 * (ib % 2))) & 0x0F;
+        let hi = ((h >> (2 * ib)) & 3) as u8;
+        *s = (lo | (hi << 4)) as i8 - 32;
+    }
+    out
+}
+
 /// The f16 at byte offset `at`, widened to f32 (exactly).
 #[inline]
 pub(crate) fn f16_at(block: &[u8], at: usize) -> f32 {
@@ -85,9 +112,28 @@ mod tests {
             (T::Q4K, Q4K_BYTES),
             (T::Q5K, Q5K_BYTES),
             (T::Q6K, Q6K_BYTES),
+            (T::IQ4NL, IQ4NL_BYTES),
+            (T::IQ4XS, IQ4XS_BYTES),
         ] {
             assert_eq!(ty.block_bytes(), bytes, "{ty}");
         }
+    }
+
+    #[test]
+    fn iq4xs_scales_take_low_nibbles_and_two_high_bits_each() {
+        let mut block = [0u8; IQ4XS_BYTES];
+        // scales_h: sub-block 0 gets 0b11, 1 gets 0b01, 7 gets 0b10.
+        let h: u16 = 0b11 | (0b01 << 2) | (0b10 << 14);
+        block[2..4].copy_from_slice(&h.to_le_bytes());
+        // scales_l: sub-blocks 0/1 in byte 0 (low nibble first), 6/7 in byte 3.
+        block[4] = 0x5A;
+        block[7] = 0xF0;
+        let s = iq4xs_scales(&block);
+        assert_eq!(s[0], (0xA | (0b11 << 4)) - 32);
+        assert_eq!(s[1], (0x5 | (0b01 << 4)) - 32);
+        assert_eq!(s[2], -32);
+        assert_eq!(s[6], -32);
+        assert_eq!(s[7], (0xF | (0b10 << 4)) - 32);
     }
 
     #[test]

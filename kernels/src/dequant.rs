@@ -63,6 +63,8 @@ pub fn dequantize_row_scalar(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         GgmlType::Q4K => blocks(src, dst, Q4K_BYTES, QK_K, q4_k),
         GgmlType::Q5K => blocks(src, dst, Q5K_BYTES, QK_K, q5_k),
         GgmlType::Q6K => blocks(src, dst, Q6K_BYTES, QK_K, q6_k),
+        GgmlType::IQ4NL => blocks(src, dst, IQ4NL_BYTES, QK, iq4_nl),
+        GgmlType::IQ4XS => blocks(src, dst, IQ4XS_BYTES, QK_K, iq4_xs),
     }
 }
 
@@ -175,5 +177,32 @@ fn q6_k(b: &[u8], y: &mut [f32]) {
             y[l + 64] = s(4) * q3 as f32;
             y[l + 96] = s(6) * q4 as f32;
         }
+    }
+}
+
+/// `d · table[nibble]`: low nibbles are elements 0..16, high ones 16..32.
+fn iq4_nl(b: &[u8], y: &mut [f32]) {
+    let d = f16_at(b, 0);
+    nl_nibbles(d, &b[2..18], y);
+}
+
+/// Eight sub-blocks of 32, each an IQ4_NL block whose scale is
+/// `d · (6-bit scale - 32)`.
+fn iq4_xs(b: &[u8], y: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let scales = iq4xs_scales(b);
+    for ((q, y), s) in b[8..136]
+        .chunks_exact(16)
+        .zip(y.chunks_exact_mut(32))
+        .zip(scales)
+    {
+        nl_nibbles(d * f32::from(s), q, y);
+    }
+}
+
+fn nl_nibbles(d: f32, q: &[u8], y: &mut [f32]) {
+    for (j, &q) in q.iter().enumerate() {
+        y[j] = d * f32::from(KVALUES_IQ4NL[usize::from(q & 0x0F)]);
+        y[j + 16] = d * f32::from(KVALUES_IQ4NL[usize::from(q >> 4)]);
     }
 }

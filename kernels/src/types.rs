@@ -17,6 +17,10 @@ pub enum GgmlType {
     Q5K,
     Q6K,
     BF16,
+    /// 32 elements as 4-bit indices into a fixed non-linear table, one f16 scale.
+    IQ4NL,
+    /// IQ4_NL's table in 256-element super-blocks with 6-bit sub-block scales.
+    IQ4XS,
 }
 
 /// A row length or element count that does not fit a type's block geometry.
@@ -34,7 +38,7 @@ pub enum TypeError {
 
 impl GgmlType {
     /// Every supported type, for tests and tables.
-    pub const ALL: [GgmlType; 11] = [
+    pub const ALL: [GgmlType; 13] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -46,6 +50,8 @@ impl GgmlType {
         GgmlType::Q5K,
         GgmlType::Q6K,
         GgmlType::BF16,
+        GgmlType::IQ4NL,
+        GgmlType::IQ4XS,
     ];
 
     /// The type with GGUF id `id`, if the engine supports it.
@@ -61,6 +67,8 @@ impl GgmlType {
             12 => GgmlType::Q4K,
             13 => GgmlType::Q5K,
             14 => GgmlType::Q6K,
+            20 => GgmlType::IQ4NL,
+            23 => GgmlType::IQ4XS,
             30 => GgmlType::BF16,
             _ => return None,
         })
@@ -79,6 +87,8 @@ impl GgmlType {
             GgmlType::Q4K => 12,
             GgmlType::Q5K => 13,
             GgmlType::Q6K => 14,
+            GgmlType::IQ4NL => 20,
+            GgmlType::IQ4XS => 23,
             GgmlType::BF16 => 30,
         }
     }
@@ -87,10 +97,13 @@ impl GgmlType {
     pub fn block_elements(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
-                32
-            }
-            GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => 256,
+            GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::IQ4NL => 32,
+            GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K | GgmlType::IQ4XS => 256,
         }
     }
 
@@ -107,6 +120,8 @@ impl GgmlType {
             GgmlType::Q4K => 2 + 2 + 12 + 128,
             GgmlType::Q5K => 2 + 2 + 12 + 32 + 128,
             GgmlType::Q6K => 128 + 64 + 16 + 2,
+            GgmlType::IQ4NL => 2 + 16,
+            GgmlType::IQ4XS => 2 + 2 + 4 + 128,
         }
     }
 
@@ -139,6 +154,8 @@ impl GgmlType {
             GgmlType::Q5K => "Q5_K",
             GgmlType::Q6K => "Q6_K",
             GgmlType::BF16 => "BF16",
+            GgmlType::IQ4NL => "IQ4_NL",
+            GgmlType::IQ4XS => "IQ4_XS",
         }
     }
 }
@@ -158,8 +175,9 @@ mod tests {
         for ty in GgmlType::ALL {
             assert_eq!(GgmlType::from_id(ty.id()), Some(ty));
         }
-        // Q8_1 (9), Q2_K (10), Q3_K (11) and the IQ types are not supported.
-        for id in [4, 5, 9, 10, 11, 15, 16, 99, u32::MAX] {
+        // Q8_1 (9), Q2_K (10), Q3_K (11), Q8_K (15) and the IQ types other
+        // than IQ4_NL (20) and IQ4_XS (23) are not supported.
+        for id in [4, 5, 9, 10, 11, 15, 16, 19, 21, 22, 24, 29, 99, u32::MAX] {
             assert_eq!(GgmlType::from_id(id), None, "id {id}");
         }
     }
@@ -172,6 +190,10 @@ mod tests {
         assert_eq!(GgmlType::Q6K.block_bytes(), 210);
         assert_eq!(GgmlType::Q5_0.block_bytes(), 22);
         assert_eq!(GgmlType::Q5_1.block_bytes(), 24);
+        // block_iq4_nl {d, qs[16]}; block_iq4_xs {d, scales_h, scales_l[4], qs[128]}.
+        assert_eq!(GgmlType::IQ4NL.block_bytes(), 18);
+        assert_eq!(GgmlType::IQ4XS.block_bytes(), 136);
+        assert_eq!(GgmlType::IQ4XS.bytes_for(512), Ok(272));
     }
 
     #[test]

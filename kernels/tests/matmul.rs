@@ -80,7 +80,7 @@ impl Case {
     fn act_block(&self) -> usize {
         match self.ty {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 0,
-            GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => 256,
+            GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K | GgmlType::IQ4XS => 256,
             _ => 32,
         }
     }
@@ -267,6 +267,8 @@ fn grouped_matmul_matches_per_token_matmul() {
         GgmlType::Q8_0,
         GgmlType::Q4K,
         GgmlType::Q6K,
+        GgmlType::IQ4NL,
+        GgmlType::IQ4XS,
     ] {
         let case = Case::new(ty, 70, 768, 7, 31);
         let grouped = case.run(avx);

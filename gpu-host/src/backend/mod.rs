@@ -13,6 +13,7 @@ mod device;
 pub(crate) mod faulty;
 mod hip;
 mod ledger;
+mod moe;
 mod partitioned;
 mod pass;
 mod select;
@@ -28,6 +29,7 @@ pub use device::{
 };
 pub use hip::{DeviceKv, DevicePass, DeviceWeights, HipBackend, KvLayout, StepRows};
 pub use ledger::{Ledger, Transfers};
+pub use moe::{Experts, MoeFfn};
 #[cfg(test)]
 pub(crate) use partitioned::tests as partitioned_test_support;
 pub use partitioned::{MODEL_RESERVATION, PartitionCompute, PartitionedDevice, StreamSource};

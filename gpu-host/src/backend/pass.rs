@@ -9,7 +9,7 @@
 
 use bulkhead_kernels::QuantMatrix;
 
-use super::{DeviceError, OpResult, RopeParams};
+use super::{DeviceError, MoeFfn, OpResult, RopeParams};
 
 /// The activation buffers of a pass, each `rows × width` f32s.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -166,6 +166,10 @@ pub trait ForwardPass {
     fn add(&mut self, a: Act, b: Act) -> OpResult;
     /// `gate = silu(gate) * up`.
     fn silu_mul(&mut self, gate: Act, up: Act) -> OpResult;
+    /// `out` = the mixture-of-experts FFN of every row of `x`: each row
+    /// through its routed experts only (an expert's weights are read for
+    /// the rows routed to it, and not at all when none is).
+    fn moe_ffn(&mut self, moe: &MoeFfn<'_>, x: Act, out: Act) -> OpResult;
     /// The logits of the rows that want them (in row order), from the
     /// final norm and the output projection: the only floats a pass hands
     /// back.

@@ -55,6 +55,17 @@ pub struct ModelConfig {
     /// Dimensions of each head that RoPE rotates.
     pub rope_dim: usize,
     pub rope_style: RopeStyle,
+    /// A mixture of experts in every layer's FFN (Mixtral); `None`: dense.
+    pub moe: Option<MoeConfig>,
+}
+
+/// A mixture-of-experts FFN's shape: each token goes through
+/// `experts_used` of `experts` SwiGLU experts of width `expert_ffn_dim`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeConfig {
+    pub experts: usize,
+    pub experts_used: usize,
+    pub expert_ffn_dim: usize,
 }
 
 /// Upper bounds that keep a hostile header from sizing huge allocations.
@@ -62,6 +73,7 @@ const MAX_LAYERS: u64 = 1024;
 const MAX_DIM: u64 = 1 << 16;
 const MAX_HEADS: u64 = 1024;
 const MAX_CONTEXT: u64 = 1 << 24;
+const MAX_EXPERTS: u64 = 512;
 
 impl ModelConfig {
     /// Reads the hyperparameters of the model in `gguf`.
@@ -125,6 +137,10 @@ impl ModelConfig {
             Arch::Llama => RopeStyle::Normal,
             Arch::Qwen2 => RopeStyle::Neox,
         };
+        let moe = match arch {
+            Arch::Llama => moe_config(m, arch_name, ffn_dim)?,
+            Arch::Qwen2 => None,
+        };
         Ok(ModelConfig {
             arch,
             vocab_size,
@@ -140,6 +156,7 @@ impl ModelConfig {
             rope_scale,
             rope_dim,
             rope_style,
+            moe,
         })
     }
 
@@ -190,4 +207,54 @@ fn vocab_size(gguf: &Gguf, arch: &str) -> Result<usize, ConfigError> {
             reason: "no vocabulary size in metadata or token_embd.weight".into(),
         }),
     }
+}
+
+/// `{arch}.expert_count` and `{arch}.expert_used_count` (both needed when
+/// there are experts; a count of 0 is a dense model), and the experts'
+/// width: `{arch}.expert_feed_forward_length`, else the FFN width (as
+/// Mixtral's files give it).
+fn moe_config(m: &Metadata, arch: &str, ffn_dim: usize) -> Result<Option<MoeConfig>, ConfigError> {
+    let count_key = format!("{arch}.expert_count");
+    let experts = match m.get_u64(&count_key)? {
+        None | Some(0) => return Ok(None),
+        Some(n) if n <= MAX_EXPERTS => n as usize,
+        Some(n) => {
+            return Err(ConfigError::Invalid {
+                key: count_key,
+                reason: format!("{n} experts, at most {MAX_EXPERTS} supported"),
+            });
+        }
+    };
+    let used_key = format!("{arch}.expert_used_count");
+    let experts_used = match m.get_u64(&used_key)? {
+        Some(n) if (1..=experts as u64).contains(&n) => n as usize,
+        Some(n) => {
+            return Err(ConfigError::Invalid {
+                key: used_key,
+                reason: format!("{n} not in 1..={experts} (the expert count)"),
+            });
+        }
+        None => {
+            return Err(ConfigError::Invalid {
+                key: used_key,
+                reason: format!("missing, and {count_key} is {experts}"),
+            });
+        }
+    };
+    let width_key = format!("{arch}.expert_feed_forward_length");
+    let expert_ffn_dim = match m.get_u64(&width_key)? {
+        None => ffn_dim,
+        Some(n) if (1..=MAX_DIM * 4).contains(&n) => n as usize,
+        Some(n) => {
+            return Err(ConfigError::Invalid {
+                key: width_key,
+                reason: format!("{n} not in 1..={}", MAX_DIM * 4),
+            });
+        }
+    };
+    Ok(Some(MoeConfig {
+        experts,
+        experts_used,
+        expert_ffn_dim,
+    }))
 }

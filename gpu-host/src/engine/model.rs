@@ -5,9 +5,9 @@ use std::path::Path;
 use bulkhead_kernels::{AttentionShape, QuantMatrix};
 
 use super::config::{ConfigError, ModelConfig};
-use super::weights::Weights;
+use super::weights::{Ffn, Weights};
 use crate::backend::{
-    Act, Backend, DeviceError, DeviceKv, ForwardPass, Heads, KvLayout, OpResult, PassShape,
+    Act, Backend, DeviceError, DeviceKv, ForwardPass, Heads, KvLayout, MoeFfn, OpResult, PassShape,
     RopeParams, Segment, StepRows, WeightRef, matmul_spans,
 };
 use crate::gguf::Gguf;
@@ -86,12 +86,16 @@ impl Model {
     /// pages of a repacked matrix are then dropped, so memory holds one copy
     /// (they are the file's: a later read faults them back in).
     pub fn preload(&self, backend: &dyn Backend) -> Result<(), DeviceError> {
+        if backend.resident().is_some() {
+            self.device_support()
+                .map_err(|e| DeviceError::new("load", e.to_string()))?;
+        }
         let g = &self.gguf;
         let w = &self.weights;
         let tied = w.output.file_range() == w.token_embd.file_range();
         let mut matrices: Vec<&super::weights::MatrixRef> = vec![&w.output];
         for l in &w.layers {
-            matrices.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+            matrices.extend(l.dense_matrices());
         }
         for m in matrices {
             if let Some(packed) = backend.pack(&m.view(g))
@@ -105,8 +109,13 @@ impl Model {
         matrix(&w.token_embd)?;
         for l in &w.layers {
             backend.preload(WeightRef::Vector(&l.attn_norm))?;
-            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+            for m in [&l.wq, &l.wk, &l.wv, &l.wo] {
                 matrix(m)?;
+            }
+            if let Ffn::Dense { gate, up, down } = &l.ffn {
+                for m in [gate, up, down] {
+                    matrix(m)?;
+                }
             }
             backend.preload(WeightRef::Vector(&l.ffn_norm))?;
         }
@@ -117,11 +126,22 @@ impl Model {
     /// Matrices a backend repacked at [`Model::preload`].
     pub fn packed_matrices(&self) -> usize {
         let w = &self.weights;
-        let layers = w
-            .layers
-            .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        let layers = w.layers.iter().flat_map(|l| l.dense_matrices());
         layers.chain([&w.output]).filter(|m| m.is_packed()).count()
+    }
+
+    /// Whether a device backend (whose passes run on the device) has every
+    /// op this model needs: the error names the architecture and the op
+    /// it lacks. The CPU backend runs every model.
+    pub fn device_support(&self) -> Result<(), UnsupportedOnDevice> {
+        match self.config.moe {
+            Some(moe) => Err(UnsupportedOnDevice {
+                arch: self.config.arch.name(),
+                what: format!("a mixture of {} experts", moe.experts),
+                op: "moe_ffn",
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Runs `tokens` through the model after what `cache` already holds,
@@ -255,10 +275,18 @@ impl Model {
             pass.add(Act::X, Act::Proj)?;
 
             pass.rms_norm(Act::X, &w.ffn_norm, c.rms_eps, Act::Xn)?;
-            let (gate, up) = (w.w_gate.view(g), w.w_up.view(g));
-            pass.matmuls(Act::Xn, &[(&gate, Act::Gate), (&up, Act::Up)])?;
-            pass.silu_mul(Act::Gate, Act::Up)?;
-            pass.matmul(&w.w_down.view(g), Act::Gate, Act::Proj)?;
+            match (&w.ffn, c.moe) {
+                (Ffn::Dense { gate, up, down }, _) => {
+                    let (gate, up) = (gate.view(g), up.view(g));
+                    pass.matmuls(Act::Xn, &[(&gate, Act::Gate), (&up, Act::Up)])?;
+                    pass.silu_mul(Act::Gate, Act::Up)?;
+                    pass.matmul(&down.view(g), Act::Gate, Act::Proj)?;
+                }
+                (Ffn::Moe(moe), Some(mc)) => {
+                    pass.moe_ffn(&moe.view(g, mc.experts_used), Act::Xn, Act::Proj)?;
+                }
+                (Ffn::Moe(_), None) => unreachable!("MoE weights are loaded for a MoE config"),
+            }
             pass.add(Act::X, Act::Proj)?;
         }
         pass.logits(
@@ -458,6 +486,12 @@ impl ForwardPass for HostPass<'_> {
 
     fn silu_mul(&mut self, gate: Act, up: Act) -> OpResult {
         self.per_segment(gate, up, |backend, a, b| backend.silu_mul(a, b))
+    }
+
+    fn moe_ffn(&mut self, moe: &MoeFfn<'_>, x: Act, out: Act) -> OpResult {
+        self.with_out(out, |p, out| {
+            super::moe::moe_ffn(p.backend, p.segments, moe, &p.bufs[x.index()], out)
+        })
     }
 
     /// Only the rows whose logits are wanted go through the output projection.
@@ -664,6 +698,18 @@ impl KvCache {
     pub fn bytes(&self) -> usize {
         self.layout.bytes()
     }
+}
+
+/// A model needs an op the device backends do not have.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "architecture {arch} with {what} needs the `{op}` op, which the device backend does not have \
+     (run it on the CPU backend)"
+)]
+pub struct UnsupportedOnDevice {
+    pub arch: &'static str,
+    pub what: String,
+    pub op: &'static str,
 }
 
 /// Why a forward call was refused.

@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 use bulkhead_kernels::{GgmlType, PackedMatrix, QuantMatrix, dequantize_row};
 
 use super::config::{Arch, ConfigError, ModelConfig};
+use crate::backend::{Experts, MoeFfn};
 use crate::gguf::{Gguf, TensorInfo};
 
 /// A matrix stored in the file: `rows` rows of `cols` elements of type `ty`,
@@ -62,9 +63,79 @@ pub struct LayerWeights {
     pub bv: Option<Vec<f32>>,
     pub wo: MatrixRef,
     pub ffn_norm: Vec<f32>,
-    pub w_gate: MatrixRef,
-    pub w_up: MatrixRef,
-    pub w_down: MatrixRef,
+    pub ffn: Ffn,
+}
+
+impl LayerWeights {
+    /// The layer's dense matrices: the attention projections and a dense
+    /// FFN's three (not a mixture's experts).
+    pub fn dense_matrices(&self) -> Vec<&MatrixRef> {
+        let mut m = vec![&self.wq, &self.wk, &self.wv, &self.wo];
+        if let Ffn::Dense { gate, up, down } = &self.ffn {
+            m.extend([gate, up, down]);
+        }
+        m
+    }
+}
+
+/// A layer's feed-forward network.
+#[derive(Debug)]
+pub enum Ffn {
+    /// SwiGLU: `down(silu(gate x) * up x)`.
+    Dense {
+        gate: MatrixRef,
+        up: MatrixRef,
+        down: MatrixRef,
+    },
+    /// A mixture of SwiGLU experts.
+    Moe(MoeWeights),
+}
+
+/// A mixture-of-experts FFN's tensors: `ffn_gate_inp` (the router) and the
+/// stacked experts `ffn_{gate,up,down}_exps`.
+#[derive(Debug)]
+pub struct MoeWeights {
+    pub router: MatrixRef,
+    pub gate: ExpertsRef,
+    pub up: ExpertsRef,
+    pub down: ExpertsRef,
+}
+
+impl MoeWeights {
+    /// The pass's view of these weights inside `gguf`'s mapping.
+    pub fn view<'g>(&'g self, gguf: &'g Gguf, experts_used: usize) -> MoeFfn<'g> {
+        MoeFfn {
+            router: self.router.view(gguf),
+            gate: self.gate.view(gguf),
+            up: self.up.view(gguf),
+            down: self.down.view(gguf),
+            experts_used,
+        }
+    }
+}
+
+/// A 3-D tensor of `count` matrices of `rows × cols` (GGUF dims
+/// `[cols, rows, count]`).
+#[derive(Clone, Debug)]
+pub struct ExpertsRef {
+    pub ty: GgmlType,
+    pub count: usize,
+    pub rows: usize,
+    pub cols: usize,
+    range: Range<usize>,
+}
+
+impl ExpertsRef {
+    /// A view of the stack inside `gguf`'s mapping.
+    pub fn view<'g>(&self, gguf: &'g Gguf) -> Experts<'g> {
+        Experts {
+            ty: self.ty,
+            data: &gguf.mapped_bytes()[self.range.clone()],
+            count: self.count,
+            rows: self.rows,
+            cols: self.cols,
+        }
+    }
 }
 
 /// All weights of a model.
@@ -116,9 +187,22 @@ impl Weights {
                 bv: bias("attn_v.bias", kv)?,
                 wo: matrix(gguf, &name("attn_output.weight"), d, q_dim)?,
                 ffn_norm: vector(gguf, &name("ffn_norm.weight"), d)?,
-                w_gate: matrix(gguf, &name("ffn_gate.weight"), cfg.ffn_dim, d)?,
-                w_up: matrix(gguf, &name("ffn_up.weight"), cfg.ffn_dim, d)?,
-                w_down: matrix(gguf, &name("ffn_down.weight"), d, cfg.ffn_dim)?,
+                ffn: match cfg.moe {
+                    None => Ffn::Dense {
+                        gate: matrix(gguf, &name("ffn_gate.weight"), cfg.ffn_dim, d)?,
+                        up: matrix(gguf, &name("ffn_up.weight"), cfg.ffn_dim, d)?,
+                        down: matrix(gguf, &name("ffn_down.weight"), d, cfg.ffn_dim)?,
+                    },
+                    Some(moe) => {
+                        let (n, ff) = (moe.experts, moe.expert_ffn_dim);
+                        Ffn::Moe(MoeWeights {
+                            router: matrix(gguf, &name("ffn_gate_inp.weight"), n, d)?,
+                            gate: experts(gguf, &name("ffn_gate_exps.weight"), n, ff, d)?,
+                            up: experts(gguf, &name("ffn_up_exps.weight"), n, ff, d)?,
+                            down: experts(gguf, &name("ffn_down_exps.weight"), n, d, ff)?,
+                        })
+                    }
+                },
             });
         }
         Ok(Weights {
@@ -155,6 +239,39 @@ fn matrix(gguf: &Gguf, name: &str, rows: usize, cols: usize) -> Result<MatrixRef
         cols,
         range: t.file_range(),
         packed: OnceLock::new(),
+    })
+}
+
+/// A stack of `count` matrices of `rows × cols`, one per expert.
+fn experts(
+    gguf: &Gguf,
+    name: &str,
+    count: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<ExpertsRef, ConfigError> {
+    let t = find(gguf, name)?;
+    if t.dims != [cols as u64, rows as u64, count as u64] {
+        return Err(ConfigError::Invalid {
+            key: name.to_string(),
+            reason: format!("shape {:?}, expected [{cols}, {rows}, {count}]", t.dims),
+        });
+    }
+    // Each expert a whole matrix of its type: `count · rows` rows of
+    // whole blocks.
+    if let Err(e) = QuantMatrix::new(t.ty, gguf.tensor_data(t), count * rows, cols) {
+        return Err(ConfigError::Invalid {
+            key: name.to_string(),
+            reason: e.to_string(),
+        });
+    }
+    let range = t.file_range();
+    Ok(ExpertsRef {
+        ty: t.ty,
+        count,
+        rows,
+        cols,
+        range,
     })
 }
 

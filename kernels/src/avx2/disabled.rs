@@ -99,6 +99,8 @@ unreachable_methods! {
     dot_q4k(self, w: &[u8], x: &[BlockQ8K]) -> f32;
     dot_q5k(self, w: &[u8], x: &[BlockQ8K]) -> f32;
     dot_q6k(self, w: &[u8], x: &[BlockQ8K]) -> f32;
+    dot_iq4_nl(self, w: &[u8], x: &[BlockQ8_0]) -> f32;
+    dot_iq4_xs(self, w: &[u8], x: &[BlockQ8K]) -> f32;
     dot_f16_tokens(self, w: &[u8], x: &[&[f32]], out: &mut [f32]);
     pack_f16_panel(self, rows: &[&[u8]], panel: &mut F16Panel);
     f16_panel_dot(self, panels: &[&F16Panel], xs: &[&[f32]], out: &mut [F16PanelOut]);
@@ -109,6 +111,8 @@ unreachable_methods! {
     dot_q8_0_tokens(self, w: &[u8], x: &[&[BlockQ8_0]], out: &mut [f32]);
     dot_q4k_tokens(self, w: &[u8], x: &[&[BlockQ8K]], out: &mut [f32]);
     dot_q6k_tokens(self, w: &[u8], x: &[&[BlockQ8K]], out: &mut [f32]);
+    dot_iq4_nl_tokens(self, w: &[u8], x: &[&[BlockQ8_0]], out: &mut [f32]);
+    dot_iq4_xs_tokens(self, w: &[u8], x: &[&[BlockQ8K]], out: &mut [f32]);
     dot(self, a: &[f32], b: &[f32]) -> f32;
     axpy(self, a: f32, x: &[f32], y: &mut [f32]);
     rms_norm(self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]);

@@ -261,7 +261,8 @@ impl CpuKernels {
     /// what a one-token call computes for that token: batched decode, where
     /// a sequence must get the same logits whatever else is in the batch.
     /// Multi-token kernels only where they sum in the one-row order (Q4_0,
-    /// Q8_0, Q4_K); single-row dots otherwise (F16, Q6_K, …).
+    /// Q8_0, Q4_K, IQ4_NL, IQ4_XS), and packed weights; single-row dots
+    /// otherwise (F16, Q6_K, …).
     ///
     /// # Panics
     /// As [`CpuKernels::matmul`].
@@ -355,7 +356,10 @@ impl CpuKernels {
         // Row-exact calls group tokens only where the multi-token kernel
         // sums in the one-row order.
         let grouping = match (grouping, w.ty) {
-            (TokenGrouping::Exact, GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q4K) => grouping,
+            (
+                TokenGrouping::Exact,
+                GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::IQ4NL | GgmlType::IQ4XS,
+            ) => grouping,
             (TokenGrouping::Exact, _) => TokenGrouping::One,
             _ => grouping,
         };
@@ -429,6 +433,26 @@ impl CpuKernels {
                 None => self.rows_dot(w, acts.q8_k(self), n_tokens, row_kernel!(b, dot_q4k)),
             },
             GgmlType::Q5K => self.rows_dot(w, acts.q8_k(self), n_tokens, row_kernel!(b, dot_q5k)),
+            GgmlType::IQ4NL => match grouped {
+                Some(k) => self.rows_dot_grouped(
+                    w,
+                    acts.q8_0(self),
+                    n_tokens,
+                    Tile::avx2(RowsPerCall::One),
+                    move |w, x, o| k.dot_iq4_nl_tokens(w[0], x, o),
+                ),
+                None => self.rows_dot(w, acts.q8_0(self), n_tokens, row_kernel!(b, dot_iq4_nl)),
+            },
+            GgmlType::IQ4XS => match grouped {
+                Some(k) => self.rows_dot_grouped(
+                    w,
+                    acts.q8_k(self),
+                    n_tokens,
+                    Tile::avx2(RowsPerCall::One),
+                    move |w, x, o| k.dot_iq4_xs_tokens(w[0], x, o),
+                ),
+                None => self.rows_dot(w, acts.q8_k(self), n_tokens, row_kernel!(b, dot_iq4_xs)),
+            },
             GgmlType::Q6K => match grouped {
                 Some(k) => self.rows_dot_grouped(
                     w,

@@ -191,3 +191,43 @@ pub fn dot_q6k(w: &[u8], x: &[BlockQ8K]) -> f32 {
     }
     sum
 }
+
+/// IQ4_NL · Q8_0: `Σ_blocks d_w d_x Σ table[q_w] q_x`.
+pub fn dot_iq4_nl(w: &[u8], x: &[BlockQ8_0]) -> f32 {
+    debug_assert_eq!(w.len(), x.len() * IQ4NL_BYTES);
+    let mut sum = 0.0f32;
+    for (b, y) in w.chunks_exact(IQ4NL_BYTES).zip(x) {
+        let isum = nl_block_dot(&b[2..18], &y.qs);
+        sum += isum as f32 * (f16_at(b, 0) * y.d);
+    }
+    sum
+}
+
+/// IQ4_XS · Q8_K: `Σ_superblocks d_w d_x Σ_sub s_sub Σ table[q_w] q_x`, the
+/// whole super-block's sum in integers (exact: at most 8 · 63 · 32 · 127²).
+pub fn dot_iq4_xs(w: &[u8], x: &[BlockQ8K]) -> f32 {
+    debug_assert_eq!(w.len(), x.len() * IQ4XS_BYTES);
+    let mut sum = 0.0f32;
+    for (b, y) in w.chunks_exact(IQ4XS_BYTES).zip(x) {
+        let scales = iq4xs_scales(b);
+        let isum: i32 = b[8..136]
+            .chunks_exact(16)
+            .zip(y.qs.chunks_exact(32))
+            .zip(scales)
+            .map(|((q, ys), s)| i32::from(s) * nl_block_dot(q, ys))
+            .sum();
+        sum += f16_at(b, 0) * y.d * isum as f32;
+    }
+    sum
+}
+
+/// Σ table[nibble] · y over one 32-element IQ4 block (16 bytes of nibbles:
+/// low ones pair with `ys[..16]`, high ones with `ys[16..]`).
+fn nl_block_dot(q: &[u8], ys: &[i8]) -> i32 {
+    let mut isum = 0i32;
+    for (j, &q) in q.iter().enumerate() {
+        isum += i32::from(KVALUES_IQ4NL[usize::from(q & 0x0F)]) * i32::from(ys[j]);
+        isum += i32::from(KVALUES_IQ4NL[usize::from(q >> 4)]) * i32::from(ys[j + 16]);
+    }
+    isum
+}

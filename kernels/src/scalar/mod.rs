@@ -6,8 +6,8 @@ mod dot;
 mod ops;
 
 pub use dot::{
-    dot_bf16, dot_f16, dot_f32, dot_q4_0, dot_q4_1, dot_q4k, dot_q5_0, dot_q5_1, dot_q5k, dot_q6k,
-    dot_q8_0,
+    dot_bf16, dot_f16, dot_f32, dot_iq4_nl, dot_iq4_xs, dot_q4_0, dot_q4_1, dot_q4k, dot_q5_0,
+    dot_q5_1, dot_q5k, dot_q6k, dot_q8_0,
 };
 pub(crate) use ops::check_rope_shape;
 pub use ops::{add, axpy, dot, rms_norm, rope, rope_angles, rope_rotate, silu_mul, softmax};

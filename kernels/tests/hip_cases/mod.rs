@@ -81,7 +81,7 @@ fn blocks(n: u64, per_block: u32) -> u32 {
 }
 
 /// Types whose dequantization the embedding kernel implements: all of them.
-const ALL_TYPES: [GgmlType; 11] = GgmlType::ALL;
+const ALL_TYPES: [GgmlType; 13] = GgmlType::ALL;
 
 /// Embedding rows of every type are bit-identical to `dequantize_row_scalar`,
 /// several tokens (one repeated) in one launch.
@@ -224,6 +224,8 @@ pub fn matvec_matches_scalar_dot(dev: &dyn KernelDevice) {
         (GgmlType::Q5_0, names::MATVEC_DEQUANT),
         (GgmlType::Q5_1, names::MATVEC_DEQUANT),
         (GgmlType::Q5K, names::MATVEC_DEQUANT),
+        (GgmlType::IQ4NL, names::MATVEC_DEQUANT),
+        (GgmlType::IQ4XS, names::MATVEC_DEQUANT),
     ];
     for (ty, kernel) in cases {
         let be = ty.block_elements().max(32);

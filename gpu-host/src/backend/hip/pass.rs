@@ -27,7 +27,7 @@ use super::{
     ATTENTION_SPLIT_POSITIONS, HipBackend, Quant, as_u32, grid_for, matvec_kernel, rope_args,
 };
 use crate::backend::pass::{Act, ForwardPass, Heads, PassShape, Segment, matmul_spans};
-use crate::backend::{OpResult, RopeParams};
+use crate::backend::{MoeFfn, OpResult, RopeParams};
 
 /// How a KV pool is laid out: per layer, `blocks` blocks of
 /// `block_tokens` positions of `kv_dim` f32s, for K and for V; each
@@ -655,6 +655,16 @@ impl ForwardPass for DevicePass<'_> {
 
     fn silu_mul(&mut self, gate: Act, up: Act) -> OpResult {
         self.binary(names::SILU_MUL, gate, up)
+    }
+
+    /// No device kernels for it yet: a model that needs it is refused when
+    /// it is loaded for a device (the engine's `Model::device_support`);
+    /// this only backs that up.
+    fn moe_ffn(&mut self, _moe: &MoeFfn<'_>, _x: Act, _out: Act) -> OpResult {
+        Err(DeviceError::new(
+            "moe_ffn",
+            "the device backend has no mixture-of-experts FFN",
+        ))
     }
 
     /// Gathers the wanted rows, normalizes them, projects them, and reads

@@ -12,7 +12,14 @@ fn fixture(name: &str) -> Model {
     Model::open(path).expect("fixture model opens")
 }
 
-const MODELS: [&str; 3] = ["llama-q8_0.gguf", "qwen2-q4_0.gguf", "llama-f16.gguf"];
+const MODELS: [&str; 6] = [
+    "llama-q8_0.gguf",
+    "qwen2-q4_0.gguf",
+    "llama-f16.gguf",
+    "llama-iq4_xs.gguf",
+    "mixtral-q8_0.gguf",
+    "mixtral-f32.gguf",
+];
 
 fn bits(x: &[f32]) -> Vec<u32> {
     x.iter().map(|v| v.to_bits()).collect()

@@ -4,6 +4,7 @@ mod dot;
 mod dot_tokens;
 mod gemm;
 mod gemm_f16;
+mod iq4;
 mod ops;
 mod packed;
 mod quantize;
@@ -79,6 +80,10 @@ row_dots! {
     dot_q5k(BlockQ8K, crate::blocks::Q5K_BYTES) => dot::q5k;
     /// Q6_K · Q8_K.
     dot_q6k(BlockQ8K, crate::blocks::Q6K_BYTES) => dot::q6k;
+    /// IQ4_NL · Q8_0.
+    dot_iq4_nl(BlockQ8_0, crate::blocks::IQ4NL_BYTES) => iq4::iq4_nl_row;
+    /// IQ4_XS · Q8_K.
+    dot_iq4_xs(BlockQ8K, crate::blocks::IQ4XS_BYTES) => iq4::iq4_xs_row;
 }
 
 /// Safe wrappers for the multi-token kernels: `out[t] = dot(w, x[t])` for up
@@ -135,6 +140,10 @@ token_dots! {
     dot_q4k_tokens(BlockQ8K, crate::blocks::Q4K_BYTES) => dot_tokens::q4k_rows;
     /// Q6_K · up to four Q8_K rows.
     dot_q6k_tokens(BlockQ8K, crate::blocks::Q6K_BYTES) => dot_tokens::q6k_rows;
+    /// IQ4_NL · up to four Q8_0 rows; bit-identical to [`Avx2::dot_iq4_nl`].
+    dot_iq4_nl_tokens(BlockQ8_0, crate::blocks::IQ4NL_BYTES) => iq4::iq4_nl_rows;
+    /// IQ4_XS · up to four Q8_K rows; bit-identical to [`Avx2::dot_iq4_xs`].
+    dot_iq4_xs_tokens(BlockQ8K, crate::blocks::IQ4XS_BYTES) => iq4::iq4_xs_rows;
 }
 
 impl Avx2 {

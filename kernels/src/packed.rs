@@ -13,7 +13,7 @@
 //! memory than before; the last group of a matrix is padded with zero rows.
 #![forbid(unsafe_code)]
 
-use crate::blocks::{Q4_0_BYTES, Q4K_BYTES, Q6K_BYTES, Q8_0_BYTES, scales_mins_k4};
+use crate::blocks::{Q4_0_BYTES, Q4K_BYTES, Q5_0_BYTES, Q6K_BYTES, Q8_0_BYTES, scales_mins_k4};
 use crate::{GgmlType, QuantMatrix};
 
 /// Rows interleaved in a group.
@@ -26,7 +26,8 @@ pub const PACK_ROWS: usize = 8;
 /// `r` (bytes `4r..4r + 4`) holding row `r`'s quants `4k..4k + 4` as
 /// unsigned `q + K`: Q8_0 as bytes (`K` = 128, 256 bytes), Q4_0 as nibbles
 /// (`K` = 8, 128 bytes: the low nibbles of vector `j` are `W[2j]`, the high
-/// ones `W[2j + 1]`).
+/// ones `W[2j + 1]`), Q5_0 as Q4_0's nibbles (`K` = 16) then a vector whose
+/// byte `4r + m` holds in bit `k` the fifth bit of `W[k]`'s byte.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PackedMatrix {
     ty: GgmlType,
@@ -40,7 +41,7 @@ impl PackedMatrix {
     pub fn packs(ty: GgmlType) -> bool {
         matches!(
             ty,
-            GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q6K
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q6K
         )
     }
 
@@ -117,6 +118,7 @@ impl PackedMatrix {
 fn group_block_bytes(ty: GgmlType) -> usize {
     match ty {
         GgmlType::Q4_0 => 16 + 128,
+        GgmlType::Q5_0 => 16 + 128 + 32,
         GgmlType::Q4K => Q4K_GROUP_BYTES,
         GgmlType::Q6K => Q6K_GROUP_BYTES,
         _ => 16 + 256,
@@ -157,11 +159,13 @@ fn pack_q4k_row_block(row: &[u8], b: usize, r: usize, out: &mut [u8]) {
 fn pack_row_block(ty: GgmlType, row: &[u8], b: usize, r: usize, out: &mut [u8]) {
     let bytes = match ty {
         GgmlType::Q4_0 => Q4_0_BYTES,
+        GgmlType::Q5_0 => Q5_0_BYTES,
         _ => Q8_0_BYTES,
     };
     let block = &row[b * bytes..(b + 1) * bytes];
     let quant = |e| match ty {
         GgmlType::Q4_0 => q4_0_nibble(block, e),
+        GgmlType::Q5_0 => q5_0_quant(block, e),
         _ => q8_0_offset(block, e),
     };
     out[2 * r..2 * r + 2].copy_from_slice(&block[..2]);
@@ -172,6 +176,10 @@ fn pack_row_block(ty: GgmlType, row: &[u8], b: usize, r: usize, out: &mut [u8]) 
             let at = 4 * r + m;
             match ty {
                 GgmlType::Q4_0 => quants[32 * (k / 2) + at] |= q << (4 * (k % 2)),
+                GgmlType::Q5_0 => {
+                    quants[32 * (k / 2) + at] |= (q & 0x0F) << (4 * (k % 2));
+                    quants[128 + at] |= (q >> 4) << k;
+                }
                 _ => quants[32 * k + at] = q,
             }
         }
@@ -224,6 +232,15 @@ fn q6k_quant(block: &[u8], e: usize) -> u8 {
 fn q4_0_nibble(block: &[u8], e: usize) -> u8 {
     let byte = block[2 + e % 16];
     if e < 16 { byte & 0x0F } else { byte >> 4 }
+}
+
+/// Element `e` of a Q5_0 block as stored: `q + 16`, 0..=31 (its fifth bit
+/// is bit `e` of the block's `qh`).
+fn q5_0_quant(block: &[u8], e: usize) -> u8 {
+    let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+    let byte = block[6 + e % 16];
+    let low = if e < 16 { byte & 0x0F } else { byte >> 4 };
+    low | ((((qh >> e) & 1) as u8) << 4)
 }
 
 /// Element `e` of a Q8_0 block offset to unsigned: `q + 128`.
@@ -293,7 +310,7 @@ mod tests {
         let m = QuantMatrix::new(GgmlType::Q8_0, &data, 4, 32).unwrap();
         assert!(PackedMatrix::pack(&m).is_some());
         assert!(PackedMatrix::packs(GgmlType::Q4K) && PackedMatrix::packs(GgmlType::Q6K));
-        for ty in [GgmlType::F16, GgmlType::Q5_0, GgmlType::Q5K] {
+        for ty in [GgmlType::F16, GgmlType::Q4_1, GgmlType::Q5K] {
             assert!(!PackedMatrix::packs(ty), "{ty}");
         }
     }

@@ -562,7 +562,7 @@ fn matmuls_of_one_input_equal_separate_calls() {
     }
 }
 
-/// Packed weights (VNNI: Q4_0, Q8_0, Q4_K, Q6_K): every call shape, decode to prefill, against the
+/// Packed weights (VNNI: Q4_0, Q5_0, Q8_0, Q4_K, Q6_K): every call shape, decode to prefill, against the
 /// scalar oracle on the same activations; and each token's row bits the
 /// same alone or batched, on one thread or three (batched decode needs it).
 #[test]
@@ -575,7 +575,14 @@ fn packed_weights_match_scalar_and_are_row_exact() {
         return;
     };
     let mut seed = 20_000;
-    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+    let types = [
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+    ];
+    for ty in types {
         for (rows, blocks) in [(1, 1), (7, 3), (8, 2), (9, 8), (65, 25), (300, 64usize)] {
             // K-quant blocks are 256 wide: fewer of them for the same widths.
             let cols = if ty.block_elements() == 256 {
@@ -588,7 +595,7 @@ fn packed_weights_match_scalar_and_are_row_exact() {
                 let case = Case::new(ty, rows, cols, n_tokens, seed);
                 let packed = vnni1
                     .pack(&case.matrix())
-                    .expect("Q4_0, Q8_0, Q4_K and Q6_K pack");
+                    .expect("Q4_0, Q5_0, Q8_0, Q4_K and Q6_K pack");
                 let m = case.matrix().with_packed(&packed);
                 let what = format!("packed {rows}×{cols} {n_tokens} tokens");
                 let mut got = vec![f32::NAN; n_tokens * rows];

@@ -331,7 +331,7 @@ impl Vnni {
         out: &mut [[f32; crate::PACK_ROWS]],
     ) {
         assert!(
-            matches!(p.ty(), GgmlType::Q4_0 | GgmlType::Q8_0),
+            matches!(p.ty(), GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0),
             "packed_dot: {} weights take packed_dot_k",
             p.ty()
         );

@@ -40,6 +40,26 @@ fn bcast4(qs: &[i8; 32], k: usize) -> __m256i {
     _mm256_set1_epi32(i32::from_le_bytes(q))
 }
 
+/// The packed block kinds `group_tokens` runs.
+const Q4_0: u8 = 0;
+const Q5_0: u8 = 1;
+const Q8_0: u8 = 2;
+
+/// The eight vectors `W[k]` of a packed Q5_0 block: Q4_0's nibbles with
+/// each byte's fifth bit from bit `k` of the plane that follows them.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn unpack_q5_0(quants: &[u8]) -> [__m256i; 8] {
+    let mut w = unpack::<true>(quants);
+    let high = load_u8x32(arr(&quants[128..]));
+    let one = _mm256_set1_epi8(1);
+    for (k, wk) in w.iter_mut().enumerate() {
+        let bit = _mm256_and_si256(_mm256_srl_epi16(high, _mm_cvtsi32_si128(k as i32)), one);
+        *wk = _mm256_or_si256(*wk, _mm256_slli_epi16::<4>(bit));
+    }
+    w
+}
+
 /// The eight vectors `W[k]` of a packed block's quants.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -65,13 +85,17 @@ fn unpack<const Q4: bool>(quants: &[u8]) -> [__m256i; 8] {
 /// block `b`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-fn group_tokens<const Q4: bool, const T: usize>(
+fn group_tokens<const KIND: u8, const T: usize>(
     group: &[u8],
     blocks: usize,
     ys: [&[BlockQ8_0]; T],
     sums: [&[i32]; T],
 ) -> [[f32; PACK_ROWS]; T] {
-    let (group_block, k_offset) = if Q4 { (16 + 128, 8) } else { (16 + 256, 128) };
+    let (group_block, k_offset) = match KIND {
+        Q4_0 => (16 + 128, 8),
+        Q5_0 => (16 + 128 + 32, 16),
+        _ => (16 + 256, 128),
+    };
     let group = &group[..blocks * group_block];
     let mut y = [&[][..]; T];
     let mut sm = [&[][..]; T];
@@ -82,7 +106,11 @@ fn group_tokens<const Q4: bool, const T: usize>(
     let mut acc = [_mm256_setzero_ps(); T];
     for (b, blk) in group.chunks_exact(group_block).enumerate() {
         let d_w = _mm256_cvtph_ps(load_u8x16(arr(blk)));
-        let w = unpack::<Q4>(&blk[16..]);
+        let w = match KIND {
+            Q4_0 => unpack::<true>(&blk[16..]),
+            Q5_0 => unpack_q5_0(&blk[16..]),
+            _ => unpack::<false>(&blk[16..]),
+        };
         for t in 0..T {
             let yb = &y[t][b];
             let mut even = _mm256_set1_epi32(-k_offset * sm[t][b]);
@@ -113,8 +141,9 @@ pub(super) fn packed_tokens<const T: usize>(
     sums: [&[i32]; T],
 ) -> [[f32; PACK_ROWS]; T] {
     match ty {
-        GgmlType::Q4_0 => group_tokens::<true, T>(group, blocks, ys, sums),
-        _ => group_tokens::<false, T>(group, blocks, ys, sums),
+        GgmlType::Q4_0 => group_tokens::<Q4_0, T>(group, blocks, ys, sums),
+        GgmlType::Q5_0 => group_tokens::<Q5_0, T>(group, blocks, ys, sums),
+        _ => group_tokens::<Q8_0, T>(group, blocks, ys, sums),
     }
 }
 

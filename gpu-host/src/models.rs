@@ -80,9 +80,21 @@ impl Scrubbable for LoadedModel {
 #[derive(Debug)]
 pub(crate) struct ModelRegistry {
     models: ArcSwap<BTreeMap<String, Arc<LoadedModel>>>,
+    /// Where the host's passes run: a device host refuses models that need
+    /// ops its kernels lack.
+    place: PassPlace,
     /// One load at a time: each already uses every core, and a second would
     /// double the memory being filled.
     loading: tokio::sync::Mutex<()>,
+}
+
+/// Where a host's forward passes run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PassPlace {
+    /// On the CPU: every model the engine reads runs.
+    Host,
+    /// On a HIP or CUDA device, whose kernels lack some architectures' ops.
+    Device,
 }
 
 /// Why a `LoadModel` failed, by whose fault.
@@ -108,6 +120,7 @@ pub(crate) fn load_model(
     spec: &ModelSpec,
     expected: Option<&Expected>,
     digest: Option<String>,
+    place: PassPlace,
 ) -> Result<LoadedModel, LoadRefused> {
     let invalid = |message: String| LoadRefused::Invalid(message);
     // Copied into memory and hashed on the way (every byte once).
@@ -126,6 +139,11 @@ pub(crate) fn load_model(
         digest.unwrap_or_else(|| format!("chunks-sha256:{}", to_hex(weights.chunk_root())));
     let gguf = Gguf::from_resident(&spec.path, resident.map).map_err(|e| invalid(e.to_string()))?;
     let model = Model::from_gguf(gguf).map_err(|e| invalid(e.to_string()))?;
+    if place == PassPlace::Device {
+        model
+            .check_device_support()
+            .map_err(|e| invalid(e.to_string()))?;
+    }
     let tokenizer = Tokenizer::from_metadata(model.gguf().metadata())
         .map_err(|e| invalid(format!("tokenizer: {e}")))?;
     let chat_template =
@@ -156,21 +174,23 @@ pub enum StartError {
 impl ModelRegistry {
     /// Loads the models given at start (hashed, not checked against a
     /// registration: the command line is trusted like the binary).
-    pub(crate) fn load(specs: &[ModelSpec]) -> Result<ModelRegistry, StartError> {
+    pub(crate) fn load(specs: &[ModelSpec], place: PassPlace) -> Result<ModelRegistry, StartError> {
         let mut models = BTreeMap::new();
         for spec in specs {
             if models.contains_key(&spec.name) {
                 return Err(StartError::DuplicateModel(spec.name.clone()));
             }
-            let loaded = load_model(spec, None, None).map_err(|e| StartError::LoadModel {
-                name: spec.name.clone(),
-                path: spec.path.clone(),
-                message: e.to_string(),
-            })?;
+            let loaded =
+                load_model(spec, None, None, place).map_err(|e| StartError::LoadModel {
+                    name: spec.name.clone(),
+                    path: spec.path.clone(),
+                    message: e.to_string(),
+                })?;
             models.insert(spec.name.clone(), Arc::new(loaded));
         }
         Ok(ModelRegistry {
             models: ArcSwap::from_pointee(models),
+            place,
             loading: tokio::sync::Mutex::new(()),
         })
     }
@@ -186,8 +206,9 @@ impl ModelRegistry {
         if self.get(&spec.name).is_some() {
             return Err(LoadRefused::NameTaken(spec.name));
         }
+        let place = self.place;
         let loaded =
-            tokio::task::spawn_blocking(move || load_model(&spec, Some(&expected), digest))
+            tokio::task::spawn_blocking(move || load_model(&spec, Some(&expected), digest, place))
                 .await
                 .map_err(|e| LoadRefused::Invalid(format!("loading failed (a bug): {e}")))??;
         let loaded = Arc::new(loaded);
@@ -225,5 +246,33 @@ impl ModelRegistry {
 
     pub(crate) fn len(&self) -> usize {
         self.models.load().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(file: &str) -> ModelSpec {
+        ModelSpec {
+            name: "m".into(),
+            path: std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../tests/fixtures/models")
+                .join(file),
+        }
+    }
+
+    #[test]
+    fn a_device_host_refuses_a_model_its_kernels_cannot_run_at_load() {
+        let e = load_model(&spec("gemma2-q4_0.gguf"), None, None, PassPlace::Device).unwrap_err();
+        let LoadRefused::Invalid(message) = e else {
+            panic!("not refused as invalid: {e:?}")
+        };
+        assert!(
+            message.contains("gemma2") && message.contains("GELU"),
+            "{message}"
+        );
+        load_model(&spec("gemma2-q4_0.gguf"), None, None, PassPlace::Host).unwrap();
+        load_model(&spec("llama-q8_0.gguf"), None, None, PassPlace::Device).unwrap();
     }
 }

@@ -9,7 +9,7 @@ use crate::quantize::{BlockQ8_0U, quantize_row_q8_0, quantize_row_q8_1, quantize
 use crate::{GgmlType, Isa, KernelError, scalar};
 
 mod attention;
-pub use attention::{AttentionShape, PagedSeq, PagedShape};
+pub use attention::{AttentionShape, PagedSeq, PagedShape, ScoreMask};
 
 /// A weight matrix as stored in GGUF: `rows` rows of `cols` elements each
 /// (GGUF `ne[0] = cols`), every row a contiguous run of blocks.

@@ -53,8 +53,8 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
             c.ffn_dim,
             c.vocab_size,
             c.context_length,
-            c.rope_base,
-            c.rope_scale
+            c.rope.base,
+            c.rope.scale
         )?,
         Err(e) => writeln!(s, "architecture: not runnable ({e})")?,
     }

@@ -7,12 +7,13 @@
 
 mod config;
 mod generate;
+mod host_pass;
 mod model;
 mod paged;
 mod sampling;
 mod weights;
 
-pub use config::{Arch, ConfigError, ModelConfig};
+pub use config::{Arch, ConfigError, ModelConfig, RopeConfig, supported_architectures};
 pub use generate::{
     Completion, Decoded, Decoding, FinishReason, GenerateError, GenerateRequest, MAX_STOP_BYTES,
     MAX_STOP_STRINGS, Next, Pass, Piece, generate, generate_observed, generate_streaming,

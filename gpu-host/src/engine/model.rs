@@ -1,14 +1,18 @@
-//! A loaded model and its forward pass (llama and qwen2 share one code path).
+//! A loaded model and its forward pass: one code path for every
+//! architecture, whose differences are the config's (an activation,
+//! optional norms and biases, attention windows and caps, an embedding
+//! scale, RoPE scaling).
 
 use std::path::Path;
 
-use bulkhead_kernels::{AttentionShape, QuantMatrix};
+use bulkhead_kernels::{ScoreMask, scalar};
 
 use super::config::{ConfigError, ModelConfig};
+use super::host_pass::{ContiguousStore, HostPass, KvStore};
 use super::weights::Weights;
 use crate::backend::{
-    Act, Backend, DeviceError, DeviceKv, ForwardPass, Heads, KvLayout, OpResult, PassShape,
-    RopeParams, Segment, StepRows, WeightRef, matmul_spans,
+    Act, Backend, DeviceError, DeviceKv, ForwardPass, Heads, KvLayout, PassShape, RopeParams,
+    Segment, StepRows, WeightRef,
 };
 use crate::gguf::Gguf;
 
@@ -79,20 +83,61 @@ impl Model {
         }
     }
 
+    /// The ops this model's pass needs that the device pass (the HIP and
+    /// CUDA kernels) does not implement; empty when it can run there.
+    pub fn ops_missing_on_device(&self) -> Vec<&'static str> {
+        ops_missing_on_device(&self.config, &self.weights)
+    }
+
+    /// Checks that `gguf` holds a model this engine runs (hyperparameters
+    /// and every tensor the pass reads, as [`Model::from_gguf`] does)
+    /// without taking the file; returns its config and the ops a device
+    /// backend would lack.
+    pub fn check(gguf: &Gguf) -> Result<(ModelConfig, Vec<&'static str>), ConfigError> {
+        let config = ModelConfig::from_gguf(gguf)?;
+        let weights = Weights::load(gguf, &config)?;
+        let missing = ops_missing_on_device(&config, &weights);
+        Ok((config, missing))
+    }
+
+    /// Refuses a model whose pass would need ops `backend`'s device lacks
+    /// (a CPU backend runs every model): before any weight goes up or any
+    /// request is accepted, naming the architecture and the ops.
+    pub fn check_backend(&self, backend: &dyn Backend) -> Result<(), ConfigError> {
+        if backend.resident().is_none() {
+            return Ok(());
+        }
+        self.check_device_support()
+    }
+
+    /// [`Model::check_backend`] for a device backend.
+    pub fn check_device_support(&self) -> Result<(), ConfigError> {
+        let missing = self.ops_missing_on_device();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(ConfigError::NotOnDevice {
+            arch: self.config.arch.name(),
+            ops: missing.join(", "),
+        })
+    }
+
     /// Makes every weight the forward pass reads resident on `backend`'s
     /// device (a no-op on the CPU): after this, passes move activations,
-    /// never weights.
+    /// never weights. Call [`Model::check_backend`] first: a model the
+    /// device cannot run fails its first pass there.
     pub fn preload(&self, backend: &dyn Backend) -> Result<(), DeviceError> {
         let g = &self.gguf;
         let w = &self.weights;
         let matrix = |m: &super::weights::MatrixRef| backend.preload(WeightRef::Matrix(m.view(g)));
         matrix(&w.token_embd)?;
         for l in &w.layers {
-            backend.preload(WeightRef::Vector(&l.attn_norm))?;
-            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+            for v in l.vectors() {
+                backend.preload(WeightRef::Vector(v))?;
+            }
+            for m in l.matrices() {
                 matrix(m)?;
             }
-            backend.preload(WeightRef::Vector(&l.ffn_norm))?;
         }
         backend.preload(WeightRef::Vector(&w.output_norm))?;
         matrix(&w.output)
@@ -181,7 +226,7 @@ impl Model {
         PassShape {
             layers: c.layers,
             embedding: c.embedding_dim,
-            q: c.heads * c.head_dim,
+            q: c.q_dim(),
             kv: c.kv_dim(),
             ffn: c.ffn_dim,
             vocab: c.vocab_size,
@@ -198,22 +243,34 @@ impl Model {
     pub(super) fn layers(&self, pass: &mut impl ForwardPass) -> Result<Vec<f32>, DeviceError> {
         let c = &self.config;
         let g = &self.gguf;
-        let rope = RopeParams {
-            head_dim: c.head_dim,
-            rot_dim: c.rope_dim,
-            freq_base: c.rope_base,
-            freq_scale: c.rope_scale,
-            style: c.rope_style,
-        };
-        let heads = Heads {
-            n_heads: c.heads,
-            n_kv_heads: c.kv_heads,
-            head_dim: c.head_dim,
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
-        };
+        let eps = c.rms_eps;
         pass.embed(&self.weights.token_embd.view(g), Act::X)?;
+        if let Some(scale) = c.embedding_scale {
+            pass.scale(Act::X, scale)?;
+        }
         for (l, w) in self.weights.layers.iter().enumerate() {
-            pass.rms_norm(Act::X, &w.attn_norm, c.rms_eps, Act::Xn)?;
+            let window = c.window(l);
+            let (freq_base, freq_scale) = c.rope.base_and_scale(window.is_some());
+            let rope = RopeParams {
+                head_dim: c.head_dim,
+                rot_dim: c.rope.dim,
+                freq_base,
+                freq_scale,
+                style: c.rope.style,
+                factors: self.weights.rope_factors.as_deref(),
+                yarn: c.rope.yarn,
+            };
+            let heads = Heads {
+                n_heads: c.heads,
+                n_kv_heads: c.kv_heads,
+                head_dim: c.head_dim,
+                scale: c.attention_scale,
+                mask: ScoreMask {
+                    window,
+                    softcap: c.attn_softcap,
+                },
+            };
+            pass.rms_norm(Act::X, &w.attn_norm, eps, Act::Xn)?;
             pass.matmul(&w.wq.view(g), Act::Xn, Act::Q)?;
             pass.matmul(&w.wk.view(g), Act::Xn, Act::K)?;
             pass.matmul(&w.wv.view(g), Act::Xn, Act::V)?;
@@ -222,26 +279,38 @@ impl Model {
                     pass.add_bias(act, bias)?;
                 }
             }
+            for (act, norm) in [(Act::Q, &w.q_norm), (Act::K, &w.k_norm)] {
+                if let Some(norm) = norm {
+                    pass.head_norm(act, norm, eps)?;
+                }
+            }
             pass.rope(Act::Q, c.heads, &rope)?;
             pass.rope(Act::K, c.kv_heads, &rope)?;
             pass.store_kv(l, Act::K, Act::V)?;
             pass.attend(l, Act::Q, heads, Act::Attn)?;
             pass.matmul(&w.wo.view(g), Act::Attn, Act::Proj)?;
-            pass.add(Act::X, Act::Proj)?;
+            residual(pass, w.attn_post_norm.as_deref(), eps)?;
 
-            pass.rms_norm(Act::X, &w.ffn_norm, c.rms_eps, Act::Xn)?;
+            pass.rms_norm(Act::X, &w.ffn_norm, eps, Act::Xn)?;
             pass.matmul(&w.w_gate.view(g), Act::Xn, Act::Gate)?;
             pass.matmul(&w.w_up.view(g), Act::Xn, Act::Up)?;
-            pass.silu_mul(Act::Gate, Act::Up)?;
+            pass.gated(c.activation, Act::Gate, Act::Up)?;
             pass.matmul(&w.w_down.view(g), Act::Gate, Act::Proj)?;
-            pass.add(Act::X, Act::Proj)?;
+            residual(pass, w.ffn_post_norm.as_deref(), eps)?;
         }
-        pass.logits(
+        let mut logits = pass.logits(
             Act::X,
             &self.weights.output_norm,
-            c.rms_eps,
+            eps,
             &self.weights.output.view(g),
-        )
+        )?;
+        // On the host whatever ran the pass: each logit on its own.
+        if let Some(cap) = c.final_softcap {
+            for v in &mut logits {
+                *v = scalar::softcap(*v, cap);
+            }
+        }
+        Ok(logits)
     }
 
     /// The pass on the host: `tokens` are the rows of `segments` in order,
@@ -279,259 +348,50 @@ impl Model {
     }
 }
 
-/// The host's pass: buffers in host memory, every op one or more calls of
-/// the [`Backend`]'s host ops.
-///
-/// Matmuls take every row at once (the weights are read once per call,
-/// whatever the number of sequences). Everything else is per row or per
-/// segment, so a sequence's rows are computed bit for bit the same
-/// whatever else shares the call: the AVX2 element-wise kernels finish a
-/// slice's tail with scalar code, so running them over a whole batch
-/// would shift which elements take that path.
-struct HostPass<'a> {
-    backend: &'a dyn Backend,
-    shape: PassShape,
-    tokens: &'a [u32],
-    segments: &'a [Segment],
-    /// Position of every row.
-    positions: Vec<usize>,
-    kv: &'a mut dyn KvStore,
-    wanted: &'a [usize],
-    bufs: [Vec<f32>; 9],
+/// See [`Model::ops_missing_on_device`].
+fn ops_missing_on_device(c: &ModelConfig, w: &Weights) -> Vec<&'static str> {
+    let mut missing = Vec::new();
+    if c.activation != bulkhead_kernels::Activation::Silu {
+        missing.push("the GELU activation (GeGLU)");
+    }
+    if c.embedding_scale.is_some() {
+        missing.push("an embedding scale");
+    }
+    if w.layers
+        .iter()
+        .any(|l| l.q_norm.is_some() || l.k_norm.is_some())
+    {
+        missing.push("query/key norms");
+    }
+    if (0..c.layers).any(|l| c.window(l).is_some()) {
+        missing.push("sliding-window attention");
+    }
+    if c.attn_softcap.is_some() {
+        missing.push("attention score soft-capping");
+    }
+    if w.rope_factors.is_some() {
+        missing.push("RoPE frequency factors (rope_freqs)");
+    }
+    if c.rope.yarn.is_some() {
+        missing.push("YaRN RoPE scaling");
+    }
+    missing
 }
 
-impl<'a> HostPass<'a> {
-    fn new(
-        backend: &'a dyn Backend,
-        shape: PassShape,
-        tokens: &'a [u32],
-        segments: &'a [Segment],
-        kv: &'a mut dyn KvStore,
-        wanted: &'a [usize],
-    ) -> HostPass<'a> {
-        let positions: Vec<usize> = segments
-            .iter()
-            .flat_map(|s| s.start_pos..s.start_pos + s.rows)
-            .collect();
-        debug_assert_eq!(positions.len(), tokens.len());
-        let n = tokens.len();
-        HostPass {
-            backend,
-            shape,
-            tokens,
-            segments,
-            positions,
-            kv,
-            wanted,
-            bufs: Act::ALL.map(|a| vec![0.0f32; n * a.width(&shape)]),
+/// `X += Proj`, or `X += norm(Proj)` where the layer normalizes a
+/// sublayer's output first (Gemma's post-attention and post-feed-forward
+/// norms).
+fn residual(
+    pass: &mut impl ForwardPass,
+    post_norm: Option<&[f32]>,
+    eps: f32,
+) -> Result<(), DeviceError> {
+    match post_norm {
+        Some(norm) => {
+            pass.rms_norm(Act::Proj, norm, eps, Act::Xn)?;
+            pass.add(Act::X, Act::Xn)
         }
-    }
-
-    /// Runs `f` with `out` taken out of the pass (so `f` may read the
-    /// other buffers).
-    fn with_out<R>(&mut self, out: Act, f: impl FnOnce(&Self, &mut [f32]) -> R) -> R {
-        let mut buf = std::mem::take(&mut self.bufs[out.index()]);
-        let r = f(self, &mut buf);
-        self.bufs[out.index()] = buf;
-        r
-    }
-
-    /// `op(a, b)` on each segment's rows.
-    fn per_segment(
-        &mut self,
-        a: Act,
-        b: Act,
-        op: impl Fn(&dyn Backend, &mut [f32], &[f32]) -> OpResult,
-    ) -> OpResult {
-        let width = a.width(&self.shape);
-        self.with_out(a, |p, a| {
-            let b = &p.bufs[b.index()];
-            let mut at = 0;
-            for s in p.segments {
-                let span = at..at + s.rows * width;
-                op(p.backend, &mut a[span.clone()], &b[span])?;
-                at += s.rows * width;
-            }
-            Ok(())
-        })
-    }
-}
-
-impl ForwardPass for HostPass<'_> {
-    fn embed(&mut self, table: &QuantMatrix<'_>, out: Act) -> OpResult {
-        let d = out.width(&self.shape);
-        self.with_out(out, |p, out| {
-            for (row, &t) in out.chunks_exact_mut(d).zip(p.tokens) {
-                p.backend.embedding(table, t, row)?;
-            }
-            Ok(())
-        })
-    }
-
-    fn rms_norm(&mut self, x: Act, weight: &[f32], eps: f32, out: Act) -> OpResult {
-        self.with_out(out, |p, out| {
-            p.backend.rms_norm(&p.bufs[x.index()], weight, eps, out)
-        })
-    }
-
-    fn matmul(&mut self, w: &QuantMatrix<'_>, x: Act, out: Act) -> OpResult {
-        self.with_out(out, |p, out| {
-            matmul_by_segment(p.backend, p.segments, w, &p.bufs[x.index()], out)
-        })
-    }
-
-    fn add_bias(&mut self, x: Act, bias: &[f32]) -> OpResult {
-        self.with_out(x, |p, x| {
-            for row in x.chunks_exact_mut(bias.len()) {
-                p.backend.add(row, bias)?;
-            }
-            Ok(())
-        })
-    }
-
-    fn rope(&mut self, x: Act, heads: usize, params: &RopeParams) -> OpResult {
-        let width = x.width(&self.shape);
-        self.with_out(x, |p, x| {
-            for (row, &pos) in x.chunks_exact_mut(width).zip(&p.positions) {
-                p.backend.rope(row, heads, pos, params)?;
-            }
-            Ok(())
-        })
-    }
-
-    fn store_kv(&mut self, layer: usize, k: Act, v: Act) -> OpResult {
-        self.kv
-            .store(layer, &self.bufs[k.index()], &self.bufs[v.index()]);
-        Ok(())
-    }
-
-    fn attend(&mut self, layer: usize, q: Act, heads: Heads, out: Act) -> OpResult {
-        let mut buf = std::mem::take(&mut self.bufs[out.index()]);
-        let r = self
-            .kv
-            .attend(self.backend, layer, &self.bufs[q.index()], heads, &mut buf);
-        self.bufs[out.index()] = buf;
-        r
-    }
-
-    fn add(&mut self, a: Act, b: Act) -> OpResult {
-        self.per_segment(a, b, |backend, a, b| backend.add(a, b))
-    }
-
-    fn silu_mul(&mut self, gate: Act, up: Act) -> OpResult {
-        self.per_segment(gate, up, |backend, a, b| backend.silu_mul(a, b))
-    }
-
-    /// Only the rows whose logits are wanted go through the output projection.
-    fn logits(
-        &mut self,
-        x: Act,
-        norm: &[f32],
-        eps: f32,
-        output: &QuantMatrix<'_>,
-    ) -> Result<Vec<f32>, DeviceError> {
-        let d = x.width(&self.shape);
-        let x = &self.bufs[x.index()];
-        let rows = self.wanted.len();
-        let mut normed = vec![0.0f32; rows * d];
-        for (out, &r) in normed.chunks_exact_mut(d).zip(self.wanted) {
-            self.backend
-                .rms_norm(&x[r * d..(r + 1) * d], norm, eps, out)?;
-        }
-        let mut out = vec![0.0f32; rows * self.shape.vocab];
-        if self.segments.len() == 1 {
-            self.backend.matmul(output, &normed, rows, &mut out)?;
-        } else {
-            // Alone, each of these rows is a one-row projection.
-            self.backend
-                .matmul_per_row(output, &normed, rows, &mut out)?;
-        }
-        Ok(out)
-    }
-}
-
-/// `out = w · x` over the rows of `segments`, span by span
-/// ([`matmul_spans`]).
-fn matmul_by_segment(
-    backend: &dyn Backend,
-    segments: &[Segment],
-    w: &QuantMatrix<'_>,
-    x: &[f32],
-    out: &mut [f32],
-) -> OpResult {
-    let (cols, rows) = (w.cols, w.rows);
-    for span in matmul_spans(segments) {
-        let (at, n) = (span.at, span.rows);
-        let (x, out) = (
-            &x[at * cols..(at + n) * cols],
-            &mut out[at * rows..(at + n) * rows],
-        );
-        if span.per_row {
-            backend.matmul_per_row(w, x, n, out)?;
-        } else {
-            backend.matmul(w, x, n, out)?;
-        }
-    }
-    Ok(())
-}
-
-/// Where a forward call keeps keys and values and how attention reads them.
-pub(super) trait KvStore {
-    /// Stores the keys and values of every row of the call for `layer`.
-    fn store(&mut self, layer: usize, k: &[f32], v: &[f32]);
-    /// Attention of every row of the call over what its sequence holds.
-    fn attend(
-        &self,
-        backend: &dyn Backend,
-        layer: usize,
-        q: &[f32],
-        heads: Heads,
-        out: &mut [f32],
-    ) -> OpResult;
-}
-
-/// One sequence's contiguous cache in host memory, the call's rows
-/// written from `start`.
-struct ContiguousStore<'c> {
-    k: &'c mut [Vec<f32>],
-    v: &'c mut [Vec<f32>],
-    kv_dim: usize,
-    start: usize,
-}
-
-impl KvStore for ContiguousStore<'_> {
-    fn store(&mut self, layer: usize, k: &[f32], v: &[f32]) {
-        let kv = self.kv_dim;
-        let at = self.start * kv..self.start * kv + k.len();
-        self.k[layer][at.clone()].copy_from_slice(k);
-        self.v[layer][at].copy_from_slice(v);
-    }
-
-    fn attend(
-        &self,
-        backend: &dyn Backend,
-        layer: usize,
-        q: &[f32],
-        h: Heads,
-        out: &mut [f32],
-    ) -> OpResult {
-        let n = q.len() / (h.n_heads * h.head_dim);
-        let shape = AttentionShape {
-            n_tokens: n,
-            start_pos: self.start,
-            n_heads: h.n_heads,
-            n_kv_heads: h.n_kv_heads,
-            head_dim: h.head_dim,
-            scale: h.scale,
-        };
-        let seen = (self.start + n) * self.kv_dim;
-        backend.attention(
-            q,
-            &self.k[layer][..seen],
-            &self.v[layer][..seen],
-            shape,
-            out,
-        )
+        None => pass.add(Act::X, Act::Proj),
     }
 }
 
@@ -617,3 +477,6 @@ pub enum ForwardError {
     #[error("device error: {0}")]
     Device(#[from] DeviceError),
 }
+
+#[cfg(test)]
+mod tests;

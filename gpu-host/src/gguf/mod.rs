@@ -53,6 +53,18 @@ impl Gguf {
         })
     }
 
+    /// Parses a file's bytes held in memory (crafted files in tests), in
+    /// an anonymous mapping of their own; `path` is kept for messages.
+    pub fn from_bytes(path: impl AsRef<Path>, bytes: &[u8]) -> Result<Gguf, GgufError> {
+        let io = |source| GgufError::Io {
+            path: path.as_ref().to_path_buf(),
+            source,
+        };
+        let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(io)?;
+        map[..bytes.len()].copy_from_slice(bytes);
+        Self::from_resident(path.as_ref(), map.make_read_only().map_err(io)?)
+    }
+
     /// The file this was opened from.
     pub fn path(&self) -> &Path {
         &self.path

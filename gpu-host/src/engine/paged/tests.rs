@@ -12,7 +12,21 @@ fn fixture(name: &str) -> Model {
     Model::open(path).expect("fixture model opens")
 }
 
-const MODELS: [&str; 3] = ["llama-q8_0.gguf", "qwen2-q4_0.gguf", "llama-f16.gguf"];
+/// The Llama and Qwen2 files, and one of each newer family: sliding
+/// windows (Gemma, a window of 8 that the sequences here outgrow within a
+/// block), GeGLU, soft caps, query/key norms, fused projections, RoPE
+/// factors and YaRN.
+const MODELS: [&str; 9] = [
+    "llama-q8_0.gguf",
+    "qwen2-q4_0.gguf",
+    "llama-f16.gguf",
+    "llama31-q4_0.gguf",
+    "qwen2yarn-q8_0.gguf",
+    "qwen3-q4_0.gguf",
+    "phi3-q8_0.gguf",
+    "gemma2-q4_0.gguf",
+    "gemma3-q8_0.gguf",
+];
 
 fn bits(x: &[f32]) -> Vec<u32> {
     x.iter().map(|v| v.to_bits()).collect()

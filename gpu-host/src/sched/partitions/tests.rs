@@ -20,7 +20,7 @@ fn host(cores: u32) -> (Partitions, Workers) {
         capacity: 8,
         compute: ComputeBackend::Cpu,
     };
-    let registry = Arc::new(ModelRegistry::load(&[]).unwrap());
+    let registry = Arc::new(ModelRegistry::load(&[], crate::models::PassPlace::Host).unwrap());
     Partitions::start(settings, registry).unwrap()
 }
 
@@ -198,7 +198,7 @@ fn device_host(streams: Arc<RecordingStreams>) -> (Partitions, Workers, Arc<Part
         capacity: 8,
         compute: ComputeBackend::Device(Arc::clone(&split)),
     };
-    let registry = Arc::new(ModelRegistry::load(&[]).unwrap());
+    let registry = Arc::new(ModelRegistry::load(&[], crate::models::PassPlace::Host).unwrap());
     let (p, workers) = Partitions::start(settings, registry).unwrap();
     (p, workers, split)
 }

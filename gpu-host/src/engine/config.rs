@@ -3,7 +3,7 @@
 //! forward pass (an activation, norms, attention windows and caps, an
 //! embedding scale, RoPE scaling).
 
-use bulkhead_kernels::{Activation, RopeStyle, Yarn};
+use bulkhead_kernels::Activation;
 
 use crate::gguf::{Array, Gguf, GgufError, Metadata, Value};
 
@@ -233,16 +233,6 @@ impl ModelConfig {
         self.sliding_window
             .filter(|_| self.sliding_layers.get(layer) == Some(&true))
     }
-
-    /// The RoPE style of every layer.
-    pub fn rope_style(&self) -> RopeStyle {
-        self.rope.style
-    }
-
-    /// YaRN's parameters, when the model uses it.
-    pub fn yarn(&self) -> Option<Yarn> {
-        self.rope.yarn
-    }
 }
 
 fn in_range(key: &str, v: u64, max: u64) -> Result<usize, ConfigError> {
@@ -287,36 +277,24 @@ fn head_dim(m: &Metadata, arch: &str, width: usize, heads: usize) -> Result<usiz
 /// from the first, Gemma 3 five in six, unless
 /// `attention.sliding_window_pattern` says otherwise (a period, or a flag
 /// per layer), as llama.cpp reads them. Phi-3's window applies to every
-/// layer, as in transformers (llama.cpp ignores it).
+/// layer, as in transformers (llama.cpp ignores it). Llama and Qwen
+/// files have none (their converters write none; llama.cpp ignores one).
 fn sliding_window(
     m: &Metadata,
     arch: Arch,
     layers: usize,
 ) -> Result<Option<(usize, Vec<bool>)>, ConfigError> {
-    let key = format!("{}.attention.sliding_window", arch.name());
-    let window = match (arch, m.get_u64(&key)?) {
-        (_, Some(0))
-        | (Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Gemma3, None) => {
-            return Ok(None);
-        }
-        (Arch::Gemma2, None) => 4096,
-        (_, Some(w)) => in_range(&key, w, MAX_CONTEXT)?,
-    };
     let default_period = match arch {
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => return Ok(None),
         Arch::Gemma2 => 2,
         Arch::Gemma3 => 6,
         Arch::Phi3 => 1,
-        // Llama and Qwen models with a window (Mistral v0.1, Qwen2's
-        // use_sliding_window) are not handled yet.
-        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => {
-            return Err(ConfigError::Invalid {
-                key,
-                reason: format!(
-                    "sliding-window attention is not supported for {}",
-                    arch.name()
-                ),
-            });
-        }
+    };
+    let key = format!("{}.attention.sliding_window", arch.name());
+    let window = match (arch, m.get_u64(&key)?) {
+        (_, Some(0)) | (Arch::Phi3 | Arch::Gemma3, None) => return Ok(None),
+        (_, None) => 4096, // Gemma 2's, as llama.cpp assumes
+        (_, Some(w)) => in_range(&key, w, MAX_CONTEXT)?,
     };
     let pattern_key = format!("{}.attention.sliding_window_pattern", arch.name());
     let flags = match m.get(&pattern_key) {

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::gguf::writer::GgufWriter;
+use bulkhead_kernels::RopeStyle;
 
 /// A GGUF with `arch`'s required hyperparameters and `extra` metadata.
 fn gguf(arch: &str, extra: Vec<(String, Value)>) -> Gguf {
@@ -203,14 +204,14 @@ fn unknown_architectures_are_named_with_the_supported_list() {
 }
 
 #[test]
-fn windows_are_refused_where_the_architecture_has_none() {
-    let e = config(
+fn windows_apply_where_llama_cpp_applies_them_and_phi3_as_transformers() {
+    // llama.cpp's llama and qwen graphs have no window: neither have we.
+    let c = config(
         "llama",
         vec![kv("llama.attention.sliding_window", Value::U32(4096))],
     )
-    .unwrap_err()
-    .to_string();
-    assert!(e.contains("llama.attention.sliding_window"), "{e}");
+    .unwrap();
+    assert!(c.window(0).is_none());
     // Phi-4 writes a zero window: none.
     let c = config(
         "phi3",

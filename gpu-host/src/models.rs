@@ -80,20 +80,20 @@ impl Scrubbable for LoadedModel {
 #[derive(Debug)]
 pub(crate) struct ModelRegistry {
     models: ArcSwap<BTreeMap<String, Arc<LoadedModel>>>,
-    /// Where its models run: a model needing an op the device lacks is
-    /// refused at load for a device, not failed at its first step.
-    placement: Placement,
+    /// Where the host's passes run: a device host refuses models that need
+    /// ops its kernels lack.
+    place: PassPlace,
     /// One load at a time: each already uses every core, and a second would
     /// double the memory being filled.
     loading: tokio::sync::Mutex<()>,
 }
 
-/// Where a host's passes run.
+/// Where a host's forward passes run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Placement {
-    /// The host's CPU: every model runs.
+pub(crate) enum PassPlace {
+    /// On the CPU: every model the engine reads runs.
     Host,
-    /// A HIP/CUDA device: models that need ops it lacks are refused.
+    /// On a HIP or CUDA device, whose kernels lack some architectures' ops.
     Device,
 }
 
@@ -120,7 +120,7 @@ pub(crate) fn load_model(
     spec: &ModelSpec,
     expected: Option<&Expected>,
     digest: Option<String>,
-    placement: Placement,
+    place: PassPlace,
 ) -> Result<LoadedModel, LoadRefused> {
     let invalid = |message: String| LoadRefused::Invalid(message);
     // Copied into memory and hashed on the way (every byte once).
@@ -139,8 +139,10 @@ pub(crate) fn load_model(
         digest.unwrap_or_else(|| format!("chunks-sha256:{}", to_hex(weights.chunk_root())));
     let gguf = Gguf::from_resident(&spec.path, resident.map).map_err(|e| invalid(e.to_string()))?;
     let model = Model::from_gguf(gguf).map_err(|e| invalid(e.to_string()))?;
-    if placement == Placement::Device {
-        model.device_support().map_err(|e| invalid(e.to_string()))?;
+    if place == PassPlace::Device {
+        model
+            .check_device_support()
+            .map_err(|e| invalid(e.to_string()))?;
     }
     let tokenizer = Tokenizer::from_metadata(model.gguf().metadata())
         .map_err(|e| invalid(format!("tokenizer: {e}")))?;
@@ -172,17 +174,14 @@ pub enum StartError {
 impl ModelRegistry {
     /// Loads the models given at start (hashed, not checked against a
     /// registration: the command line is trusted like the binary).
-    pub(crate) fn load(
-        specs: &[ModelSpec],
-        placement: Placement,
-    ) -> Result<ModelRegistry, StartError> {
+    pub(crate) fn load(specs: &[ModelSpec], place: PassPlace) -> Result<ModelRegistry, StartError> {
         let mut models = BTreeMap::new();
         for spec in specs {
             if models.contains_key(&spec.name) {
                 return Err(StartError::DuplicateModel(spec.name.clone()));
             }
             let loaded =
-                load_model(spec, None, None, placement).map_err(|e| StartError::LoadModel {
+                load_model(spec, None, None, place).map_err(|e| StartError::LoadModel {
                     name: spec.name.clone(),
                     path: spec.path.clone(),
                     message: e.to_string(),
@@ -191,7 +190,7 @@ impl ModelRegistry {
         }
         Ok(ModelRegistry {
             models: ArcSwap::from_pointee(models),
-            placement,
+            place,
             loading: tokio::sync::Mutex::new(()),
         })
     }
@@ -207,12 +206,11 @@ impl ModelRegistry {
         if self.get(&spec.name).is_some() {
             return Err(LoadRefused::NameTaken(spec.name));
         }
-        let placement = self.placement;
-        let loaded = tokio::task::spawn_blocking(move || {
-            load_model(&spec, Some(&expected), digest, placement)
-        })
-        .await
-        .map_err(|e| LoadRefused::Invalid(format!("loading failed (a bug): {e}")))??;
+        let place = self.place;
+        let loaded =
+            tokio::task::spawn_blocking(move || load_model(&spec, Some(&expected), digest, place))
+                .await
+                .map_err(|e| LoadRefused::Invalid(format!("loading failed (a bug): {e}")))??;
         let loaded = Arc::new(loaded);
         // Loads are serialized by `loading`, so nothing else added this name.
         self.models.rcu(|current| {
@@ -255,30 +253,41 @@ impl ModelRegistry {
 mod tests {
     use super::*;
 
-    fn spec(name: &str) -> ModelSpec {
+    fn spec(file: &str) -> ModelSpec {
         ModelSpec {
             name: "m".into(),
-            path: PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            path: std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../tests/fixtures/models")
-                .join(name),
+                .join(file),
         }
     }
 
-    /// A model needing an op the device backends lack is refused when
-    /// loaded for a device, naming the architecture and the op; the host
-    /// runs it, and a device takes the models it can run.
     #[test]
-    fn a_device_refuses_at_load_what_it_cannot_run() {
+    fn a_device_host_refuses_a_model_its_kernels_cannot_run_at_load() {
+        let e = load_model(&spec("gemma2-q4_0.gguf"), None, None, PassPlace::Device).unwrap_err();
+        let LoadRefused::Invalid(message) = e else {
+            panic!("not refused as invalid: {e:?}")
+        };
+        assert!(
+            message.contains("gemma2") && message.contains("GELU"),
+            "{message}"
+        );
+        load_model(&spec("gemma2-q4_0.gguf"), None, None, PassPlace::Host).unwrap();
+        load_model(&spec("llama-q8_0.gguf"), None, None, PassPlace::Device).unwrap();
+    }
+
+    /// A mixture of experts needs an op the device kernels lack: refused
+    /// when loaded for a device, naming the architecture and the op.
+    #[test]
+    fn a_device_host_refuses_a_mixture_of_experts_at_load() {
         let moe = spec("mixtral-q8_0.gguf");
-        let Err(LoadRefused::Invalid(message)) = load_model(&moe, None, None, Placement::Device)
+        let Err(LoadRefused::Invalid(message)) = load_model(&moe, None, None, PassPlace::Device)
         else {
             panic!("a mixture of experts loaded for a device");
         };
-        for part in ["llama", "4 experts", "moe_ffn", "device"] {
+        for part in ["llama", "mixture of experts", "moe_ffn"] {
             assert!(message.contains(part), "{message}");
         }
-        assert!(load_model(&moe, None, None, Placement::Host).is_ok());
-        let dense = spec("llama-q8_0.gguf");
-        assert!(load_model(&dense, None, None, Placement::Device).is_ok());
+        assert!(load_model(&moe, None, None, PassPlace::Host).is_ok());
     }
 }

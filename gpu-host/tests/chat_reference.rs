@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use bulkhead_gpu_host::{ChatMessage, ChatTemplate};
 use serde::Deserialize;
 
-const NAMES: &[&str] = &["llama3", "qwen2"];
+const NAMES: &[&str] = &["llama3", "qwen2", "gemma", "phi3"];
 
 #[derive(Deserialize)]
 struct Fixture {

@@ -162,8 +162,17 @@ fn metadata_problems_name_the_key() {
         )
     });
     assert!(err.contains("layer_norm_rms_epsilon"), "{err}");
+    // YaRN without the context it extends; a scaling type we lack.
     let err = refused(|m, _| m.push(("llama.rope.scaling.type", Value::String("yarn".into()))));
-    assert!(err.contains("yarn"), "{err}");
+    assert!(
+        err.contains("llama.rope.scaling.original_context_length"),
+        "{err}"
+    );
+    let err = refused(|m, _| m.push(("llama.rope.scaling.type", Value::String("longrope".into()))));
+    assert!(
+        err.contains("llama.rope.scaling.type") && err.contains("longrope"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -178,8 +187,16 @@ fn tensor_problems_name_the_tensor() {
         err.contains("blk.0.attn_q.weight") && err.contains("shape"),
         "{err}"
     );
-    let err = refused(|_, t| t.push(("rope_freqs.weight".into(), vec![4])));
-    assert!(err.contains("rope_freqs.weight"), "{err}");
+    // Llama 3.1's factors: one per rotated pair (head 8: four).
+    let err = refused(|_, t| t.push(("rope_freqs.weight".into(), vec![3])));
+    assert!(
+        err.contains("rope_freqs.weight") && err.contains("shape"),
+        "{err}"
+    );
+    open(&tiny_llama(|_, t| {
+        t.push(("rope_freqs.weight".into(), vec![4]))
+    }))
+    .unwrap();
     // qwen2 requires q/k/v biases.
     let err = refused(|m, _| {
         for (k, v) in m.iter_mut() {

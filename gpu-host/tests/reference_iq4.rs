@@ -2,11 +2,11 @@
 //! (`tests/reference/make_iq4.py`), its logits against transformers' F32
 //! logits of the same prompt, no worse than llama.cpp's on the same file.
 
-mod logits;
+mod logits_json;
 
 use bulkhead_gpu_host::backend::{Backend, CpuBackend};
 use bulkhead_kernels::Isa;
-use logits::{error, eval, model, reference_json, rows, tokens};
+use logits_json::{error, eval, model, reference_json, rows, tokens};
 
 /// `close`: how far (max |diff| / max |logit|) our logits may be from
 /// llama.cpp's on the same file.

@@ -2,72 +2,12 @@
 //! Hugging Face transformers (F32) and llama.cpp (every quantized file), as
 //! recorded by `tests/reference/make_fixtures.py`.
 
-use std::path::PathBuf;
+mod logits;
 
 use bulkhead_gpu_host::backend::{Backend, CpuBackend};
-use bulkhead_gpu_host::engine::{Logits, Model, argmax};
+use bulkhead_gpu_host::engine::{Logits, argmax};
 use bulkhead_kernels::Isa;
-use serde::Deserialize;
-
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
-}
-
-#[derive(Deserialize)]
-struct Reference {
-    prompt_tokens: Vec<u32>,
-    transformers_f32_logits: Vec<Vec<f32>>,
-    greedy: Greedy,
-    llamacpp: std::collections::BTreeMap<String, Vec<Vec<f32>>>,
-}
-
-#[derive(Deserialize)]
-struct Greedy {
-    prompt_tokens: Vec<u32>,
-    tokens: Vec<u32>,
-}
-
-fn reference(family: &str) -> Reference {
-    let path = fixtures().join(format!("reference/{family}.json"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap()
-}
-
-fn model(family: &str, ty: &str) -> Model {
-    Model::open(fixtures().join(format!("models/{family}-{ty}.gguf"))).unwrap()
-}
-
-fn eval(model: &Model, backend: &dyn Backend, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let mut cache = model.new_cache(tokens.len());
-    let logits = model
-        .forward(backend, &mut cache, tokens, Logits::All)
-        .unwrap();
-    logits
-        .chunks_exact(model.config().vocab_size)
-        .map(|r| r.to_vec())
-        .collect()
-}
-
-/// Errors of `ours` against `reference`: (max |diff| / max |reference|, rms diff / rms reference).
-fn error(ours: &[Vec<f32>], reference: &[Vec<f32>]) -> (f64, f64) {
-    assert_eq!(ours.len(), reference.len());
-    let (mut max_diff, mut max_ref, mut sq_diff, mut sq_ref) = (0f64, 0f64, 0f64, 0f64);
-    for (a, b) in ours.iter().zip(reference) {
-        assert_eq!(a.len(), b.len());
-        for (&x, &y) in a.iter().zip(b) {
-            let d = (x as f64 - y as f64).abs();
-            max_diff = max_diff.max(d);
-            max_ref = max_ref.max((y as f64).abs());
-            sq_diff += d * d;
-            sq_ref += (y as f64) * (y as f64);
-        }
-    }
-    (max_diff / max_ref, (sq_diff / sq_ref).sqrt())
-}
-
-fn backend() -> CpuBackend {
-    CpuBackend::new(2).unwrap()
-}
+use logits::{backend, error, eval, model, reference};
 
 fn f32_logits_match_transformers(family: &str) {
     let r = reference(family);

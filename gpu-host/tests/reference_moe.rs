@@ -3,12 +3,12 @@
 //! llama.cpp's `convert_hf_to_gguf.py` and quantized by llama.cpp
 //! (`tests/reference/make_moe.py`).
 
-mod logits;
+mod logits_json;
 
 use bulkhead_gpu_host::backend::{Backend, CpuBackend};
 use bulkhead_gpu_host::engine::{Logits, argmax};
 use bulkhead_kernels::Isa;
-use logits::{error, eval, model, reference_json, rows, tokens};
+use logits_json::{error, eval, model, reference_json, rows, tokens};
 
 fn f32_logits_match_transformers(family: &str) {
     let r = reference_json(&format!("{family}.json"));

@@ -9,7 +9,9 @@ use bulkhead_gpu_host::Tokenizer;
 use bulkhead_gpu_host::gguf::Gguf;
 use serde::Deserialize;
 
-const KINDS: &[&str] = &["spm", "gpt2", "llama3", "qwen2"];
+/// `gemma` and `phi3` come from `tests/reference/make_families.py`, their
+/// GGUFs written by llama.cpp's `convert_hf_to_gguf.py`.
+const KINDS: &[&str] = &["spm", "gpt2", "llama3", "qwen2", "gemma", "phi3"];
 
 /// Cases known to disagree with HF, with the reason. They must still fail
 /// (so this list cannot go stale); everything else must match exactly.
@@ -136,6 +138,20 @@ const LLAMACPP_DIFFERS: &[(&str, &[&str])] = &[
         &[
             "cafe\u{301} nai\u{308}ve re\u{301}sume\u{301}",
             "Ångström vs A\u{30a}ngstro\u{308}m",
+        ],
+    ),
+    ("gemma", &[]),
+    // SentencePiece's leading space as for spm; and llama.cpp strips the
+    // whitespace after Phi-3's special tokens (it tells Phi-3 by its
+    // general.name), which the HF tokenizer here does not.
+    (
+        "phi3",
+        &[
+            " ",
+            "  ",
+            "   leading spaces",
+            " \n \n\n \t\t \n",
+            "<|user|>\nHello<|end|>\n<|assistant|>\n",
         ],
     ),
 ];

@@ -9,7 +9,7 @@ use crate::{GgmlType, Isa, KernelError, PackedMatrix};
 mod attention;
 mod gemm;
 mod matmul;
-pub use attention::{AttentionShape, PagedSeq, PagedShape};
+pub use attention::{AttentionShape, PagedSeq, PagedShape, ScoreMask};
 pub use matmul::TokenGrouping;
 
 /// A weight matrix as stored in GGUF: `rows` rows of `cols` elements each

@@ -23,11 +23,16 @@ pub mod avx2;
 pub mod hip;
 pub mod scalar;
 
-pub use cpu::{AttentionShape, CpuKernels, PagedSeq, PagedShape, QuantMatrix, TokenGrouping};
+pub use cpu::{
+    AttentionShape, CpuKernels, PagedSeq, PagedShape, QuantMatrix, ScoreMask, TokenGrouping,
+};
 pub use dequant::{dequantize_row, dequantize_row_scalar};
 pub use error::KernelError;
 pub use isa::Isa;
-pub use ops::{RopeStyle, add, rms_norm, rope, silu_mul, softmax};
+pub use ops::{
+    Activation, RopeFreqs, RopeStyle, Yarn, add, gated, rms_norm, rope, rope_ext, scale, silu_mul,
+    softmax,
+};
 pub use packed::{PACK_ROWS, PackedMatrix};
 pub use quantize::{
     BlockQ8_0, BlockQ8_0U, BlockQ8_1, BlockQ8K, quantize_row_q8_0, quantize_row_q8_1,

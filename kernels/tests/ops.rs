@@ -3,7 +3,10 @@
 mod common;
 
 use bulkhead_kernels::avx2::Avx2;
-use bulkhead_kernels::{AttentionShape, CpuKernels, Isa, PagedSeq, PagedShape, RopeStyle, scalar};
+use bulkhead_kernels::{
+    Activation, AttentionShape, CpuKernels, Isa, PagedSeq, PagedShape, RopeFreqs, RopeStyle,
+    ScoreMask, Yarn, scalar,
+};
 use common::Rng;
 
 /// Lengths that exercise full vectors, tails and the empty case.
@@ -133,6 +136,185 @@ fn silu_mul_and_add_match_f64() {
     }
 }
 
+/// GELU (tanh form) times `up`, as PyTorch's `gelu(approximate="tanh")`
+/// defines it, in f64.
+fn gelu_tanh_mul_f64(gate: &[f32], up: &[f32]) -> Vec<f64> {
+    let beta = (2.0 / std::f64::consts::PI).sqrt();
+    gate.iter()
+        .zip(up)
+        .map(|(&g, &u)| {
+            let g = f64::from(g);
+            0.5 * g * (1.0 + (beta * (g + 0.044715 * g * g * g)).tanh()) * f64::from(u)
+        })
+        .collect()
+}
+
+#[test]
+fn gelu_tanh_mul_matches_f64_on_every_isa() {
+    let mut rng = Rng::new(31);
+    for n in LENGTHS {
+        let mut gate = rng.vec(n, 6.0);
+        if n > 3 {
+            (gate[0], gate[1], gate[2]) = (-100.0, 100.0, 0.0);
+        }
+        let up = rng.vec(n, 2.0);
+        let want = gelu_tanh_mul_f64(&gate, &up);
+        // f32's 1 + tanh(z) cancels for very negative inputs (as PyTorch's
+        // does): an absolute error of a few 1e-8 of |up| is the floor.
+        let check = |got: &[f32], what: &str| {
+            for (i, ((&g, &w), &u)) in got.iter().zip(&want).zip(&up).enumerate() {
+                let tol = 1e-5 * w.abs() + 1e-7 * f64::from(u.abs());
+                assert!(
+                    (f64::from(g) - w).abs() <= tol,
+                    "{what}[{i}]: got {g}, want {w} (gate {})",
+                    gate[i]
+                );
+            }
+        };
+        let mut got = gate.clone();
+        scalar::gelu_tanh_mul(&mut got, &up);
+        check(&got, "scalar gelu_tanh_mul");
+        if let Some(k) = avx2() {
+            let mut got = gate.clone();
+            k.gelu_tanh_mul(&mut got, &up);
+            check(&got, "avx2 gelu_tanh_mul");
+        }
+        let mut got = gate.clone();
+        bulkhead_kernels::gated(Activation::GeluTanh, &mut got, &up);
+        check(&got, "dispatched gelu");
+        // The SiLU choice is silu_mul itself.
+        let (mut a, mut b) = (gate.clone(), gate.clone());
+        bulkhead_kernels::gated(Activation::Silu, &mut a, &up);
+        bulkhead_kernels::silu_mul(&mut b, &up);
+        assert_eq!(a, b);
+    }
+}
+
+/// Plain frequencies through `rope_ext` are exactly `rope`; per-pair factors
+/// divide each angle.
+#[test]
+fn rope_ext_plain_is_rope_and_factors_divide_the_angle() {
+    let mut rng = Rng::new(32);
+    let (n_heads, head_dim, rot_dim) = (3, 32, 32);
+    for style in [RopeStyle::Normal, RopeStyle::Neox] {
+        for pos in [0, 5, 511] {
+            let x = rng.vec(n_heads * head_dim, 1.0);
+            let mut want = x.clone();
+            bulkhead_kernels::rope(
+                &mut want, n_heads, head_dim, rot_dim, pos, 500000.0, 0.5, style,
+            );
+            let plain = RopeFreqs {
+                rot_dim,
+                freq_base: 500000.0,
+                freq_scale: 0.5,
+                factors: None,
+                yarn: None,
+            };
+            let mut got = x.clone();
+            bulkhead_kernels::rope_ext(&mut got, n_heads, head_dim, pos, &plain, style);
+            assert_eq!(got, want, "{style:?} pos {pos}: plain rope_ext is not rope");
+
+            let factors: Vec<f32> = (0..rot_dim / 2).map(|i| 1.0 + i as f32).collect();
+            let with = RopeFreqs {
+                factors: Some(&factors),
+                freq_scale: 1.0,
+                ..plain
+            };
+            let mut got = x.clone();
+            bulkhead_kernels::rope_ext(&mut got, n_heads, head_dim, pos, &with, style);
+            let mut want: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+            for head in want.chunks_exact_mut(head_dim) {
+                for (i, f) in factors.iter().enumerate() {
+                    let theta = pos as f64 * 500000f64.powf(-2.0 * i as f64 / rot_dim as f64)
+                        / f64::from(*f);
+                    let (a, b) = match style {
+                        RopeStyle::Normal => (2 * i, 2 * i + 1),
+                        RopeStyle::Neox => (i, i + rot_dim / 2),
+                    };
+                    let (x0, x1) = (head[a], head[b]);
+                    head[a] = x0 * theta.cos() - x1 * theta.sin();
+                    head[b] = x0 * theta.sin() + x1 * theta.cos();
+                }
+            }
+            for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (f64::from(g) - w).abs() <= 1e-6,
+                    "{style:?} pos {pos} factors[{i}]: got {g}, want {w}"
+                );
+            }
+        }
+    }
+}
+
+/// YaRN against transformers' formulation (`_compute_yarn_parameters`):
+/// the inverse frequencies blended by a linear ramp between the correction
+/// dimensions, cos and sin scaled by `0.1 ln(factor) + 1`. Ours follows
+/// ggml's (angle blend, ramp on the pair index); both must agree.
+#[test]
+fn rope_yarn_matches_transformers_formulation() {
+    let mut rng = Rng::new(33);
+    let (n_heads, head_dim) = (2, 64);
+    for (base, factor, orig_ctx, rot_dim) in [
+        (1e6f64, 4.0f64, 128usize, 64usize),
+        (10000.0, 8.0, 4096, 64),
+        (1e6, 2.0, 32768, 48),
+    ] {
+        let dim = rot_dim as f64;
+        let corr = |turns: f64| {
+            dim * (orig_ctx as f64 / (turns * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
+        };
+        let low = corr(32.0).floor().max(0.0);
+        let high = corr(1.0).ceil().min(dim - 1.0);
+        let attn = 0.1 * factor.ln() + 1.0;
+        let inv_freq: Vec<f64> = (0..rot_dim / 2)
+            .map(|i| {
+                let extrap = 1.0 / base.powf(2.0 * i as f64 / dim);
+                let interp = extrap / factor;
+                let hi = if high == low { high + 0.001 } else { high };
+                let ramp = ((i as f64 - low) / (hi - low)).clamp(0.0, 1.0);
+                let keep = 1.0 - ramp;
+                interp * (1.0 - keep) + extrap * keep
+            })
+            .collect();
+        let freqs = RopeFreqs {
+            rot_dim,
+            freq_base: base as f32,
+            freq_scale: (1.0 / factor) as f32,
+            factors: None,
+            yarn: Some(Yarn {
+                orig_ctx,
+                ext_factor: 1.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                attn_factor: attn as f32,
+            }),
+        };
+        for pos in [1, 77, 3000] {
+            let x = rng.vec(n_heads * head_dim, 1.0);
+            let mut got = x.clone();
+            bulkhead_kernels::rope_ext(&mut got, n_heads, head_dim, pos, &freqs, RopeStyle::Neox);
+            let mut want: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+            for head in want.chunks_exact_mut(head_dim) {
+                for (i, f) in inv_freq.iter().enumerate() {
+                    let theta = pos as f64 * f;
+                    let (c, s) = (theta.cos() * attn, theta.sin() * attn);
+                    let (x0, x1) = (head[i], head[i + rot_dim / 2]);
+                    head[i] = x0 * c - x1 * s;
+                    head[i + rot_dim / 2] = x0 * s + x1 * c;
+                }
+            }
+            // f32 cos/sin and rotation: an absolute bound, as for plain rope.
+            let what = format!("yarn base {base} factor {factor} pos {pos}");
+            for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (f64::from(g) - w).abs() <= 1e-6,
+                    "{what}[{i}]: got {g}, want {w}"
+                );
+            }
+        }
+    }
+}
+
 /// RoPE straight from the formula, in f64.
 fn rope_f64(
     x: &[f32],
@@ -203,7 +385,9 @@ fn rope_matches_f64_for_both_styles() {
     }
 }
 
-/// Causal GQA attention, naively in f64.
+/// Causal GQA attention, naively in f64: a query at position `p` sees
+/// `p + 1 - window ..= p` (all of `0..=p` without a window), and a soft
+/// cap turns each scaled score `s` into `cap · tanh(s / cap)`.
 fn attention_f64(q: &[f32], k: &[f32], v: &[f32], s: AttentionShape) -> Vec<f64> {
     let (hd, nh, nkv) = (s.head_dim, s.n_heads, s.n_kv_heads);
     let mut out = vec![0.0; q.len()];
@@ -212,7 +396,8 @@ fn attention_f64(q: &[f32], k: &[f32], v: &[f32], s: AttentionShape) -> Vec<f64>
             let kvh = h / (nh / nkv);
             let qv = &q[(t * nh + h) * hd..][..hd];
             let n_pos = s.start_pos + t + 1;
-            let scores: Vec<f32> = (0..n_pos)
+            let first = s.mask.window.map_or(0, |w| n_pos.saturating_sub(w));
+            let scores: Vec<f32> = (first..n_pos)
                 .map(|p| {
                     let kv = &k[(p * nkv + kvh) * hd..][..hd];
                     let d: f64 = qv
@@ -220,12 +405,18 @@ fn attention_f64(q: &[f32], k: &[f32], v: &[f32], s: AttentionShape) -> Vec<f64>
                         .zip(kv)
                         .map(|(&a, &b)| f64::from(a) * f64::from(b))
                         .sum();
-                    (d * f64::from(s.scale)) as f32
+                    let d = d * f64::from(s.scale);
+                    let d = match s.mask.softcap {
+                        Some(cap) => f64::from(cap) * (d / f64::from(cap)).tanh(),
+                        None => d,
+                    };
+                    d as f32
                 })
                 .collect();
             let p = softmax_f64(&scores);
             let o = &mut out[(t * nh + h) * hd..][..hd];
-            for (pos, w) in p.iter().enumerate() {
+            for (i, w) in p.iter().enumerate() {
+                let pos = first + i;
                 let vv = &v[(pos * nkv + kvh) * hd..][..hd];
                 for (o, &x) in o.iter_mut().zip(vv) {
                     *o += w * f64::from(x);
@@ -247,9 +438,26 @@ fn attention_matches_naive_f64() {
         backends.push(CpuKernels::new(1, Isa::Avx2).unwrap());
         backends.push(CpuKernels::new(3, Isa::Avx2).unwrap());
     }
+    // Plain causal; a sliding window (shorter and longer than some rows'
+    // history); a soft cap (tight, so it changes the weights); both.
+    let masks = [
+        ScoreMask::default(),
+        ScoreMask {
+            window: Some(3),
+            softcap: None,
+        },
+        ScoreMask {
+            window: None,
+            softcap: Some(1.5),
+        },
+        ScoreMask {
+            window: Some(12),
+            softcap: Some(0.7),
+        },
+    ];
     // (n_tokens, start_pos, n_heads, n_kv_heads, head_dim): decode, prefill,
     // prefill after a cached prefix, GQA groups of 4 and 7, odd head_dim.
-    for (n_tokens, start_pos, n_heads, n_kv_heads, head_dim) in [
+    let cases = [
         (1, 0, 4, 4, 64),
         (1, 37, 8, 2, 64),
         (5, 0, 4, 1, 32),
@@ -257,7 +465,10 @@ fn attention_matches_naive_f64() {
         (3, 2, 2, 2, 13),
         // Above the size that runs on the calling thread: the pool path.
         (4, 300, 16, 4, 64),
-    ] {
+    ];
+    for ((n_tokens, start_pos, n_heads, n_kv_heads, head_dim), mask) in
+        cases.into_iter().flat_map(|c| masks.map(|m| (c, m)))
+    {
         let shape = AttentionShape {
             n_tokens,
             start_pos,
@@ -265,14 +476,19 @@ fn attention_matches_naive_f64() {
             n_kv_heads,
             head_dim,
             scale: 1.0 / (head_dim as f32).sqrt(),
+            mask,
         };
         let n_ctx = start_pos + n_tokens;
         let q = rng.vec(n_tokens * n_heads * head_dim, 2.0);
         // One spare cache row past n_ctx: attention must not read it.
-        let k = rng.vec((n_ctx + 1) * n_kv_heads * head_dim, 2.0);
+        let mut k = rng.vec((n_ctx + 1) * n_kv_heads * head_dim, 2.0);
         let mut v = rng.vec((n_ctx + 1) * n_kv_heads * head_dim, 1.0);
         let tail = n_ctx * n_kv_heads * head_dim;
         v[tail..].fill(1e6);
+        // Nor the rows before every query's window.
+        let unseen = mask.first_position(start_pos) * n_kv_heads * head_dim;
+        k[..unseen].fill(f32::NAN);
+        v[..unseen].fill(f32::NAN);
         let want = attention_f64(&q, &k, &v, shape);
         let mut first: Option<Vec<f32>> = None;
         for kern in &backends {
@@ -350,7 +566,15 @@ fn paged_attention_is_bit_identical_to_contiguous() {
     let rows: usize = cases.iter().map(|c| c.0).sum();
     let q = rng.vec(rows * n_heads * head_dim, 2.0);
     let scale = 1.0 / (head_dim as f32).sqrt();
-    for isa in isas {
+    // Plain, and a window shorter than the long sequences with a soft cap.
+    let masks = [
+        ScoreMask::default(),
+        ScoreMask {
+            window: Some(20),
+            softcap: Some(2.0),
+        },
+    ];
+    for (isa, mask) in isas.into_iter().flat_map(|i| masks.map(|m| (i, m))) {
         for threads in [1, 3] {
             let kern = CpuKernels::new(threads, isa).unwrap();
             // The contiguous oracle: copy each sequence's blocks out in order.
@@ -373,6 +597,7 @@ fn paged_attention_is_bit_identical_to_contiguous() {
                     n_kv_heads,
                     head_dim,
                     scale,
+                    mask,
                 };
                 let width = n_heads * head_dim;
                 let mut out = vec![0.0; n * width];
@@ -396,6 +621,7 @@ fn paged_attention_is_bit_identical_to_contiguous() {
                 n_kv_heads,
                 head_dim,
                 scale,
+                mask,
             };
             let mut got = vec![f32::NAN; q.len()];
             kern.attention_paged(&q, &k_pool, &v_pool, &seqs, shape, &mut got);
@@ -403,7 +629,10 @@ fn paged_attention_is_bit_identical_to_contiguous() {
                 .iter()
                 .zip(&want)
                 .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{isa:?}×{threads}: paged differs from contiguous");
+            assert!(
+                same,
+                "{isa:?}×{threads} {mask:?}: paged differs from contiguous"
+            );
         }
     }
 }

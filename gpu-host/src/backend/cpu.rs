@@ -2,8 +2,8 @@
 //! when the processor has them, scalar otherwise, on host memory.
 
 use bulkhead_kernels::{
-    AttentionShape, CpuKernels, Isa, KernelError, PackedMatrix, PagedSeq, PagedShape, QuantMatrix,
-    TokenGrouping,
+    Activation, AttentionShape, CpuKernels, Isa, KernelError, PackedMatrix, PagedSeq, PagedShape,
+    QuantMatrix, TokenGrouping,
 };
 
 use super::{Backend, OpResult, RopeParams};
@@ -89,17 +89,8 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn rope(&self, x: &mut [f32], heads: usize, pos: usize, p: &RopeParams) -> OpResult {
-        bulkhead_kernels::rope(
-            x,
-            heads,
-            p.head_dim,
-            p.rot_dim,
-            pos,
-            p.freq_base,
-            p.freq_scale,
-            p.style,
-        );
+    fn rope(&self, x: &mut [f32], heads: usize, pos: usize, p: &RopeParams<'_>) -> OpResult {
+        bulkhead_kernels::rope_ext(x, heads, p.head_dim, pos, &p.freqs(), p.style);
         Ok(())
     }
 
@@ -129,8 +120,13 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) -> OpResult {
-        bulkhead_kernels::silu_mul(gate, up);
+    fn gated(&self, act: Activation, gate: &mut [f32], up: &[f32]) -> OpResult {
+        bulkhead_kernels::gated(act, gate, up);
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut [f32], c: f32) -> OpResult {
+        bulkhead_kernels::scale(x, c);
         Ok(())
     }
 

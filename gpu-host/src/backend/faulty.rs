@@ -3,7 +3,7 @@
 
 use std::sync::Mutex;
 
-use bulkhead_kernels::{AttentionShape, PagedSeq, PagedShape, QuantMatrix};
+use bulkhead_kernels::{Activation, AttentionShape, PagedSeq, PagedShape, QuantMatrix};
 
 use super::{Backend, CpuBackend, DeviceError, OpResult, RopeParams};
 
@@ -62,7 +62,7 @@ impl Backend for Faulty {
         self.cpu.rms_norm(x, weight, eps, out)
     }
 
-    fn rope(&self, x: &mut [f32], heads: usize, pos: usize, params: &RopeParams) -> OpResult {
+    fn rope(&self, x: &mut [f32], heads: usize, pos: usize, params: &RopeParams<'_>) -> OpResult {
         self.cpu.rope(x, heads, pos, params)
     }
 
@@ -90,8 +90,12 @@ impl Backend for Faulty {
             .attention_paged(q, k_pool, v_pool, seqs, shape, out)
     }
 
-    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) -> OpResult {
-        self.cpu.silu_mul(gate, up)
+    fn gated(&self, act: Activation, gate: &mut [f32], up: &[f32]) -> OpResult {
+        self.cpu.gated(act, gate, up)
+    }
+
+    fn scale(&self, x: &mut [f32], c: f32) -> OpResult {
+        self.cpu.scale(x, c)
     }
 
     fn add(&self, a: &mut [f32], b: &[f32]) -> OpResult {

@@ -41,17 +41,39 @@ pub use select::{
 
 pub use bulkhead_kernels::hip::{DeviceError, DeviceErrorKind};
 use bulkhead_kernels::{
-    AttentionShape, PackedMatrix, PagedSeq, PagedShape, QuantMatrix, RopeStyle,
+    Activation, AttentionShape, PackedMatrix, PagedSeq, PagedShape, QuantMatrix, RopeFreqs,
+    RopeStyle, Yarn,
 };
 
-/// RoPE parameters shared by every call in a model.
+/// RoPE parameters of a layer: the same for every row it rotates.
 #[derive(Clone, Copy, Debug)]
-pub struct RopeParams {
+pub struct RopeParams<'a> {
     pub head_dim: usize,
     pub rot_dim: usize,
     pub freq_base: f32,
     pub freq_scale: f32,
     pub style: RopeStyle,
+    /// A divisor of each rotated pair's angle (`rope_freqs`).
+    pub factors: Option<&'a [f32]>,
+    pub yarn: Option<Yarn>,
+}
+
+impl RopeParams<'_> {
+    /// The frequencies, as the kernels take them.
+    pub fn freqs(&self) -> RopeFreqs<'_> {
+        RopeFreqs {
+            rot_dim: self.rot_dim,
+            freq_base: self.freq_base,
+            freq_scale: self.freq_scale,
+            factors: self.factors,
+            yarn: self.yarn,
+        }
+    }
+
+    /// Plain RoPE: no per-pair factors, no YaRN (what the device kernels do).
+    pub fn is_plain(&self) -> bool {
+        self.factors.is_none() && self.yarn.is_none()
+    }
 }
 
 /// What a backend op returns: nothing, or why the device could not do it.
@@ -103,7 +125,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// RMSNorm of each `weight.len()`-wide row of `x`, scaled by `weight`.
     fn rms_norm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> OpResult;
     /// Rotates `heads` heads of one token at position `pos` in place.
-    fn rope(&self, x: &mut [f32], heads: usize, pos: usize, params: &RopeParams) -> OpResult;
+    fn rope(&self, x: &mut [f32], heads: usize, pos: usize, params: &RopeParams<'_>) -> OpResult;
     /// Causal attention of `n_tokens` queries over the cache (see [`AttentionShape`]).
     fn attention(
         &self,
@@ -124,8 +146,10 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         shape: PagedShape,
         out: &mut [f32],
     ) -> OpResult;
-    /// `gate = silu(gate) * up`.
-    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) -> OpResult;
+    /// `gate = act(gate) * up`.
+    fn gated(&self, act: Activation, gate: &mut [f32], up: &[f32]) -> OpResult;
+    /// `x *= c`.
+    fn scale(&self, x: &mut [f32], c: f32) -> OpResult;
     /// `a += b`.
     fn add(&self, a: &mut [f32], b: &[f32]) -> OpResult;
     /// The backend that runs whole passes on its device, activations and

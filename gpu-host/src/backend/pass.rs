@@ -7,7 +7,7 @@
 //!
 //! [`Backend`]: super::Backend
 
-use bulkhead_kernels::QuantMatrix;
+use bulkhead_kernels::{Activation, QuantMatrix, ScoreMask};
 
 use super::{DeviceError, MoeFfn, OpResult, RopeParams};
 
@@ -122,13 +122,15 @@ pub fn matmul_spans(segments: &[Segment]) -> Vec<MatmulSpan> {
     spans
 }
 
-/// The attention heads of a model.
+/// The attention heads of a layer.
 #[derive(Clone, Copy, Debug)]
 pub struct Heads {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
     pub scale: f32,
+    /// The layer's sliding window and score cap, if it has them.
+    pub mask: ScoreMask,
 }
 
 /// The ops of a forward pass over its [`Act`] buffers. The rows are the
@@ -141,8 +143,13 @@ pub struct Heads {
 pub trait ForwardPass {
     /// Row `r` of `out` = the embedding of the step's token `r`.
     fn embed(&mut self, table: &QuantMatrix<'_>, out: Act) -> OpResult;
+    /// `x *= c` (an embedding scale).
+    fn scale(&mut self, x: Act, c: f32) -> OpResult;
     /// RMSNorm of every row of `x` scaled by `weight`, into `out`.
     fn rms_norm(&mut self, x: Act, weight: &[f32], eps: f32, out: Act) -> OpResult;
+    /// RMSNorm of each `weight.len()`-wide head of every row of `x`, in
+    /// place (query and key norms).
+    fn head_norm(&mut self, x: Act, weight: &[f32], eps: f32) -> OpResult;
     /// `out[t] = w · x[t]` for every row.
     fn matmul(&mut self, w: &QuantMatrix<'_>, x: Act, out: Act) -> OpResult;
     /// `out = w · x[t]` for every `(w, out)` of `ws` and every row: the
@@ -164,8 +171,8 @@ pub trait ForwardPass {
     fn attend(&mut self, layer: usize, q: Act, heads: Heads, out: Act) -> OpResult;
     /// `a += b`.
     fn add(&mut self, a: Act, b: Act) -> OpResult;
-    /// `gate = silu(gate) * up`.
-    fn silu_mul(&mut self, gate: Act, up: Act) -> OpResult;
+    /// `gate = act(gate) * up`.
+    fn gated(&mut self, act: Activation, gate: Act, up: Act) -> OpResult;
     /// `out` = the mixture-of-experts FFN of every row of `x`: each row
     /// through its routed experts only (an expert's weights are read for
     /// the rows routed to it, and not at all when none is).

@@ -74,6 +74,7 @@ impl OpenBackend {
     /// Puts the model's weights on the device, so passes move only
     /// activations; a no-op on the CPU.
     pub fn load(&self, model: &Model) -> anyhow::Result<()> {
+        model.check_backend(&*self.backend)?;
         model
             .preload(&*self.backend)
             .context("uploading the weights to the device")

@@ -4,8 +4,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use bulkhead_gpu_host::Tokenizer;
-use bulkhead_gpu_host::engine::ModelConfig;
-use bulkhead_gpu_host::gguf::{Array, Gguf, Value};
+use bulkhead_gpu_host::engine::{Model, ModelConfig};
+use bulkhead_gpu_host::gguf::{Array, Gguf, GgufError, Limits, TensorTypes, Value, type_name};
+use bulkhead_kernels::GgmlType;
 use clap::Args;
 
 /// Array elements shown per metadata entry; vocabularies have 100k+.
@@ -31,7 +32,12 @@ pub struct TokenizeArgs {
 }
 
 pub fn run(a: InspectArgs) -> anyhow::Result<()> {
-    let gguf = Gguf::open(&a.model).with_context(|| format!("reading {}", a.model.display()))?;
+    let gguf = match Gguf::open(&a.model) {
+        Ok(gguf) => gguf,
+        // A GGUF whose tensors the engine cannot read: still say which.
+        Err(GgufError::UnknownTensorType { .. }) => return unreadable_tensors(&a),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", a.model.display())),
+    };
     let mut s = String::new();
     writeln!(
         s,
@@ -40,8 +46,9 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
         gguf.file_len(),
         gguf.version()
     )?;
-    match ModelConfig::from_gguf(&gguf) {
-        Ok(c) => writeln!(
+    writeln!(s, "runnable: {}", runnable(&gguf))?;
+    if let Ok(c) = ModelConfig::from_gguf(&gguf) {
+        writeln!(
             s,
             "architecture: {} — {} layers, width {}, {} heads ({} kv), head {}, ffn {}, vocab {}, context {}, rope base {} scale {}",
             c.arch.name(),
@@ -53,10 +60,9 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
             c.ffn_dim,
             c.vocab_size,
             c.context_length,
-            c.rope_base,
-            c.rope_scale
-        )?,
-        Err(e) => writeln!(s, "architecture: not runnable ({e})")?,
+            c.rope.base,
+            c.rope.scale
+        )?;
     }
     writeln!(s, "\nmetadata ({} entries):", gguf.metadata().len())?;
     for (key, value) in gguf.metadata().iter() {
@@ -77,6 +83,67 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
         )?;
     }
     writeln!(s, "\ntensor types: {histogram:?}")?;
+    std::io::stdout().lock().write_all(s.as_bytes())?;
+    Ok(())
+}
+
+/// `yes`, with where it runs, or `no` and the first reason: the
+/// architecture, the metadata key or the tensor, named as the engine's
+/// loader names them.
+fn runnable(gguf: &Gguf) -> String {
+    let (config, missing) = match Model::check(gguf) {
+        Ok(checked) => checked,
+        Err(e) => return format!("no: {e}"),
+    };
+    if let Err(e) = Tokenizer::from_metadata(gguf.metadata()) {
+        return format!("no: tokenizer: {e}");
+    }
+    let device = if missing.is_empty() {
+        "and on GPU backends".to_string()
+    } else {
+        format!("only (a GPU backend lacks {})", missing.join(", "))
+    };
+    format!("yes ({} on the CPU backend {device})", config.arch.name())
+}
+
+/// What `inspect` says of a GGUF with tensors of types the engine cannot
+/// read: each such tensor by name and type, and the metadata.
+fn unreadable_tensors(a: &InspectArgs) -> anyhow::Result<()> {
+    let bytes =
+        std::fs::read(&a.model).with_context(|| format!("reading {}", a.model.display()))?;
+    let scan = TensorTypes::scan(&bytes, &Limits::default())
+        .with_context(|| format!("reading {}", a.model.display()))?;
+    let unsupported: Vec<(&str, String)> = scan
+        .tensors
+        .iter()
+        .filter(|(_, id)| GgmlType::from_id(*id).is_none())
+        .map(|(name, id)| (name.as_str(), type_name(*id)))
+        .collect();
+    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
+    for (_, ty) in &unsupported {
+        *counts.entry(ty.as_str()).or_default() += 1;
+    }
+    let mut s = String::new();
+    writeln!(s, "file: {} ({} bytes)", a.model.display(), bytes.len())?;
+    writeln!(
+        s,
+        "runnable: no: {} of {} tensors have types the engine cannot compute with ({})",
+        unsupported.len(),
+        scan.tensors.len(),
+        counts
+            .iter()
+            .map(|(ty, n)| format!("{ty}: {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )?;
+    writeln!(s, "\nunsupported tensors:")?;
+    for (name, ty) in &unsupported {
+        writeln!(s, "  {name:<32} {ty}")?;
+    }
+    writeln!(s, "\nmetadata ({} entries):", scan.metadata.len())?;
+    for (key, value) in scan.metadata.iter() {
+        writeln!(s, "  {key} = {}", show_value(value))?;
+    }
     std::io::stdout().lock().write_all(s.as_bytes())?;
     Ok(())
 }

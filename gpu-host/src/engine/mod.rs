@@ -7,17 +7,18 @@
 
 mod config;
 mod generate;
+mod host_pass;
 mod model;
 mod moe;
 mod paged;
 mod sampling;
 mod weights;
 
-pub use config::{Arch, ConfigError, ModelConfig, MoeConfig};
+pub use config::{Arch, ConfigError, ModelConfig, MoeConfig, RopeConfig, supported_architectures};
 pub use generate::{
     Completion, Decoded, Decoding, FinishReason, GenerateError, GenerateRequest, MAX_STOP_BYTES,
     MAX_STOP_STRINGS, Next, Pass, Piece, generate, generate_observed, generate_streaming,
 };
-pub use model::{ForwardError, KvCache, Logits, Model, PREFILL_CHUNK, UnsupportedOnDevice};
+pub use model::{ForwardError, KvCache, Logits, Model, PREFILL_CHUNK};
 pub use paged::{BLOCK_TOKENS, BatchEntry, KvBlocks};
 pub use sampling::{Sampler, SamplingError, SamplingParams, argmax};

@@ -1,14 +1,18 @@
-//! A loaded model and its forward pass (llama and qwen2 share one code path).
+//! A loaded model and its forward pass: one code path for every
+//! architecture, whose differences are the config's (an activation,
+//! optional norms and biases, attention windows and caps, an embedding
+//! scale, RoPE scaling).
 
 use std::path::Path;
 
-use bulkhead_kernels::{AttentionShape, QuantMatrix};
+use bulkhead_kernels::{ScoreMask, scalar};
 
 use super::config::{ConfigError, ModelConfig};
+use super::host_pass::{ContiguousStore, HostPass, KvStore};
 use super::weights::{Ffn, Weights};
 use crate::backend::{
-    Act, Backend, DeviceError, DeviceKv, ForwardPass, Heads, KvLayout, MoeFfn, OpResult, PassShape,
-    RopeParams, Segment, StepRows, WeightRef, matmul_spans,
+    Act, Backend, DeviceError, DeviceKv, ForwardPass, Heads, KvLayout, PassShape, RopeParams,
+    Segment, StepRows, WeightRef,
 };
 use crate::gguf::Gguf;
 
@@ -79,23 +83,60 @@ impl Model {
         }
     }
 
+    /// The ops this model's pass needs that the device pass (the HIP and
+    /// CUDA kernels) does not implement; empty when it can run there.
+    pub fn ops_missing_on_device(&self) -> Vec<&'static str> {
+        ops_missing_on_device(&self.config, &self.weights)
+    }
+
+    /// Checks that `gguf` holds a model this engine runs (hyperparameters
+    /// and every tensor the pass reads, as [`Model::from_gguf`] does)
+    /// without taking the file; returns its config and the ops a device
+    /// backend would lack.
+    pub fn check(gguf: &Gguf) -> Result<(ModelConfig, Vec<&'static str>), ConfigError> {
+        let config = ModelConfig::from_gguf(gguf)?;
+        let weights = Weights::load(gguf, &config)?;
+        let missing = ops_missing_on_device(&config, &weights);
+        Ok((config, missing))
+    }
+
+    /// Refuses a model whose pass would need ops `backend`'s device lacks
+    /// (a CPU backend runs every model): before any weight goes up or any
+    /// request is accepted, naming the architecture and the ops.
+    pub fn check_backend(&self, backend: &dyn Backend) -> Result<(), ConfigError> {
+        if backend.resident().is_none() {
+            return Ok(());
+        }
+        self.check_device_support()
+    }
+
+    /// [`Model::check_backend`] for a device backend.
+    pub fn check_device_support(&self) -> Result<(), ConfigError> {
+        let missing = self.ops_missing_on_device();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(ConfigError::NotOnDevice {
+            arch: self.config.arch.name(),
+            ops: missing.join(", "),
+        })
+    }
+
     /// Makes every weight the forward pass reads resident on `backend`'s
     /// device: after this, passes move activations, never weights. On the
     /// CPU, repacks the matrices it has a faster form for
     /// ([`Backend::pack`]); when the model is the mapped file, the file's
     /// pages of a repacked matrix are then dropped, so memory holds one copy
-    /// (they are the file's: a later read faults them back in).
+    /// (they are the file's: a later read faults them back in). Call
+    /// [`Model::check_backend`] first: a model the device cannot run fails
+    /// its first pass there.
     pub fn preload(&self, backend: &dyn Backend) -> Result<(), DeviceError> {
-        if backend.resident().is_some() {
-            self.device_support()
-                .map_err(|e| DeviceError::new("load", e.to_string()))?;
-        }
         let g = &self.gguf;
         let w = &self.weights;
         let tied = w.output.file_range() == w.token_embd.file_range();
         let mut matrices: Vec<&super::weights::MatrixRef> = vec![&w.output];
         for l in &w.layers {
-            matrices.extend(l.dense_matrices());
+            matrices.extend(l.matrices());
         }
         for m in matrices {
             if let Some(packed) = backend.pack(&m.view(g))
@@ -108,16 +149,12 @@ impl Model {
         let matrix = |m: &super::weights::MatrixRef| backend.preload(WeightRef::Matrix(m.view(g)));
         matrix(&w.token_embd)?;
         for l in &w.layers {
-            backend.preload(WeightRef::Vector(&l.attn_norm))?;
-            for m in [&l.wq, &l.wk, &l.wv, &l.wo] {
+            for v in l.vectors() {
+                backend.preload(WeightRef::Vector(v))?;
+            }
+            for m in l.matrices() {
                 matrix(m)?;
             }
-            if let Ffn::Dense { gate, up, down } = &l.ffn {
-                for m in [gate, up, down] {
-                    matrix(m)?;
-                }
-            }
-            backend.preload(WeightRef::Vector(&l.ffn_norm))?;
         }
         backend.preload(WeightRef::Vector(&w.output_norm))?;
         matrix(&w.output)
@@ -126,22 +163,8 @@ impl Model {
     /// Matrices a backend repacked at [`Model::preload`].
     pub fn packed_matrices(&self) -> usize {
         let w = &self.weights;
-        let layers = w.layers.iter().flat_map(|l| l.dense_matrices());
+        let layers = w.layers.iter().flat_map(|l| l.matrices());
         layers.chain([&w.output]).filter(|m| m.is_packed()).count()
-    }
-
-    /// Whether a device backend (whose passes run on the device) has every
-    /// op this model needs: the error names the architecture and the op
-    /// it lacks. The CPU backend runs every model.
-    pub fn device_support(&self) -> Result<(), UnsupportedOnDevice> {
-        match self.config.moe {
-            Some(moe) => Err(UnsupportedOnDevice {
-                arch: self.config.arch.name(),
-                what: format!("a mixture of {} experts", moe.experts),
-                op: "moe_ffn",
-            }),
-            None => Ok(()),
-        }
     }
 
     /// Runs `tokens` through the model after what `cache` already holds,
@@ -227,7 +250,7 @@ impl Model {
         PassShape {
             layers: c.layers,
             embedding: c.embedding_dim,
-            q: c.heads * c.head_dim,
+            q: c.q_dim(),
             kv: c.kv_dim(),
             ffn: c.ffn_dim,
             vocab: c.vocab_size,
@@ -244,22 +267,34 @@ impl Model {
     pub(super) fn layers(&self, pass: &mut impl ForwardPass) -> Result<Vec<f32>, DeviceError> {
         let c = &self.config;
         let g = &self.gguf;
-        let rope = RopeParams {
-            head_dim: c.head_dim,
-            rot_dim: c.rope_dim,
-            freq_base: c.rope_base,
-            freq_scale: c.rope_scale,
-            style: c.rope_style,
-        };
-        let heads = Heads {
-            n_heads: c.heads,
-            n_kv_heads: c.kv_heads,
-            head_dim: c.head_dim,
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
-        };
+        let eps = c.rms_eps;
         pass.embed(&self.weights.token_embd.view(g), Act::X)?;
+        if let Some(scale) = c.embedding_scale {
+            pass.scale(Act::X, scale)?;
+        }
         for (l, w) in self.weights.layers.iter().enumerate() {
-            pass.rms_norm(Act::X, &w.attn_norm, c.rms_eps, Act::Xn)?;
+            let window = c.window(l);
+            let (freq_base, freq_scale) = c.rope.base_and_scale(window.is_some());
+            let rope = RopeParams {
+                head_dim: c.head_dim,
+                rot_dim: c.rope.dim,
+                freq_base,
+                freq_scale,
+                style: c.rope.style,
+                factors: self.weights.rope_factors.as_deref(),
+                yarn: c.rope.yarn,
+            };
+            let heads = Heads {
+                n_heads: c.heads,
+                n_kv_heads: c.kv_heads,
+                head_dim: c.head_dim,
+                scale: c.attention_scale,
+                mask: ScoreMask {
+                    window,
+                    softcap: c.attn_softcap,
+                },
+            };
+            pass.rms_norm(Act::X, &w.attn_norm, eps, Act::Xn)?;
             let (wq, wk, wv) = (w.wq.view(g), w.wk.view(g), w.wv.view(g));
             pass.matmuls(Act::Xn, &[(&wq, Act::Q), (&wk, Act::K), (&wv, Act::V)])?;
             for (act, bias) in [(Act::Q, &w.bq), (Act::K, &w.bk), (Act::V, &w.bv)] {
@@ -267,19 +302,24 @@ impl Model {
                     pass.add_bias(act, bias)?;
                 }
             }
+            for (act, norm) in [(Act::Q, &w.q_norm), (Act::K, &w.k_norm)] {
+                if let Some(norm) = norm {
+                    pass.head_norm(act, norm, eps)?;
+                }
+            }
             pass.rope(Act::Q, c.heads, &rope)?;
             pass.rope(Act::K, c.kv_heads, &rope)?;
             pass.store_kv(l, Act::K, Act::V)?;
             pass.attend(l, Act::Q, heads, Act::Attn)?;
             pass.matmul(&w.wo.view(g), Act::Attn, Act::Proj)?;
-            pass.add(Act::X, Act::Proj)?;
+            residual(pass, w.attn_post_norm.as_deref(), eps)?;
 
-            pass.rms_norm(Act::X, &w.ffn_norm, c.rms_eps, Act::Xn)?;
+            pass.rms_norm(Act::X, &w.ffn_norm, eps, Act::Xn)?;
             match (&w.ffn, c.moe) {
                 (Ffn::Dense { gate, up, down }, _) => {
                     let (gate, up) = (gate.view(g), up.view(g));
                     pass.matmuls(Act::Xn, &[(&gate, Act::Gate), (&up, Act::Up)])?;
-                    pass.silu_mul(Act::Gate, Act::Up)?;
+                    pass.gated(c.activation, Act::Gate, Act::Up)?;
                     pass.matmul(&down.view(g), Act::Gate, Act::Proj)?;
                 }
                 (Ffn::Moe(moe), Some(mc)) => {
@@ -287,14 +327,21 @@ impl Model {
                 }
                 (Ffn::Moe(_), None) => unreachable!("MoE weights are loaded for a MoE config"),
             }
-            pass.add(Act::X, Act::Proj)?;
+            residual(pass, w.ffn_post_norm.as_deref(), eps)?;
         }
-        pass.logits(
+        let mut logits = pass.logits(
             Act::X,
             &self.weights.output_norm,
-            c.rms_eps,
+            eps,
             &self.weights.output.view(g),
-        )
+        )?;
+        // On the host whatever ran the pass: each logit on its own.
+        if let Some(cap) = c.final_softcap {
+            for v in &mut logits {
+                *v = scalar::softcap(*v, cap);
+            }
+        }
+        Ok(logits)
     }
 
     /// The pass on the host: `tokens` are the rows of `segments` in order,
@@ -332,303 +379,53 @@ impl Model {
     }
 }
 
-/// The host's pass: buffers in host memory, every op one or more calls of
-/// the [`Backend`]'s host ops.
-///
-/// Matmuls take every row at once (the weights are read once per call,
-/// whatever the number of sequences). Everything else is per row or per
-/// segment, so a sequence's rows are computed bit for bit the same
-/// whatever else shares the call: the AVX2 element-wise kernels finish a
-/// slice's tail with scalar code, so running them over a whole batch
-/// would shift which elements take that path.
-struct HostPass<'a> {
-    backend: &'a dyn Backend,
-    shape: PassShape,
-    tokens: &'a [u32],
-    segments: &'a [Segment],
-    /// Position of every row.
-    positions: Vec<usize>,
-    kv: &'a mut dyn KvStore,
-    wanted: &'a [usize],
-    bufs: [Vec<f32>; 9],
+/// See [`Model::ops_missing_on_device`].
+fn ops_missing_on_device(c: &ModelConfig, w: &Weights) -> Vec<&'static str> {
+    let mut missing = Vec::new();
+    if c.moe.is_some() {
+        missing.push("a mixture of experts (moe_ffn)");
+    }
+    if c.activation != bulkhead_kernels::Activation::Silu {
+        missing.push("the GELU activation (GeGLU)");
+    }
+    if c.embedding_scale.is_some() {
+        missing.push("an embedding scale");
+    }
+    if w.layers
+        .iter()
+        .any(|l| l.q_norm.is_some() || l.k_norm.is_some())
+    {
+        missing.push("query/key norms");
+    }
+    if (0..c.layers).any(|l| c.window(l).is_some()) {
+        missing.push("sliding-window attention");
+    }
+    if c.attn_softcap.is_some() {
+        missing.push("attention score soft-capping");
+    }
+    if w.rope_factors.is_some() {
+        missing.push("RoPE frequency factors (rope_freqs)");
+    }
+    if c.rope.yarn.is_some() {
+        missing.push("YaRN RoPE scaling");
+    }
+    missing
 }
 
-impl<'a> HostPass<'a> {
-    fn new(
-        backend: &'a dyn Backend,
-        shape: PassShape,
-        tokens: &'a [u32],
-        segments: &'a [Segment],
-        kv: &'a mut dyn KvStore,
-        wanted: &'a [usize],
-    ) -> HostPass<'a> {
-        let positions: Vec<usize> = segments
-            .iter()
-            .flat_map(|s| s.start_pos..s.start_pos + s.rows)
-            .collect();
-        debug_assert_eq!(positions.len(), tokens.len());
-        let n = tokens.len();
-        HostPass {
-            backend,
-            shape,
-            tokens,
-            segments,
-            positions,
-            kv,
-            wanted,
-            bufs: Act::ALL.map(|a| vec![0.0f32; n * a.width(&shape)]),
+/// `X += Proj`, or `X += norm(Proj)` where the layer normalizes a
+/// sublayer's output first (Gemma's post-attention and post-feed-forward
+/// norms).
+fn residual(
+    pass: &mut impl ForwardPass,
+    post_norm: Option<&[f32]>,
+    eps: f32,
+) -> Result<(), DeviceError> {
+    match post_norm {
+        Some(norm) => {
+            pass.rms_norm(Act::Proj, norm, eps, Act::Xn)?;
+            pass.add(Act::X, Act::Xn)
         }
-    }
-
-    /// Runs `f` with `out` taken out of the pass (so `f` may read the
-    /// other buffers).
-    fn with_out<R>(&mut self, out: Act, f: impl FnOnce(&Self, &mut [f32]) -> R) -> R {
-        let mut buf = std::mem::take(&mut self.bufs[out.index()]);
-        let r = f(self, &mut buf);
-        self.bufs[out.index()] = buf;
-        r
-    }
-
-    /// `op(a, b)` on each segment's rows.
-    fn per_segment(
-        &mut self,
-        a: Act,
-        b: Act,
-        op: impl Fn(&dyn Backend, &mut [f32], &[f32]) -> OpResult,
-    ) -> OpResult {
-        let width = a.width(&self.shape);
-        self.with_out(a, |p, a| {
-            let b = &p.bufs[b.index()];
-            let mut at = 0;
-            for s in p.segments {
-                let span = at..at + s.rows * width;
-                op(p.backend, &mut a[span.clone()], &b[span])?;
-                at += s.rows * width;
-            }
-            Ok(())
-        })
-    }
-}
-
-impl ForwardPass for HostPass<'_> {
-    fn embed(&mut self, table: &QuantMatrix<'_>, out: Act) -> OpResult {
-        let d = out.width(&self.shape);
-        self.with_out(out, |p, out| {
-            for (row, &t) in out.chunks_exact_mut(d).zip(p.tokens) {
-                p.backend.embedding(table, t, row)?;
-            }
-            Ok(())
-        })
-    }
-
-    fn rms_norm(&mut self, x: Act, weight: &[f32], eps: f32, out: Act) -> OpResult {
-        self.with_out(out, |p, out| {
-            p.backend.rms_norm(&p.bufs[x.index()], weight, eps, out)
-        })
-    }
-
-    fn matmul(&mut self, w: &QuantMatrix<'_>, x: Act, out: Act) -> OpResult {
-        self.with_out(out, |p, out| {
-            matmul_by_segment(p.backend, p.segments, w, &p.bufs[x.index()], out)
-        })
-    }
-
-    fn matmuls(&mut self, x: Act, ws: &[(&QuantMatrix<'_>, Act)]) -> OpResult {
-        let mut bufs: Vec<Vec<f32>> = ws
-            .iter()
-            .map(|&(_, out)| std::mem::take(&mut self.bufs[out.index()]))
-            .collect();
-        let x = &self.bufs[x.index()];
-        let r = matmuls_by_segment(self.backend, self.segments, ws, x, &mut bufs);
-        for (&(_, out), buf) in ws.iter().zip(bufs) {
-            self.bufs[out.index()] = buf;
-        }
-        r
-    }
-
-    fn add_bias(&mut self, x: Act, bias: &[f32]) -> OpResult {
-        self.with_out(x, |p, x| {
-            for row in x.chunks_exact_mut(bias.len()) {
-                p.backend.add(row, bias)?;
-            }
-            Ok(())
-        })
-    }
-
-    fn rope(&mut self, x: Act, heads: usize, params: &RopeParams) -> OpResult {
-        let width = x.width(&self.shape);
-        self.with_out(x, |p, x| {
-            for (row, &pos) in x.chunks_exact_mut(width).zip(&p.positions) {
-                p.backend.rope(row, heads, pos, params)?;
-            }
-            Ok(())
-        })
-    }
-
-    fn store_kv(&mut self, layer: usize, k: Act, v: Act) -> OpResult {
-        self.kv
-            .store(layer, &self.bufs[k.index()], &self.bufs[v.index()]);
-        Ok(())
-    }
-
-    fn attend(&mut self, layer: usize, q: Act, heads: Heads, out: Act) -> OpResult {
-        let mut buf = std::mem::take(&mut self.bufs[out.index()]);
-        let r = self
-            .kv
-            .attend(self.backend, layer, &self.bufs[q.index()], heads, &mut buf);
-        self.bufs[out.index()] = buf;
-        r
-    }
-
-    fn add(&mut self, a: Act, b: Act) -> OpResult {
-        self.per_segment(a, b, |backend, a, b| backend.add(a, b))
-    }
-
-    fn silu_mul(&mut self, gate: Act, up: Act) -> OpResult {
-        self.per_segment(gate, up, |backend, a, b| backend.silu_mul(a, b))
-    }
-
-    fn moe_ffn(&mut self, moe: &MoeFfn<'_>, x: Act, out: Act) -> OpResult {
-        self.with_out(out, |p, out| {
-            super::moe::moe_ffn(p.backend, p.segments, moe, &p.bufs[x.index()], out)
-        })
-    }
-
-    /// Only the rows whose logits are wanted go through the output projection.
-    fn logits(
-        &mut self,
-        x: Act,
-        norm: &[f32],
-        eps: f32,
-        output: &QuantMatrix<'_>,
-    ) -> Result<Vec<f32>, DeviceError> {
-        let d = x.width(&self.shape);
-        let x = &self.bufs[x.index()];
-        let rows = self.wanted.len();
-        let mut normed = vec![0.0f32; rows * d];
-        for (out, &r) in normed.chunks_exact_mut(d).zip(self.wanted) {
-            self.backend
-                .rms_norm(&x[r * d..(r + 1) * d], norm, eps, out)?;
-        }
-        let mut out = vec![0.0f32; rows * self.shape.vocab];
-        if self.segments.len() == 1 {
-            self.backend.matmul(output, &normed, rows, &mut out)?;
-        } else {
-            // Alone, each of these rows is a one-row projection.
-            self.backend
-                .matmul_per_row(output, &normed, rows, &mut out)?;
-        }
-        Ok(out)
-    }
-}
-
-/// `out = w · x` over the rows of `segments`, span by span
-/// ([`matmul_spans`]).
-fn matmul_by_segment(
-    backend: &dyn Backend,
-    segments: &[Segment],
-    w: &QuantMatrix<'_>,
-    x: &[f32],
-    out: &mut [f32],
-) -> OpResult {
-    let (cols, rows) = (w.cols, w.rows);
-    for span in matmul_spans(segments) {
-        let (at, n) = (span.at, span.rows);
-        let (x, out) = (
-            &x[at * cols..(at + n) * cols],
-            &mut out[at * rows..(at + n) * rows],
-        );
-        if span.per_row {
-            backend.matmul_per_row(w, x, n, out)?;
-        } else {
-            backend.matmul(w, x, n, out)?;
-        }
-    }
-    Ok(())
-}
-
-/// [`matmul_by_segment`] for several matrices over one input, each span
-/// one [`Backend::matmuls`] call.
-fn matmuls_by_segment(
-    backend: &dyn Backend,
-    segments: &[Segment],
-    ws: &[(&QuantMatrix<'_>, Act)],
-    x: &[f32],
-    outs: &mut [Vec<f32>],
-) -> OpResult {
-    let Some(&(first, _)) = ws.first() else {
-        return Ok(());
-    };
-    let cols = first.cols;
-    for span in matmul_spans(segments) {
-        let (at, n) = (span.at, span.rows);
-        let mut pairs: Vec<(QuantMatrix<'_>, &mut [f32])> = ws
-            .iter()
-            .zip(outs.iter_mut())
-            .map(|(&(w, _), out)| (*w, &mut out[at * w.rows..(at + n) * w.rows]))
-            .collect();
-        backend.matmuls(&x[at * cols..(at + n) * cols], n, &mut pairs, span.per_row)?;
-    }
-    Ok(())
-}
-
-/// Where a forward call keeps keys and values and how attention reads them.
-pub(super) trait KvStore {
-    /// Stores the keys and values of every row of the call for `layer`.
-    fn store(&mut self, layer: usize, k: &[f32], v: &[f32]);
-    /// Attention of every row of the call over what its sequence holds.
-    fn attend(
-        &self,
-        backend: &dyn Backend,
-        layer: usize,
-        q: &[f32],
-        heads: Heads,
-        out: &mut [f32],
-    ) -> OpResult;
-}
-
-/// One sequence's contiguous cache in host memory, the call's rows
-/// written from `start`.
-struct ContiguousStore<'c> {
-    k: &'c mut [Vec<f32>],
-    v: &'c mut [Vec<f32>],
-    kv_dim: usize,
-    start: usize,
-}
-
-impl KvStore for ContiguousStore<'_> {
-    fn store(&mut self, layer: usize, k: &[f32], v: &[f32]) {
-        let kv = self.kv_dim;
-        let at = self.start * kv..self.start * kv + k.len();
-        self.k[layer][at.clone()].copy_from_slice(k);
-        self.v[layer][at].copy_from_slice(v);
-    }
-
-    fn attend(
-        &self,
-        backend: &dyn Backend,
-        layer: usize,
-        q: &[f32],
-        h: Heads,
-        out: &mut [f32],
-    ) -> OpResult {
-        let n = q.len() / (h.n_heads * h.head_dim);
-        let shape = AttentionShape {
-            n_tokens: n,
-            start_pos: self.start,
-            n_heads: h.n_heads,
-            n_kv_heads: h.n_kv_heads,
-            head_dim: h.head_dim,
-            scale: h.scale,
-        };
-        let seen = (self.start + n) * self.kv_dim;
-        backend.attention(
-            q,
-            &self.k[layer][..seen],
-            &self.v[layer][..seen],
-            shape,
-            out,
-        )
+        None => pass.add(Act::X, Act::Proj),
     }
 }
 
@@ -700,18 +497,6 @@ impl KvCache {
     }
 }
 
-/// A model needs an op the device backends do not have.
-#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
-#[error(
-    "architecture {arch} with {what} needs the `{op}` op, which the device backend does not have \
-     (run it on the CPU backend)"
-)]
-pub struct UnsupportedOnDevice {
-    pub arch: &'static str,
-    pub what: String,
-    pub op: &'static str,
-}
-
 /// Why a forward call was refused.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ForwardError {
@@ -726,3 +511,6 @@ pub enum ForwardError {
     #[error("device error: {0}")]
     Device(#[from] DeviceError),
 }
+
+#[cfg(test)]
+mod tests;

@@ -9,10 +9,11 @@
 //! same bits whatever shares the pass) holds as for the dense FFN: the
 //! rows are split into the same [`matmul_spans`] (a prefill chunk alone,
 //! a run of decode rows each as a one-row matmul), routing is per row,
-//! `silu_mul` runs per row, and each row's outputs are summed in expert
+//! the gate's activation runs per row, and each row's outputs are summed in expert
 //! order.
 
 use crate::backend::{Backend, MoeFfn, OpResult, Segment, matmul_spans};
+use bulkhead_kernels::Activation;
 
 /// The experts a row goes to and their weights, in expert order.
 pub(super) type Route = Vec<(usize, f32)>;
@@ -114,7 +115,7 @@ fn span_ffn(
         matmul(backend, &moe.gate.expert(e), &xe, m, per_row, &mut gate)?;
         matmul(backend, &moe.up.expert(e), &xe, m, per_row, &mut up)?;
         for (g, u) in gate.chunks_exact_mut(ff).zip(up.chunks_exact(ff)) {
-            backend.silu_mul(g, u)?;
+            backend.gated(Activation::Silu, g, u)?;
         }
         let mut down = vec![0.0f32; m * d];
         matmul(backend, &moe.down.expert(e), &gate, m, per_row, &mut down)?;

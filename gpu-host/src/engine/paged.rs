@@ -9,7 +9,8 @@
 use bulkhead_kernels::{PagedSeq, PagedShape};
 use bulkhead_partition::{KV_BLOCK_TOKENS, KvDtype, KvGeometry, PartitionError};
 
-use super::model::{ForwardError, KvMemory, KvStore, Model};
+use super::host_pass::KvStore;
+use super::model::{ForwardError, KvMemory, Model};
 use crate::backend::{Backend, Heads, KvLayout, OpResult, Segment, StepRows};
 
 /// Positions per block, as a `usize` for indexing.
@@ -200,6 +201,7 @@ impl KvStore for PagedStore<'_> {
             n_kv_heads: h.n_kv_heads,
             head_dim: h.head_dim,
             scale: h.scale,
+            mask: h.mask,
         };
         backend.attention_paged(q, &self.k[layer], &self.v[layer], &seqs, shape, out)
     }

@@ -47,7 +47,10 @@ pub enum GgufError {
     BadAlignment(u64),
     #[error("tensor {0:?} appears twice")]
     DuplicateTensor(String),
-    #[error("tensor {tensor:?}: unsupported tensor type {type_id}")]
+    #[error(
+        "tensor {tensor:?}: tensor type {} (GGML id {type_id}) is not one the engine computes with",
+        super::type_name(*type_id)
+    )]
     UnknownTensorType { tensor: String, type_id: u32 },
     #[error("tensor {tensor:?}: {reason}")]
     BadShape { tensor: String, reason: String },

@@ -16,7 +16,7 @@ use memmap2::Mmap;
 
 pub use error::GgufError;
 pub use metadata::{Array, Metadata, Value, ValueType};
-pub use parse::{GgufLayout, Limits, TensorInfo};
+pub use parse::{GgufLayout, Limits, TensorInfo, TensorTypes};
 
 /// A GGUF file mapped into memory (weights are never copied).
 #[derive(Debug)]
@@ -85,6 +85,18 @@ impl Gguf {
         };
     }
 
+    /// Parses a file's bytes held in memory (crafted files in tests), in
+    /// an anonymous mapping of their own; `path` is kept for messages.
+    pub fn from_bytes(path: impl AsRef<Path>, bytes: &[u8]) -> Result<Gguf, GgufError> {
+        let io = |source| GgufError::Io {
+            path: path.as_ref().to_path_buf(),
+            source,
+        };
+        let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(io)?;
+        map[..bytes.len()].copy_from_slice(bytes);
+        Self::from_resident(path.as_ref(), map.make_read_only().map_err(io)?)
+    }
+
     /// The file this was opened from.
     pub fn path(&self) -> &Path {
         &self.path
@@ -142,11 +154,56 @@ fn map_file(file: &std::fs::File) -> std::io::Result<Mmap> {
     unsafe { memmap2::MmapOptions::new().populate().map(file) }
 }
 
-/// A tensor element type with its GGUF id, for messages about unsupported types.
+/// GGML's tensor types by id, as `ggml.h` (llama.cpp of llama-cpp-python
+/// 0.3.36) numbers them, the ones the engine computes with included (ids
+/// 4, 5, 31–33 and 36–38 are retired).
+const GGML_TYPE_NAMES: [(u32, &str); 35] = [
+    (0, "F32"),
+    (1, "F16"),
+    (2, "Q4_0"),
+    (3, "Q4_1"),
+    (6, "Q5_0"),
+    (7, "Q5_1"),
+    (8, "Q8_0"),
+    (9, "Q8_1"),
+    (10, "Q2_K"),
+    (11, "Q3_K"),
+    (12, "Q4_K"),
+    (13, "Q5_K"),
+    (14, "Q6_K"),
+    (15, "Q8_K"),
+    (16, "IQ2_XXS"),
+    (17, "IQ2_XS"),
+    (18, "IQ3_XXS"),
+    (19, "IQ1_S"),
+    (20, "IQ4_NL"),
+    (21, "IQ3_S"),
+    (22, "IQ2_S"),
+    (23, "IQ4_XS"),
+    (24, "I8"),
+    (25, "I16"),
+    (26, "I32"),
+    (27, "I64"),
+    (28, "F64"),
+    (29, "IQ1_M"),
+    (30, "BF16"),
+    (34, "TQ1_0"),
+    (35, "TQ2_0"),
+    (39, "MXFP4"),
+    (40, "NVFP4"),
+    (41, "Q1_0"),
+    (42, "Q2_0"),
+];
+
+/// A tensor element type by its GGUF id, for messages about unsupported
+/// types: GGML's name, or the id when GGML has none.
 pub fn type_name(id: u32) -> String {
-    match GgmlType::from_id(id) {
-        Some(ty) => ty.name().to_string(),
-        None => format!("type id {id}"),
+    if let Some(ty) = GgmlType::from_id(id) {
+        return ty.name().to_string();
+    }
+    match GGML_TYPE_NAMES.iter().find(|(i, _)| *i == id) {
+        Some((_, name)) => (*name).to_string(),
+        None => format!("unknown type id {id}"),
     }
 }
 

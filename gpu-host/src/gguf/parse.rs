@@ -116,49 +116,12 @@ impl GgufLayout {
             pos: 0,
             metadata_elements: 0,
         };
-        let magic = r.array4("magic")?;
-        if magic != MAGIC {
-            return Err(GgufError::BadMagic { found: magic });
-        }
-        let version = r.u32("version")?;
-        if version != 2 && version != 3 {
-            return Err(GgufError::UnsupportedVersion(version));
-        }
-        let tensor_count = r.u64("tensor count")?;
-        let kv_count = r.u64("metadata entry count")?;
-        check_limit("tensor count", tensor_count, limits.max_tensors)?;
-        check_limit(
-            "metadata entry count",
-            kv_count,
-            limits.max_metadata_entries,
-        )?;
-
-        let mut metadata = Metadata::default();
-        for _ in 0..kv_count {
-            let key = r.string("metadata key", limits)?;
-            let type_id = r.u32("metadata value type")?;
-            let ty = ValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType {
-                key: key.clone(),
-                type_id,
-            })?;
-            let value = r.value(&key, ty, limits, 0)?;
-            metadata.insert(key, value)?;
-        }
-
-        let alignment = match metadata.get("general.alignment") {
-            None => DEFAULT_ALIGNMENT,
-            Some(v) => {
-                let a = v.as_u64().ok_or_else(|| GgufError::WrongType {
-                    key: "general.alignment".into(),
-                    expected: "unsigned integer",
-                    found: format!("{:?}", v.value_type()),
-                })?;
-                if a == 0 || !a.is_power_of_two() || a > MAX_ALIGNMENT {
-                    return Err(GgufError::BadAlignment(a));
-                }
-                a
-            }
-        };
+        let Head {
+            version,
+            tensor_count,
+            metadata,
+            alignment,
+        } = read_head(&mut r, limits)?;
 
         // Each tensor entry takes at least 8 (name len) + 4 (n_dims) + 8 (one dim) + 4 + 8 bytes.
         r.ensure_count("tensor table", tensor_count, 32)?;
@@ -253,6 +216,108 @@ impl GgufLayout {
     /// Looks a tensor up by name.
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.by_name.get(name).map(|&i| &self.tensors[i])
+    }
+}
+
+/// What precedes the tensor table.
+struct Head {
+    version: u32,
+    tensor_count: u64,
+    metadata: Metadata,
+    alignment: u64,
+}
+
+fn read_head(r: &mut Reader<'_>, limits: &Limits) -> Result<Head, GgufError> {
+    let magic = r.array4("magic")?;
+    if magic != MAGIC {
+        return Err(GgufError::BadMagic { found: magic });
+    }
+    let version = r.u32("version")?;
+    if version != 2 && version != 3 {
+        return Err(GgufError::UnsupportedVersion(version));
+    }
+    let tensor_count = r.u64("tensor count")?;
+    let kv_count = r.u64("metadata entry count")?;
+    check_limit("tensor count", tensor_count, limits.max_tensors)?;
+    check_limit(
+        "metadata entry count",
+        kv_count,
+        limits.max_metadata_entries,
+    )?;
+    let mut metadata = Metadata::default();
+    for _ in 0..kv_count {
+        let key = r.string("metadata key", limits)?;
+        let type_id = r.u32("metadata value type")?;
+        let ty = ValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType {
+            key: key.clone(),
+            type_id,
+        })?;
+        let value = r.value(&key, ty, limits, 0)?;
+        metadata.insert(key, value)?;
+    }
+    let alignment = match metadata.get("general.alignment") {
+        None => DEFAULT_ALIGNMENT,
+        Some(v) => {
+            let a = v.as_u64().ok_or_else(|| GgufError::WrongType {
+                key: "general.alignment".into(),
+                expected: "unsigned integer",
+                found: format!("{:?}", v.value_type()),
+            })?;
+            if a == 0 || !a.is_power_of_two() || a > MAX_ALIGNMENT {
+                return Err(GgufError::BadAlignment(a));
+            }
+            a
+        }
+    };
+    Ok(Head {
+        version,
+        tensor_count,
+        metadata,
+        alignment,
+    })
+}
+
+/// A file's metadata and the name and type id of each tensor, read without
+/// the checks that need a type's block layout: for describing a file whose
+/// tensors the engine cannot read ([`GgufError::UnknownTensorType`]).
+#[derive(Clone, Debug)]
+pub struct TensorTypes {
+    pub metadata: Metadata,
+    /// (name, GGML type id), in file order.
+    pub tensors: Vec<(String, u32)>,
+}
+
+impl TensorTypes {
+    /// Reads the header, metadata and tensor table of `bytes`.
+    pub fn scan(bytes: &[u8], limits: &Limits) -> Result<TensorTypes, GgufError> {
+        let mut r = Reader {
+            bytes,
+            pos: 0,
+            metadata_elements: 0,
+        };
+        let head = read_head(&mut r, limits)?;
+        r.ensure_count("tensor table", head.tensor_count, 32)?;
+        let mut tensors = Vec::with_capacity(head.tensor_count as usize);
+        for _ in 0..head.tensor_count {
+            let name = r.string("tensor name", limits)?;
+            let n_dims = r.u32("tensor dimension count")?;
+            if n_dims == 0 || n_dims > MAX_DIMS {
+                return Err(GgufError::BadShape {
+                    tensor: name,
+                    reason: format!("{n_dims} dimensions (must be 1..={MAX_DIMS})"),
+                });
+            }
+            for _ in 0..n_dims {
+                r.u64("tensor dimension")?;
+            }
+            let type_id = r.u32("tensor type")?;
+            r.u64("tensor offset")?;
+            tensors.push((name, type_id));
+        }
+        Ok(TensorTypes {
+            metadata: head.metadata,
+            tensors,
+        })
     }
 }
 

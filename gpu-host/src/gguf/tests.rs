@@ -156,6 +156,17 @@ fn unknown_tensor_and_value_types() {
         matches!(err, GgufError::UnknownTensorType { type_id: 10, .. }),
         "{err}"
     );
+    assert_eq!(
+        err.to_string(),
+        "tensor \"t\": tensor type Q2_K (GGML id 10) is not one the engine computes with"
+    );
+    // The lenient scan still reads the table, with the type's id.
+    let scan = TensorTypes::scan(&bytes, &Limits::default()).unwrap();
+    assert_eq!(scan.tensors, [("t".to_string(), 10)]);
+    assert_eq!(type_name(10), "Q2_K");
+    assert_eq!(type_name(23), "IQ4_XS");
+    assert_eq!(type_name(8), "Q8_0");
+    assert_eq!(type_name(4), "unknown type id 4");
 
     let mut w = GgufWriter::new();
     w.metadata("k", Value::U8(1));
@@ -340,4 +351,27 @@ fn released_file_pages_read_back_the_same_bytes() {
     let resident = Gguf::from_resident(&path, copy.make_read_only().unwrap()).unwrap();
     resident.release_file_pages(0..resident.file_len());
     assert_eq!(resident.mapped_bytes(), &before[..]);
+}
+
+#[test]
+fn the_tensor_type_scan_keeps_the_parsers_limits() {
+    let bytes = sample().to_bytes();
+    let scan = TensorTypes::scan(&bytes, &Limits::default()).unwrap();
+    let names: Vec<&str> = scan.tensors.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["a", "b"]);
+    assert_eq!(scan.tensors[1].1, GgmlType::Q8_0.id());
+    assert!(scan.metadata.get("general.architecture").is_some());
+    // Cut anywhere in the header or the table: a clean error.
+    let table_end = bytes.len() - 128;
+    for cut in (0..table_end).step_by(7) {
+        assert!(TensorTypes::scan(&bytes[..cut], &Limits::default()).is_err());
+    }
+    let few = Limits {
+        max_tensors: 1,
+        ..Limits::default()
+    };
+    assert!(matches!(
+        TensorTypes::scan(&bytes, &few),
+        Err(GgufError::LimitExceeded { .. })
+    ));
 }

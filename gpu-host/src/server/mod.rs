@@ -31,7 +31,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 use crate::backend::ComputeBackend;
-use crate::models::{ModelRegistry, ModelSpec, Placement};
+use crate::models::{ModelRegistry, ModelSpec, PassPlace};
 use crate::sched::{PartitionSettings, Partitions, Workers};
 use crate::verify::{ScrubConfig, Scrubber};
 pub use auth::{AuthSecret, MIN_SECRET_BYTES, SecretError};
@@ -223,11 +223,11 @@ impl Server {
                 return Err(ServeError::ZeroSetting { name });
             }
         }
-        let placement = match config.compute {
-            ComputeBackend::Cpu => Placement::Host,
-            ComputeBackend::Device(_) => Placement::Device,
+        let place = match config.compute {
+            ComputeBackend::Cpu => PassPlace::Host,
+            ComputeBackend::Device(_) => PassPlace::Device,
         };
-        let registry = Arc::new(ModelRegistry::load(&config.models, placement)?);
+        let registry = Arc::new(ModelRegistry::load(&config.models, place)?);
         let (device, model_reservation_bytes) = match &config.compute {
             ComputeBackend::Cpu => {
                 let cores = u32::try_from(config.threads).unwrap_or(u32::MAX);

@@ -119,5 +119,6 @@ unreachable_methods! {
     softmax(self, x: &mut [f32]);
     quantize_row_q8_0(self, x: &[f32], out: &mut [BlockQ8_0]);
     silu_mul(self, gate: &mut [f32], up: &[f32]);
+    gelu_tanh_mul(self, gate: &mut [f32], up: &[f32]);
     add(self, a: &mut [f32], b: &[f32]);
 }

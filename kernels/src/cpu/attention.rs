@@ -21,6 +21,31 @@ pub struct AttentionShape {
     pub head_dim: usize,
     /// Score scale, normally `1 / sqrt(head_dim)`.
     pub scale: f32,
+    /// Which positions each query sees and how its scores are bounded.
+    pub mask: ScoreMask,
+}
+
+/// What attention does to a query's scores besides the causal mask: a
+/// sliding window (Gemma, Mistral) and a soft cap (Gemma 2).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ScoreMask {
+    /// A query at position `p` sees only positions `p + 1 - window ..= p`
+    /// (Hugging Face's and llama.cpp's sliding window); `None`: all of
+    /// `0..=p`.
+    pub window: Option<usize>,
+    /// Each scaled score `s` becomes `cap · tanh(s / cap)` before the
+    /// softmax.
+    pub softcap: Option<f32>,
+}
+
+impl ScoreMask {
+    /// The first position a query at `pos` sees.
+    pub fn first_position(&self, pos: usize) -> usize {
+        match self.window {
+            Some(w) => (pos + 1).saturating_sub(w),
+            None => 0,
+        }
+    }
 }
 
 impl CpuKernels {
@@ -49,8 +74,10 @@ impl CpuKernels {
             n_kv_heads,
             head_dim,
             scale,
+            mask,
         } = shape;
         assert!(head_dim > 0, "attention: head_dim is 0");
+        assert!(mask.window != Some(0), "attention: a window of 0 positions");
         assert!(
             n_kv_heads > 0 && n_heads.is_multiple_of(n_kv_heads),
             "attention: n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}"
@@ -82,8 +109,10 @@ impl CpuKernels {
                 head_dim,
                 first_head: h,
                 group,
+                first_pos: mask.first_position(start_pos + t),
                 n_pos: start_pos + t + 1,
                 scale,
+                softcap: mask.softcap,
                 pages: None,
             };
             match backend {
@@ -126,6 +155,7 @@ pub struct PagedShape {
     pub n_kv_heads: usize,
     pub head_dim: usize,
     pub scale: f32,
+    pub mask: ScoreMask,
 }
 
 impl CpuKernels {
@@ -155,9 +185,10 @@ impl CpuKernels {
             n_kv_heads,
             head_dim,
             scale,
+            mask,
         } = shape;
         assert!(
-            head_dim > 0 && block_tokens > 0,
+            head_dim > 0 && block_tokens > 0 && mask.window != Some(0),
             "attention_paged: zero size"
         );
         assert!(
@@ -214,8 +245,10 @@ impl CpuKernels {
                 head_dim,
                 first_head: h,
                 group,
+                first_pos: mask.first_position(pos),
                 n_pos: pos + 1,
                 scale,
+                softcap: mask.softcap,
                 pages: Some((seqs[s].blocks, block_tokens)),
             };
             match backend {
@@ -296,8 +329,11 @@ struct HeadsView<'a> {
     /// Index of the first head in the row; head `h` reads KV head `h / group`.
     first_head: usize,
     group: usize,
+    /// The positions the heads see: `first_pos..n_pos`.
+    first_pos: usize,
     n_pos: usize,
     scale: f32,
+    softcap: Option<f32>,
     /// `None`: position `p` is row `p` of `k`/`v`. `Some((table, block_tokens))`:
     /// it is row `p % block_tokens` of block `table[p / block_tokens]`.
     pages: Option<(&'a [u32], usize)>,
@@ -314,31 +350,42 @@ impl HeadsView<'_> {
     }
 }
 
-/// For each head: `out = Σ_p softmax_p(scale · q·k_p) v_p` over positions
-/// `0..n_pos`. Positions outer, heads inner, so each position's cache row is
-/// read once for all the heads; per head the dots, the softmax and the axpys
-/// are the same and in the same order however heads are grouped and whether
-/// the cache is contiguous or paged, so all give bit-identical results.
+/// For each head: `out = Σ_p softmax_p(cap(scale · q·k_p)) v_p` over
+/// positions `first_pos..n_pos`. Positions outer, heads inner, so each
+/// position's cache row is read once for all the heads; per head the dots,
+/// the softmax and the axpys are the same and in the same order however
+/// heads are grouped and whether the cache is contiguous or paged, so all
+/// give bit-identical results. The soft cap is scalar code on every ISA.
 fn attend_heads<O: VecOps>(ops: O, h: HeadsView, scores: &mut Vec<f32>, out: &mut [f32]) {
-    let (d, n) = (h.head_dim, h.n_pos);
+    let (d, first) = (h.head_dim, h.first_pos);
+    let n = h.n_pos - first;
     let kv_offset = |i: usize| ((h.first_head + i) / h.group) * d;
     scores.clear();
     scores.resize(out.len() / d * n, 0.0);
-    for p in 0..n {
+    for p in first..h.n_pos {
         let base = h.row(p) * h.kv_width;
         for (i, q) in h.q.chunks_exact(d).enumerate() {
             let k = &h.k[base + kv_offset(i)..][..d];
-            scores[i * n + p] = ops.dot(q, k) * h.scale;
+            scores[i * n + p - first] = ops.dot(q, k) * h.scale;
+        }
+    }
+    if let Some(cap) = h.softcap {
+        for s in scores.iter_mut() {
+            *s = scalar::softcap(*s, cap);
         }
     }
     for s in scores.chunks_exact_mut(n) {
         ops.softmax(s);
     }
     out.fill(0.0);
-    for p in 0..n {
+    for p in first..h.n_pos {
         let base = h.row(p) * h.kv_width;
         for (i, o) in out.chunks_exact_mut(d).enumerate() {
-            ops.axpy(scores[i * n + p], &h.v[base + kv_offset(i)..][..d], o);
+            ops.axpy(
+                scores[i * n + p - first],
+                &h.v[base + kv_offset(i)..][..d],
+                o,
+            );
         }
     }
 }

@@ -10,4 +10,8 @@ pub use dot::{
     dot_q5_1, dot_q5k, dot_q6k, dot_q8_0,
 };
 pub(crate) use ops::check_rope_shape;
-pub use ops::{add, axpy, dot, rms_norm, rope, rope_angles, rope_rotate, silu_mul, softmax};
+pub(crate) use ops::{GELU_BETA, GELU_KAPPA};
+pub use ops::{
+    add, axpy, dot, gelu_tanh_mul, rms_norm, rope, rope_angles, rope_angles_ext, rope_rotate,
+    scale, silu_mul, softcap, softmax,
+};

@@ -1,6 +1,6 @@
 //! Element-wise and per-row ops: the reference versions.
 
-use crate::RopeStyle;
+use crate::{RopeFreqs, RopeStyle};
 
 /// `Σ a[i] b[i]` in f32.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -53,6 +53,39 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "silu_mul: length mismatch");
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// `gate = gelu(gate) * up` with the tanh approximation of GELU (PyTorch's
+/// `gelu(approximate="tanh")`, Gemma's `gelu_pytorch_tanh`):
+/// `0.5 g (1 + tanh(√(2/π) (g + 0.044715 g³)))`.
+pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len(), "gelu_tanh_mul: length mismatch");
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = gelu_tanh(*g) * u;
+    }
+}
+
+/// √(2/π), as PyTorch spells it (`M_SQRT2 * M_2_SQRTPI * 0.5`).
+pub(crate) const GELU_BETA: f32 =
+    (std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5) as f32;
+/// The cubic term's weight in the tanh approximation.
+pub(crate) const GELU_KAPPA: f32 = 0.044715;
+
+fn gelu_tanh(x: f32) -> f32 {
+    let inner = GELU_BETA * (x + GELU_KAPPA * x * x * x);
+    0.5 * x * (1.0 + inner.tanh())
+}
+
+/// `cap · tanh(x / cap)`: Gemma 2's soft cap of attention scores and logits.
+pub fn softcap(x: f32, cap: f32) -> f32 {
+    (x / cap).tanh() * cap
+}
+
+/// `x *= c` for every element (exact per element on every ISA).
+pub fn scale(x: &mut [f32], c: f32) {
+    for v in x {
+        *v *= c;
     }
 }
 
@@ -115,6 +148,49 @@ pub fn rope_angles(
                 * f64::from(freq_scale)
                 * f64::from(freq_base).powf(-2.0 * i as f64 / rot_dim as f64);
             (theta.cos() as f32, theta.sin() as f32)
+        })
+        .unzip()
+}
+
+/// The `rot_dim / 2` (cos, sin) pairs of position `pos` under `freqs`.
+/// Plain RoPE is [`rope_angles`] exactly. Per-pair factors divide the
+/// angle (llama.cpp's `rope_freqs`: Llama 3.1 scaling). YaRN (as ggml's
+/// `rope_yarn` and transformers' `_compute_yarn_parameters`) blends the
+/// interpolated angle `freq_scale · θ` with the original `θ` over the
+/// pairs between the correction dimensions of `beta_fast` and
+/// `beta_slow`, and scales cos and sin by its attention factor.
+pub fn rope_angles_ext(freqs: &RopeFreqs<'_>, pos: usize) -> (Vec<f32>, Vec<f32>) {
+    let RopeFreqs {
+        rot_dim,
+        freq_base,
+        freq_scale,
+        factors,
+        yarn,
+    } = *freqs;
+    if factors.is_none() && yarn.is_none() {
+        return rope_angles(rot_dim, pos, freq_base, freq_scale);
+    }
+    if let Some(f) = factors {
+        assert_eq!(f.len(), rot_dim / 2, "rope: a factor per rotated pair");
+    }
+    let base = f64::from(freq_base);
+    let scale = f64::from(freq_scale);
+    let ramp = yarn.map(|y| (y.correction_dims(rot_dim, freq_base), y));
+    let mscale = yarn.map_or(1.0, |y| f64::from(y.attn_factor));
+    (0..rot_dim / 2)
+        .map(|i| {
+            let factor = factors.map_or(1.0, |f| f64::from(f[i]));
+            let extrap = pos as f64 * base.powf(-2.0 * i as f64 / rot_dim as f64) / factor;
+            let interp = scale * extrap;
+            let theta = match ramp {
+                None => interp,
+                Some(((low, high), y)) => {
+                    let t = ((i as f64 - low) / (high - low).max(0.001)).clamp(0.0, 1.0);
+                    let mix = (1.0 - t) * f64::from(y.ext_factor);
+                    interp * (1.0 - mix) + extrap * mix
+                }
+            };
+            ((theta.cos() * mscale) as f32, (theta.sin() * mscale) as f32)
         })
         .unzip()
 }

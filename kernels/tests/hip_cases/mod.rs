@@ -14,7 +14,7 @@
 
 use bulkhead_kernels::hip::{self, KernelArgs, names};
 use bulkhead_kernels::{
-    BlockQ8_0, BlockQ8K, CpuKernels, GgmlType, Isa, PagedSeq, PagedShape, RopeStyle,
+    BlockQ8_0, BlockQ8K, CpuKernels, GgmlType, Isa, PagedSeq, PagedShape, RopeStyle, ScoreMask,
     dequantize_row_scalar, quantize_row_q8_0, quantize_row_q8_k, scalar,
 };
 
@@ -646,6 +646,7 @@ pub fn attention_paged_matches_cpu(dev: &dyn KernelDevice) {
             n_kv_heads,
             head_dim,
             scale,
+            mask: ScoreMask::default(),
         };
         let mut want = vec![0.0; q.len()];
         cpu.attention_paged(&q, &k_pool, &v_pool, &seqs, shape, &mut want);

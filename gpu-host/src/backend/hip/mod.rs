@@ -31,7 +31,9 @@ mod pass;
 use std::sync::{Arc, Mutex};
 
 use bulkhead_kernels::hip::{self, DeviceError, DeviceErrorKind, KernelArgs, KernelDevice, names};
-use bulkhead_kernels::{AttentionShape, GgmlType, PagedSeq, PagedShape, QuantMatrix, RopeStyle};
+use bulkhead_kernels::{
+    Activation, AttentionShape, GgmlType, PagedSeq, PagedShape, QuantMatrix, RopeStyle, ScoreMask,
+};
 
 pub use memory::DeviceWeights;
 use memory::{DeviceBuffer, FINGERPRINT_BYTES, ends, f32_bytes};
@@ -475,7 +477,8 @@ impl Backend for HipBackend {
         })
     }
 
-    fn rope(&self, x: &mut [f32], heads: usize, pos: usize, p: &RopeParams) -> OpResult {
+    fn rope(&self, x: &mut [f32], heads: usize, pos: usize, p: &RopeParams<'_>) -> OpResult {
+        not_on_device(!p.is_plain(), "rope", "RoPE frequency factors and YaRN")?;
         assert_eq!(
             x.len(),
             heads * p.head_dim,
@@ -521,7 +524,13 @@ impl Backend for HipBackend {
             n_kv_heads,
             head_dim,
             scale,
+            mask,
         } = shape;
+        not_on_device(
+            mask != ScoreMask::default(),
+            "attention",
+            "a sliding window or score cap",
+        )?;
         assert!(
             n_kv_heads > 0 && head_dim > 0 && n_heads.is_multiple_of(n_kv_heads),
             "attention: n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}"
@@ -553,6 +562,7 @@ impl Backend for HipBackend {
                 n_kv_heads,
                 head_dim,
                 scale,
+                mask,
             };
             self.attend(q, &kd, &vd, &[0], &vec![0; n_tokens], &row_pos, shape, out)
         })
@@ -575,8 +585,14 @@ impl Backend for HipBackend {
             n_heads,
             n_kv_heads,
             head_dim,
+            mask,
             ..
         } = shape;
+        not_on_device(
+            mask != ScoreMask::default(),
+            "attention_paged",
+            "a sliding window or score cap",
+        )?;
         assert!(
             head_dim > 0 && block_tokens > 0,
             "attention_paged: zero size"
@@ -653,8 +669,13 @@ impl Backend for HipBackend {
         })
     }
 
-    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) -> OpResult {
+    fn gated(&self, act: Activation, gate: &mut [f32], up: &[f32]) -> OpResult {
+        not_on_device(act != Activation::Silu, "gated", "GELU")?;
         self.guarded(|| self.elementwise(names::SILU_MUL, gate, up))
+    }
+
+    fn scale(&self, _x: &mut [f32], _c: f32) -> OpResult {
+        not_on_device(true, "scale", "scaling")
     }
 
     fn add(&self, a: &mut [f32], b: &[f32]) -> OpResult {
@@ -674,6 +695,19 @@ impl Backend for HipBackend {
     }
 }
 
+/// The error of an op whose `feature` the HIP kernels do not implement
+/// (models that need one are refused before they reach a device:
+/// `Model::check_device_support`).
+pub(super) fn not_on_device(needed: bool, operation: &str, feature: &str) -> OpResult {
+    if needed {
+        return Err(DeviceError::new(
+            operation,
+            format!("{feature} is not implemented by the HIP kernels"),
+        ));
+    }
+    Ok(())
+}
+
 /// `bh_rope`'s arguments for `n_tokens` rows of `heads` heads at `x`, row
 /// `t` at the position `positions[t]`.
 fn rope_args(
@@ -681,7 +715,7 @@ fn rope_args(
     positions: u64,
     n_tokens: usize,
     heads: usize,
-    p: &RopeParams,
+    p: &RopeParams<'_>,
 ) -> Result<hip::RopeArgs, DeviceError> {
     Ok(hip::RopeArgs {
         x,
@@ -740,41 +774,4 @@ impl Quant {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::budgeted::fake::MemoryOnly;
-
-    #[test]
-    fn a_lost_device_is_out_of_service_for_every_backend_sharing_it() {
-        let device = Arc::new(MemoryOnly::default());
-        let weights = DeviceWeights::new(device.clone());
-        let a = HipBackend::sharing(device.clone(), Arc::clone(&weights));
-        let b = HipBackend::sharing(device.clone(), weights);
-        let (mut x, y) = (vec![1.0f32; 8], vec![2.0f32; 8]);
-        a.add(&mut x, &y).unwrap();
-        // A refused launch fails the op; the device stays in service.
-        device.fail_launches(DeviceError::new("launch bh_add", "refused"));
-        assert_eq!(a.add(&mut x, &y).unwrap_err().kind, DeviceErrorKind::Failed);
-        assert!(a.out_of_service().is_none() && b.out_of_service().is_none());
-        device.fail_launches(DeviceError::lost(
-            "launch bh_add",
-            "hipErrorIllegalAddress (700)",
-        ));
-        assert_eq!(a.add(&mut x, &y).unwrap_err().kind, DeviceErrorKind::Lost);
-        let launched = device.launches().len();
-        // Another partition's backend on the same device: refused at once.
-        let e = b.add(&mut x, &y).unwrap_err();
-        assert_eq!(e.kind, DeviceErrorKind::Lost);
-        assert_eq!(
-            e.to_string(),
-            "the device is out of service: launch bh_add: hipErrorIllegalAddress (700)"
-        );
-        assert_eq!(
-            device.launches().len(),
-            launched,
-            "nothing reached the device"
-        );
-        assert_eq!(device.live(), 0, "the failed ops freed what they allocated");
-        assert!(b.out_of_service().is_some());
-    }
-}
+mod tests;

@@ -19,12 +19,13 @@
 
 use std::sync::MutexGuard;
 
-use bulkhead_kernels::QuantMatrix;
 use bulkhead_kernels::hip::{self, DeviceError, names};
+use bulkhead_kernels::{Activation, QuantMatrix, ScoreMask};
 
 use super::memory::DeviceBuffer;
 use super::{
-    ATTENTION_SPLIT_POSITIONS, HipBackend, Quant, as_u32, grid_for, matvec_kernel, rope_args,
+    ATTENTION_SPLIT_POSITIONS, HipBackend, Quant, as_u32, grid_for, matvec_kernel, not_on_device,
+    rope_args,
 };
 use crate::backend::pass::{Act, ForwardPass, Heads, PassShape, Segment, matmul_spans};
 use crate::backend::{MoeFfn, OpResult, RopeParams};
@@ -577,7 +578,20 @@ impl ForwardPass for DevicePass<'_> {
         self.launch(names::ADD_ROWS, Self::elementwise_grid(n)?, &args)
     }
 
-    fn rope(&mut self, x: Act, heads: usize, params: &RopeParams) -> OpResult {
+    fn scale(&mut self, _x: Act, _c: f32) -> OpResult {
+        not_on_device(true, "scale", "scaling")
+    }
+
+    fn head_norm(&mut self, _x: Act, _weight: &[f32], _eps: f32) -> OpResult {
+        not_on_device(true, "head_norm", "query and key norms")
+    }
+
+    fn rope(&mut self, x: Act, heads: usize, params: &RopeParams<'_>) -> OpResult {
+        not_on_device(
+            !params.is_plain(),
+            "rope",
+            "RoPE frequency factors and YaRN",
+        )?;
         if params.rot_dim == 0 || heads == 0 {
             return Ok(());
         }
@@ -622,6 +636,11 @@ impl ForwardPass for DevicePass<'_> {
             heads.n_heads,
             heads.n_kv_heads
         );
+        not_on_device(
+            heads.mask != ScoreMask::default(),
+            "attention",
+            "a sliding window or score cap",
+        )?;
         self.writes(out);
         let layout = self.kv.layout;
         let offset = (layer * self.kv.layer_floats() * 4) as u64;
@@ -653,12 +672,13 @@ impl ForwardPass for DevicePass<'_> {
         self.binary(names::ADD, a, b)
     }
 
-    fn silu_mul(&mut self, gate: Act, up: Act) -> OpResult {
+    fn gated(&mut self, act: Activation, gate: Act, up: Act) -> OpResult {
+        not_on_device(act != Activation::Silu, "gated", "GELU")?;
         self.binary(names::SILU_MUL, gate, up)
     }
 
     /// No device kernels for it yet: a model that needs it is refused when
-    /// it is loaded for a device (the engine's `Model::device_support`);
+    /// it is loaded for a device (the engine's `Model::check_device_support`);
     /// this only backs that up.
     fn moe_ffn(&mut self, _moe: &MoeFfn<'_>, _x: Act, _out: Act) -> OpResult {
         Err(DeviceError::new(

@@ -1,5 +1,6 @@
 //! Routing by hand, and the experts an MoE pass reads: only the routed ones.
 
+use bulkhead_kernels::Activation;
 use std::sync::Mutex;
 
 use bulkhead_kernels::{AttentionShape, PagedSeq, PagedShape, QuantMatrix};
@@ -98,8 +99,11 @@ impl Backend for Recording {
     ) -> OpResult {
         self.cpu.attention_paged(q, k, v, seqs, shape, out)
     }
-    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) -> OpResult {
-        self.cpu.silu_mul(gate, up)
+    fn gated(&self, act: Activation, gate: &mut [f32], up: &[f32]) -> OpResult {
+        self.cpu.gated(act, gate, up)
+    }
+    fn scale(&self, x: &mut [f32], c: f32) -> OpResult {
+        self.cpu.scale(x, c)
     }
     fn add(&self, a: &mut [f32], b: &[f32]) -> OpResult {
         self.cpu.add(a, b)

@@ -12,10 +12,20 @@ fn fixture(name: &str) -> Model {
     Model::open(path).expect("fixture model opens")
 }
 
-const MODELS: [&str; 6] = [
+/// The Llama and Qwen2 files, and one of each newer family: sliding
+/// windows (Gemma, a window of 8 that the sequences here outgrow within a
+/// block), GeGLU, soft caps, query/key norms, fused projections, RoPE
+/// factors and YaRN; IQ4 weights and a mixture of experts (Mixtral).
+const MODELS: [&str; 12] = [
     "llama-q8_0.gguf",
     "qwen2-q4_0.gguf",
     "llama-f16.gguf",
+    "llama31-q4_0.gguf",
+    "qwen2yarn-q8_0.gguf",
+    "qwen3-q4_0.gguf",
+    "phi3-q8_0.gguf",
+    "gemma2-q4_0.gguf",
+    "gemma3-q8_0.gguf",
     "llama-iq4_xs.gguf",
     "mixtral-q8_0.gguf",
     "mixtral-f32.gguf",

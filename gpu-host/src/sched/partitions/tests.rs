@@ -8,7 +8,6 @@ use bulkhead_partition::{Compute, CuSet, GpuRequest, Isolation};
 use super::*;
 use crate::backend::PartitionedDevice;
 use crate::backend::partitioned_test_support::RecordingStreams;
-use crate::models::Placement;
 
 const GIB: u64 = 1 << 30;
 
@@ -21,7 +20,7 @@ fn host(cores: u32) -> (Partitions, Workers) {
         capacity: 8,
         compute: ComputeBackend::Cpu,
     };
-    let registry = Arc::new(ModelRegistry::load(&[], Placement::Host).unwrap());
+    let registry = Arc::new(ModelRegistry::load(&[], crate::models::PassPlace::Host).unwrap());
     Partitions::start(settings, registry).unwrap()
 }
 
@@ -199,7 +198,7 @@ fn device_host(streams: Arc<RecordingStreams>) -> (Partitions, Workers, Arc<Part
         capacity: 8,
         compute: ComputeBackend::Device(Arc::clone(&split)),
     };
-    let registry = Arc::new(ModelRegistry::load(&[], Placement::Host).unwrap());
+    let registry = Arc::new(ModelRegistry::load(&[], crate::models::PassPlace::Host).unwrap());
     let (p, workers) = Partitions::start(settings, registry).unwrap();
     (p, workers, split)
 }

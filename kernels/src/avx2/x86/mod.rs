@@ -713,6 +713,13 @@ impl Avx2 {
         unsafe { ops::silu_mul(gate, up) }
     }
 
+    /// `gate = gelu_tanh(gate) * up` (see `scalar::gelu_tanh_mul`).
+    pub fn gelu_tanh_mul(self, gate: &mut [f32], up: &[f32]) {
+        assert_eq!(gate.len(), up.len(), "gelu_tanh_mul: length mismatch");
+        // SAFETY: `self` proves avx2, fma and f16c.
+        unsafe { ops::gelu_tanh_mul(gate, up) }
+    }
+
     /// RoPE rotation of every `head_dim`-wide head of `x` by the angles in
     /// `cos`/`sin` (see `scalar::rope_rotate`).
     pub fn rope_rotate(

@@ -30,8 +30,8 @@ pub use dequant::{dequantize_row, dequantize_row_scalar};
 pub use error::KernelError;
 pub use isa::Isa;
 pub use ops::{
-    Activation, RopeFreqs, RopeStyle, Yarn, add, gated, rms_norm, rope, rope_ext, scale, silu_mul,
-    softmax,
+    Activation, RopeFreqs, RopeStyle, Yarn, add, gated, rms_norm, rope, rope_ext, rope_rotate,
+    scale, silu_mul, softmax,
 };
 pub use packed::{PACK_ROWS, PackedMatrix};
 pub use quantize::{

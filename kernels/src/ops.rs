@@ -119,6 +119,16 @@ pub fn rope_ext(
     }
 }
 
+/// Rotates every `head_dim`-wide head of `x` by the angles in `cos` and
+/// `sin` (one per rotated pair, as [`scalar::rope_angles_ext`] gives):
+/// [`rope_ext`] with the angles worked out beforehand.
+pub fn rope_rotate(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32], style: RopeStyle) {
+    match Avx2::detect() {
+        Some(k) => k.rope_rotate(x, head_dim, cos, sin, style),
+        None => scalar::rope_rotate(x, head_dim, cos, sin, style),
+    }
+}
+
 /// In-place softmax of one row.
 pub fn softmax(x: &mut [f32]) {
     match Avx2::detect() {

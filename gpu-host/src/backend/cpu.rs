@@ -6,7 +6,7 @@ use bulkhead_kernels::{
     QuantMatrix, TokenGrouping,
 };
 
-use super::{Backend, OpResult, RopeParams};
+use super::{Backend, OpResult, RopeAngles, RopeParams};
 
 /// The CPU backend: AVX2/FMA kernels when the processor has them, scalar otherwise.
 #[derive(Debug)]
@@ -91,6 +91,19 @@ impl Backend for CpuBackend {
 
     fn rope(&self, x: &mut [f32], heads: usize, pos: usize, p: &RopeParams<'_>) -> OpResult {
         bulkhead_kernels::rope_ext(x, heads, p.head_dim, pos, &p.freqs(), p.style);
+        Ok(())
+    }
+
+    fn rope_with(
+        &self,
+        x: &mut [f32],
+        heads: usize,
+        _pos: usize,
+        p: &RopeParams<'_>,
+        angles: &RopeAngles,
+    ) -> OpResult {
+        debug_assert_eq!(x.len(), heads * p.head_dim);
+        bulkhead_kernels::rope_rotate(x, p.head_dim, &angles.cos, &angles.sin, p.style);
         Ok(())
     }
 

@@ -58,7 +58,43 @@ pub struct RopeParams<'a> {
     pub yarn: Option<Yarn>,
 }
 
+/// What a [`RopeParams`]'s angles depend on ([`RopeParams::angles_key`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeAnglesKey {
+    rot_dim: usize,
+    freq_base: u32,
+    freq_scale: u32,
+    /// The factors' address and length: the model's own vector.
+    factors: Option<(usize, usize)>,
+    yarn: Option<Yarn>,
+}
+
+/// One position's RoPE angles: `cos` and `sin` of each rotated pair.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeAngles {
+    pub cos: Vec<f32>,
+    pub sin: Vec<f32>,
+}
+
 impl RopeParams<'_> {
+    /// The angles of position `pos`.
+    pub fn angles(&self, pos: usize) -> RopeAngles {
+        let (cos, sin) = bulkhead_kernels::scalar::rope_angles_ext(&self.freqs(), pos);
+        RopeAngles { cos, sin }
+    }
+
+    /// What the angles depend on: equal keys, equal angles at every
+    /// position.
+    pub fn angles_key(&self) -> RopeAnglesKey {
+        RopeAnglesKey {
+            rot_dim: self.rot_dim,
+            freq_base: self.freq_base.to_bits(),
+            freq_scale: self.freq_scale.to_bits(),
+            factors: self.factors.map(|f| (f.as_ptr() as usize, f.len())),
+            yarn: self.yarn,
+        }
+    }
+
     /// The frequencies, as the kernels take them.
     pub fn freqs(&self) -> RopeFreqs<'_> {
         RopeFreqs {
@@ -126,6 +162,21 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn rms_norm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> OpResult;
     /// Rotates `heads` heads of one token at position `pos` in place.
     fn rope(&self, x: &mut [f32], heads: usize, pos: usize, params: &RopeParams<'_>) -> OpResult;
+    /// [`Backend::rope`] with the position's angles given: `angles` is
+    /// what `bulkhead_kernels::scalar::rope_angles_ext` gives for `pos` and
+    /// `params` (a pass works them out once per position, not once per
+    /// layer). By default they are worked out again.
+    fn rope_with(
+        &self,
+        x: &mut [f32],
+        heads: usize,
+        pos: usize,
+        params: &RopeParams<'_>,
+        angles: &RopeAngles,
+    ) -> OpResult {
+        let _ = angles;
+        self.rope(x, heads, pos, params)
+    }
     /// Causal attention of `n_tokens` queries over the cache (see [`AttentionShape`]).
     fn attention(
         &self,

@@ -6,8 +6,8 @@
 use bulkhead_kernels::{Activation, AttentionShape, QuantMatrix};
 
 use crate::backend::{
-    Act, Backend, DeviceError, ForwardPass, Heads, MoeFfn, OpResult, PassShape, RopeParams,
-    Segment, matmul_spans,
+    Act, Backend, DeviceError, ForwardPass, Heads, MoeFfn, OpResult, PassShape, RopeAngles,
+    RopeAnglesKey, RopeParams, Segment, matmul_spans,
 };
 
 /// The host's pass: buffers in host memory, every op one or more calls of
@@ -29,6 +29,10 @@ pub(super) struct HostPass<'a> {
     kv: &'a mut dyn KvStore,
     wanted: &'a [usize],
     bufs: [Vec<f32>; 9],
+    /// Every row's RoPE angles, per set of frequencies the pass has used
+    /// (one for most models; Gemma 3's local and global layers differ):
+    /// worked out at the first layer, reused by the others.
+    angles: Vec<(RopeAnglesKey, Vec<RopeAngles>)>,
 }
 
 impl<'a> HostPass<'a> {
@@ -55,6 +59,7 @@ impl<'a> HostPass<'a> {
             kv,
             wanted,
             bufs: Act::ALL.map(|a| vec![0.0f32; n * a.width(&shape)]),
+            angles: Vec::new(),
         }
     }
 
@@ -154,12 +159,30 @@ impl ForwardPass for HostPass<'_> {
 
     fn rope(&mut self, x: Act, heads: usize, params: &RopeParams<'_>) -> OpResult {
         let width = x.width(&self.shape);
-        self.with_out(x, |p, x| {
-            for (row, &pos) in x.chunks_exact_mut(width).zip(&p.positions) {
-                p.backend.rope(row, heads, pos, params)?;
+        let key = params.angles_key();
+        let table = match self.angles.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                let angles = self
+                    .positions
+                    .iter()
+                    .map(|&pos| params.angles(pos))
+                    .collect();
+                self.angles.push((key, angles));
+                self.angles.len() - 1
             }
-            Ok(())
-        })
+        };
+        let mut buf = std::mem::take(&mut self.bufs[x.index()]);
+        let (_, angles) = &self.angles[table];
+        let mut r = Ok(());
+        for ((row, &pos), a) in buf.chunks_exact_mut(width).zip(&self.positions).zip(angles) {
+            r = self.backend.rope_with(row, heads, pos, params, a);
+            if r.is_err() {
+                break;
+            }
+        }
+        self.bufs[x.index()] = buf;
+        r
     }
 
     fn store_kv(&mut self, layer: usize, k: Act, v: Act) -> OpResult {

@@ -372,6 +372,22 @@ impl CpuKernels {
             _ => None,
         };
         let x = acts.x;
+        // The AVX2 multi-token kernel over one weight row at a time where
+        // tokens are grouped, else the one-row kernel.
+        macro_rules! one_row_avx2 {
+            ($x:expr, $tokens:ident, $row:ident) => {
+                match grouped {
+                    Some(k) => self.rows_dot_grouped(
+                        w,
+                        $x,
+                        n_tokens,
+                        Tile::avx2(RowsPerCall::One),
+                        move |w, x, o| k.$tokens(w[0], x, o),
+                    ),
+                    None => self.rows_dot(w, $x, n_tokens, row_kernel!(b, $row)),
+                }
+            };
+        }
         match w.ty {
             GgmlType::F32 => self.rows_dot(w, x, n_tokens, row_kernel!(b, dot_f32)),
             GgmlType::F16 => match grouped {
@@ -422,47 +438,11 @@ impl CpuKernels {
             },
             GgmlType::Q4_1 => self.rows_dot(w, acts.q8_1(self), n_tokens, row_kernel!(b, dot_q4_1)),
             GgmlType::Q5_1 => self.rows_dot(w, acts.q8_1(self), n_tokens, row_kernel!(b, dot_q5_1)),
-            GgmlType::Q4K => match grouped {
-                Some(k) => self.rows_dot_grouped(
-                    w,
-                    acts.q8_k(self),
-                    n_tokens,
-                    Tile::avx2(RowsPerCall::One),
-                    move |w, x, o| k.dot_q4k_tokens(w[0], x, o),
-                ),
-                None => self.rows_dot(w, acts.q8_k(self), n_tokens, row_kernel!(b, dot_q4k)),
-            },
+            GgmlType::Q4K => one_row_avx2!(acts.q8_k(self), dot_q4k_tokens, dot_q4k),
             GgmlType::Q5K => self.rows_dot(w, acts.q8_k(self), n_tokens, row_kernel!(b, dot_q5k)),
-            GgmlType::IQ4NL => match grouped {
-                Some(k) => self.rows_dot_grouped(
-                    w,
-                    acts.q8_0(self),
-                    n_tokens,
-                    Tile::avx2(RowsPerCall::One),
-                    move |w, x, o| k.dot_iq4_nl_tokens(w[0], x, o),
-                ),
-                None => self.rows_dot(w, acts.q8_0(self), n_tokens, row_kernel!(b, dot_iq4_nl)),
-            },
-            GgmlType::IQ4XS => match grouped {
-                Some(k) => self.rows_dot_grouped(
-                    w,
-                    acts.q8_k(self),
-                    n_tokens,
-                    Tile::avx2(RowsPerCall::One),
-                    move |w, x, o| k.dot_iq4_xs_tokens(w[0], x, o),
-                ),
-                None => self.rows_dot(w, acts.q8_k(self), n_tokens, row_kernel!(b, dot_iq4_xs)),
-            },
-            GgmlType::Q6K => match grouped {
-                Some(k) => self.rows_dot_grouped(
-                    w,
-                    acts.q8_k(self),
-                    n_tokens,
-                    Tile::avx2(RowsPerCall::One),
-                    move |w, x, o| k.dot_q6k_tokens(w[0], x, o),
-                ),
-                None => self.rows_dot(w, acts.q8_k(self), n_tokens, row_kernel!(b, dot_q6k)),
-            },
+            GgmlType::IQ4NL => one_row_avx2!(acts.q8_0(self), dot_iq4_nl_tokens, dot_iq4_nl),
+            GgmlType::IQ4XS => one_row_avx2!(acts.q8_k(self), dot_iq4_xs_tokens, dot_iq4_xs),
+            GgmlType::Q6K => one_row_avx2!(acts.q8_k(self), dot_q6k_tokens, dot_q6k),
         }
     }
 

@@ -2,11 +2,11 @@
 //! (`tests/reference/make_iq4.py`), its logits against transformers' F32
 //! logits of the same prompt, no worse than llama.cpp's on the same file.
 
-mod logits_json;
+mod logits;
 
 use bulkhead_gpu_host::backend::{Backend, CpuBackend};
 use bulkhead_kernels::Isa;
-use logits_json::{error, eval, model, reference_json, rows, tokens};
+use logits::{error, eval, model, reference_json, rows, tokens};
 
 /// `close`: how far (max |diff| / max |logit|) our logits may be from
 /// llama.cpp's on the same file.
@@ -18,7 +18,7 @@ fn iq4_no_worse_than_llamacpp(ty: &str, tensor_type: &str, close: f64) {
     assert_eq!(prompt, tokens(&llama["prompt_tokens"]), "same prompt");
     let case = &iq4["types"][ty];
     let llamacpp = rows(&case["llamacpp_logits"]);
-    let m = model(&format!("llama-{ty}.gguf"));
+    let m = model("llama", ty);
     let quantized = m
         .gguf()
         .tensors()

@@ -1,6 +1,6 @@
 //! What the logits tests share: the recorded references
-//! (`tests/fixtures/reference/<family>.json`), running a fixture model, and
-//! the error measures.
+//! (`tests/fixtures/reference/<family>.json`, typed; or any reference file
+//! read loosely as JSON), running a fixture model, and the error measures.
 
 // Each test binary uses part of it.
 #![allow(dead_code)]
@@ -36,6 +36,38 @@ pub fn reference(family: &str) -> Reference {
     let path = fixtures().join(format!("reference/{family}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()
+}
+
+/// `tests/fixtures/reference/NAME`, parsed loosely, for references whose
+/// shape differs from [`Reference`] (the IQ4 and mixture-of-experts ones).
+pub fn reference_json(name: &str) -> serde_json::Value {
+    let path = fixtures().join("reference").join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// A JSON array of rows of floats.
+pub fn rows(v: &serde_json::Value) -> Vec<Vec<f32>> {
+    v.as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .expect("row")
+                .iter()
+                .map(|x| x.as_f64().expect("float") as f32)
+                .collect()
+        })
+        .collect()
+}
+
+/// A JSON array of token ids.
+pub fn tokens(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| t.as_u64().expect("token id") as u32)
+        .collect()
 }
 
 pub fn model(family: &str, ty: &str) -> Model {

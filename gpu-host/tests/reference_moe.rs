@@ -1,20 +1,21 @@
-//! Mixture-of-experts models against independent references: a tiny
-//! random-weight `MixtralForCausalLM` from transformers, converted by
+//! Mixture-of-experts models against independent references: tiny
+//! random-weight `MixtralForCausalLM` and `Qwen3MoeForCausalLM` models from
+//! transformers, converted by
 //! llama.cpp's `convert_hf_to_gguf.py` and quantized by llama.cpp
 //! (`tests/reference/make_moe.py`).
 
-mod logits_json;
+mod logits;
 
 use bulkhead_gpu_host::backend::{Backend, CpuBackend};
 use bulkhead_gpu_host::engine::{Logits, argmax};
 use bulkhead_kernels::Isa;
-use logits_json::{error, eval, model, reference_json, rows, tokens};
+use logits::{error, eval, model, reference_json, rows, tokens};
 
 fn f32_logits_match_transformers(family: &str) {
     let r = reference_json(&format!("{family}.json"));
     let prompt = tokens(&r["prompt_tokens"]);
     let want = rows(&r["transformers_f32_logits"]);
-    let m = model(&format!("{family}-f32.gguf"));
+    let m = model(family, "f32");
     assert!(m.config().moe.is_some(), "{family}: a mixture of experts");
     for b in [
         CpuBackend::with_isa(2, Isa::Scalar).unwrap(),
@@ -39,7 +40,7 @@ fn greedy_matches_transformers(family: &str) {
     let r = reference_json(&format!("{family}.json"));
     let prompt = tokens(&r["greedy"]["prompt_tokens"]);
     let want = tokens(&r["greedy"]["tokens"]);
-    let m = model(&format!("{family}-f32.gguf"));
+    let m = model(family, "f32");
     let b = CpuBackend::new(2).unwrap();
     let mut cache = m.new_cache(prompt.len() + want.len());
     let mut logits = m.forward(&b, &mut cache, &prompt, Logits::Last).unwrap();
@@ -65,7 +66,7 @@ fn quantized_no_worse_than_llamacpp(family: &str) {
         if ty == "f32" {
             continue;
         }
-        let m = model(&format!("{family}-{ty}.gguf"));
+        let m = model(family, ty);
         let ours = eval(&m, &b, &prompt);
         let (ours_max, ours_rms) = error(&ours, &want);
         let (llama_max, llama_rms) = error(&rows(llamacpp), &want);
@@ -94,4 +95,19 @@ fn mixtral_greedy_matches_transformers() {
 #[test]
 fn mixtral_quantized_no_worse_than_llamacpp() {
     quantized_no_worse_than_llamacpp("mixtral");
+}
+
+#[test]
+fn qwen3moe_f32_logits_match_transformers() {
+    f32_logits_match_transformers("qwen3moe");
+}
+
+#[test]
+fn qwen3moe_greedy_matches_transformers() {
+    greedy_matches_transformers("qwen3moe");
+}
+
+#[test]
+fn qwen3moe_quantized_no_worse_than_llamacpp() {
+    quantized_no_worse_than_llamacpp("qwen3moe");
 }

@@ -5,7 +5,7 @@ convert_hf_to_gguf.py from the pinned llama-cpp-python sdist, quantized by
 llama.cpp, with transformers' and llama.cpp's logits.
 
 Run from the repository root (the venv of setup.sh):
-    tests/reference/.venv/bin/python tests/reference/make_moe.py [--only mixtral]
+    tests/reference/.venv/bin/python tests/reference/make_moe.py [--only mixtral,qwen3moe]
 
 Writes, per family F (see FAMILIES):
     tests/fixtures/models/F-{f32,q8_0,q4_0}.gguf
@@ -70,7 +70,9 @@ def converter() -> Path:
     if not tarball.exists():
         SDIST_DIR.mkdir(parents=True, exist_ok=True)
         log(f"fetching llama-cpp-python {SDIST_VERSION} sdist into {SDIST_DIR}")
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+        # --no-binary for this package only: its build dependencies (cmake
+        # among them) come as wheels rather than being compiled too.
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", "llama-cpp-python",
                         f"llama-cpp-python=={SDIST_VERSION}", "-d", str(SDIST_DIR)], check=True)
     digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
     if digest != SDIST_SHA256:
@@ -256,9 +258,7 @@ def tool_versions() -> dict:
 
 def main():
     ap = argparse.ArgumentParser()
-    # qwen3moe's engine support waits on Qwen3's q/k norm (issue 24's other
-    # half); name it with --only to make its fixtures.
-    ap.add_argument("--only", default="mixtral")
+    ap.add_argument("--only", default="mixtral,qwen3moe", help="families, comma-separated")
     a = ap.parse_args()
     torch.manual_seed(mf.SEED)
     torch.use_deterministic_algorithms(True)

@@ -23,6 +23,9 @@ pub enum Arch {
     /// Qwen3: Qwen2 without the biases, with an RMSNorm of each query and
     /// key head.
     Qwen3,
+    /// Qwen3-MoE: Qwen3's attention, and a mixture of experts in every
+    /// layer (top-k of a softmax router, the chosen weights renormalized).
+    Qwen3Moe,
     /// Phi-3: NeoX RoPE, fused q/k/v and gate/up projections.
     Phi3,
     /// Gemma 2: GeGLU, √width embedding scale, norms after attention and
@@ -37,10 +40,11 @@ pub enum Arch {
 
 impl Arch {
     /// Every architecture, in the order errors list them.
-    pub const ALL: [Arch; 6] = [
+    pub const ALL: [Arch; 7] = [
         Arch::Llama,
         Arch::Qwen2,
         Arch::Qwen3,
+        Arch::Qwen3Moe,
         Arch::Phi3,
         Arch::Gemma2,
         Arch::Gemma3,
@@ -52,6 +56,7 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3moe",
             Arch::Phi3 => "phi3",
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",
@@ -204,9 +209,19 @@ impl ModelConfig {
             ),
             _ => (None, None),
         };
-        // Mixtral-style experts ride on the llama architecture.
+        // Mixtral-style experts ride on the llama architecture; a qwen3moe
+        // file must have them.
         let moe = match arch {
             Arch::Llama => moe_config(m, arch_name, ffn_dim)?,
+            Arch::Qwen3Moe => match moe_config(m, arch_name, ffn_dim)? {
+                Some(moe) => Some(moe),
+                None => {
+                    return Err(ConfigError::Invalid {
+                        key: key("expert_count"),
+                        reason: "a qwen3moe model needs experts".to_string(),
+                    });
+                }
+            },
             _ => None,
         };
         Ok(ModelConfig {
@@ -303,7 +318,7 @@ fn sliding_window(
     layers: usize,
 ) -> Result<Option<(usize, Vec<bool>)>, ConfigError> {
     let default_period = match arch {
-        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => return Ok(None),
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => return Ok(None),
         Arch::Gemma2 => 2,
         Arch::Gemma3 => 6,
         Arch::Phi3 => 1,

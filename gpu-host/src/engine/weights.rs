@@ -278,7 +278,7 @@ fn layer(gguf: &Gguf, cfg: &ModelConfig, i: usize) -> Result<LayerWeights, Confi
         ),
     };
     let (q_norm, k_norm) = match cfg.arch {
-        Arch::Qwen3 | Arch::Gemma3 => (
+        Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 => (
             required("attn_q_norm.weight", cfg.head_dim)?,
             required("attn_k_norm.weight", cfg.head_dim)?,
         ),

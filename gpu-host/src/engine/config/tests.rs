@@ -226,3 +226,27 @@ fn windows_apply_where_llama_cpp_applies_them_and_phi3_as_transformers() {
     .unwrap();
     assert!((0..6).all(|l| c.window(l) == Some(2047)));
 }
+
+#[test]
+fn qwen3moe_is_qwen3_with_experts_it_must_have() {
+    let c = config(
+        "qwen3moe",
+        vec![
+            kv("qwen3moe.expert_count", Value::U32(8)),
+            kv("qwen3moe.expert_used_count", Value::U32(2)),
+            kv("qwen3moe.expert_feed_forward_length", Value::U32(48)),
+        ],
+    )
+    .unwrap();
+    assert_eq!((c.arch, c.rope.style), (Arch::Qwen3Moe, RopeStyle::Neox));
+    let moe = c.moe.expect("experts");
+    assert_eq!(
+        (moe.experts, moe.experts_used, moe.expert_ffn_dim),
+        (8, 2, 48)
+    );
+    let e = config("qwen3moe", vec![]).unwrap_err().to_string();
+    assert!(e.contains("qwen3moe.expert_count"), "{e}");
+    // The dense Qwen3 reads no experts even when a key names some.
+    let c = config("qwen3", vec![kv("qwen3.expert_count", Value::U32(8))]).unwrap();
+    assert!(c.moe.is_none());
+}

@@ -47,6 +47,17 @@ pub const F16_PANEL_TOKENS: usize = 6;
 /// `out[t][p]` of one F16 panel call.
 pub type F16PanelOut = [[f32; F16_PANEL_ROWS]; 2];
 
+/// Rows in a wide F16 panel.
+pub const F16_WIDE_ROWS: usize = 16;
+/// Tokens one wide F16 panel call takes.
+pub const F16_WIDE_TOKENS: usize = 12;
+/// `out[t][p]` of one wide F16 panel call.
+pub type F16WideOut = [[f32; F16_WIDE_ROWS]; 2];
+
+/// Widened F16 weight rows for the AVX-512 GEMM; never made on this target.
+#[derive(Debug, Default)]
+pub struct F16WidePanel;
+
 /// Widened F16 weight rows for the AVX2 GEMM; never made on this target.
 #[derive(Debug, Default)]
 pub struct F16Panel;
@@ -78,6 +89,8 @@ macro_rules! unreachable_methods {
 
 unreachable_methods! {
     Vnni:
+    pack_f16_wide(self, rows: &[&[u8]], panel: &mut F16WidePanel);
+    f16_wide_dot(self, panels: &[&F16WidePanel], xs: &[&[f32]], out: &mut [F16WideOut]);
     dot_q8_0_tokens(self, w: &[u8], x: &[&[BlockQ8_0U]], out: &mut [f32]);
     dot_q4_0_tokens(self, w: &[u8], x: &[&[BlockQ8_0U]], out: &mut [f32]);
     pack_panel(self, ty: crate::GgmlType, rows: &[&[u8]], panel: &mut Panel);

@@ -10,14 +10,14 @@
 mod x86;
 #[cfg(target_arch = "x86_64")]
 pub use x86::{
-    Avx2, F16_PANEL_ROWS, F16_PANEL_TOKENS, F16Panel, F16PanelOut, PACKED_TOKENS, PANEL_ROWS,
-    PANEL_TOKENS, Panel, Vnni,
+    Avx2, F16_PANEL_ROWS, F16_PANEL_TOKENS, F16_WIDE_ROWS, F16_WIDE_TOKENS, F16Panel, F16PanelOut,
+    F16WideOut, F16WidePanel, PACKED_TOKENS, PANEL_ROWS, PANEL_TOKENS, Panel, Vnni,
 };
 
 #[cfg(not(target_arch = "x86_64"))]
 mod disabled;
 #[cfg(not(target_arch = "x86_64"))]
 pub use disabled::{
-    Avx2, F16_PANEL_ROWS, F16_PANEL_TOKENS, F16Panel, F16PanelOut, PACKED_TOKENS, PANEL_ROWS,
-    PANEL_TOKENS, Panel, Vnni,
+    Avx2, F16_PANEL_ROWS, F16_PANEL_TOKENS, F16_WIDE_ROWS, F16_WIDE_TOKENS, F16Panel, F16PanelOut,
+    F16WideOut, F16WidePanel, PACKED_TOKENS, PANEL_ROWS, PANEL_TOKENS, Panel, Vnni,
 };

@@ -1,8 +1,9 @@
 //! Prefill matmuls on panels: every eight weight rows repacked once and
 //! run against every token of the call. Quantized types go through the
 //! VNNI panels (`avx2::Panel`, four tokens per kernel call), F16 through
-//! the AVX2 F16 panels (`avx2::F16Panel`, sixteen rows and six tokens per
-//! call).
+//! the F16 panels: AVX-512 ones where the CPU has it (`avx2::F16WidePanel`,
+//! 32 rows and twelve tokens per call), else AVX2 ones (`avx2::F16Panel`,
+//! sixteen rows and six tokens per call).
 
 use std::cell::RefCell;
 
@@ -10,8 +11,8 @@ use super::matmul::{Activations, Job};
 use super::{CpuKernels, QuantMatrix};
 use crate::GgmlType;
 use crate::avx2::{
-    Avx2, F16_PANEL_ROWS, F16_PANEL_TOKENS, F16Panel, F16PanelOut, PACKED_TOKENS, PANEL_ROWS,
-    PANEL_TOKENS, Panel, Vnni,
+    Avx2, F16_PANEL_ROWS, F16_PANEL_TOKENS, F16_WIDE_ROWS, F16_WIDE_TOKENS, F16Panel, F16PanelOut,
+    F16WideOut, F16WidePanel, PACKED_TOKENS, PANEL_ROWS, PANEL_TOKENS, Panel, Vnni,
 };
 use crate::quantize::{BlockQ8_0, BlockQ8_0U, BlockQ8K};
 use crate::{PACK_ROWS, PackedMatrix};
@@ -21,6 +22,8 @@ thread_local! {
     static PANEL: RefCell<Panel> = RefCell::new(Panel::default());
     /// Each thread's pair of F16 panels.
     static F16_PANELS: RefCell<[F16Panel; 2]> = RefCell::new(Default::default());
+    /// Each thread's pair of wide (AVX-512) F16 panels.
+    static F16_WIDE_PANELS: RefCell<[F16WidePanel; 2]> = RefCell::new(Default::default());
 }
 
 /// Rows per task: whole panels, several per task so a task's setup is
@@ -160,53 +163,51 @@ impl CpuKernels {
     }
 
     /// The job for F16 weights `w` (a multiple of eight columns) through
-    /// F16 panels, two at a time.
-    pub(super) fn f16_panels_job<'a>(
+    /// F16 panels of `kernel`, two at a time.
+    pub(super) fn f16_panels_job<'a, K: F16Panels>(
         &'a self,
-        avx2: Avx2,
+        kernel: K,
         w: &QuantMatrix<'a>,
         acts: &'a Activations<'a>,
     ) -> Job<'a> {
-        const PAIR: usize = 2 * F16_PANEL_ROWS;
+        let pair = 2 * K::ROWS;
         let n_tokens = acts.tokens();
         let x = acts.f32();
         let cols = w.cols;
         let (data, row_bytes) = (w.data, w.row_bytes());
         // Whole panel pairs per task, at least four tasks a thread.
-        let pairs = w.rows.div_ceil(PAIR);
-        let chunk = pairs.div_ceil(self.threads() * 4).clamp(1, 4) * PAIR;
+        let pairs = w.rows.div_ceil(pair);
+        let chunk = pairs.div_ceil(self.threads() * 4).clamp(1, 4) * pair;
         self.new_job(
             w,
             n_tokens,
             chunk,
             Box::new(move |first_row, dst| {
                 let rows_here = dst.len() / n_tokens;
-                F16_PANELS.with_borrow_mut(|panels| {
-                    for p0 in (0..rows_here).step_by(PAIR) {
-                        let nr = PAIR.min(rows_here - p0);
-                        let n_panels = nr.div_ceil(F16_PANEL_ROWS);
+                K::with_panels(|panels| {
+                    let mut rows = Vec::with_capacity(K::ROWS);
+                    let mut xs = Vec::with_capacity(K::TOKENS);
+                    let mut res = vec![0.0f32; K::TOKENS * pair];
+                    for p0 in (0..rows_here).step_by(pair) {
+                        let nr = pair.min(rows_here - p0);
+                        let n_panels = nr.div_ceil(K::ROWS);
                         for (p, panel) in panels[..n_panels].iter_mut().enumerate() {
-                            let r0 = first_row + p0 + p * F16_PANEL_ROWS;
-                            let r1 = (r0 + F16_PANEL_ROWS).min(first_row + p0 + nr);
-                            let mut rows: [&[u8]; F16_PANEL_ROWS] = [&[]; F16_PANEL_ROWS];
-                            for (slot, r) in rows.iter_mut().zip(r0..r1) {
-                                *slot = &data[r * row_bytes..(r + 1) * row_bytes];
-                            }
-                            avx2.pack_f16_panel(&rows[..r1 - r0], panel);
+                            let r0 = first_row + p0 + p * K::ROWS;
+                            let r1 = (r0 + K::ROWS).min(first_row + p0 + nr);
+                            rows.clear();
+                            rows.extend(
+                                (r0..r1).map(|r| &data[r * row_bytes..(r + 1) * row_bytes]),
+                            );
+                            kernel.pack(&rows, panel);
                         }
-                        let refs: [&F16Panel; 2] = [&panels[0], &panels[1]];
-                        for t0 in (0..n_tokens).step_by(F16_PANEL_TOKENS) {
-                            let nt = F16_PANEL_TOKENS.min(n_tokens - t0);
-                            let mut xs: [&[f32]; F16_PANEL_TOKENS] = [&[]; F16_PANEL_TOKENS];
-                            for (i, xt) in xs[..nt].iter_mut().enumerate() {
-                                let t = t0 + i;
-                                *xt = &x[t * cols..(t + 1) * cols];
-                            }
-                            let mut res = [F16PanelOut::default(); F16_PANEL_TOKENS];
-                            avx2.f16_panel_dot(&refs[..n_panels], &xs[..nt], &mut res[..nt]);
-                            for (i, res) in res[..nt].iter().enumerate() {
+                        let refs = [&panels[0], &panels[1]];
+                        for t0 in (0..n_tokens).step_by(K::TOKENS) {
+                            let nt = K::TOKENS.min(n_tokens - t0);
+                            xs.clear();
+                            xs.extend((t0..t0 + nt).map(|t| &x[t * cols..(t + 1) * cols]));
+                            kernel.dot(&refs[..n_panels], &xs, &mut res[..nt * pair]);
+                            for (i, res) in res[..nt * pair].chunks_exact(pair).enumerate() {
                                 let at = (t0 + i) * rows_here + p0;
-                                let res = res.as_flattened();
                                 dst[at..at + nr].copy_from_slice(&res[..nr]);
                             }
                         }
@@ -214,5 +215,55 @@ impl CpuKernels {
                 });
             }),
         )
+    }
+}
+
+/// An F16 panel kernel: AVX2's (eight-row panels, six tokens a call) or
+/// AVX-512's (sixteen-row panels, twelve tokens a call; the same sums).
+pub(super) trait F16Panels: Copy + Send + Sync + 'static {
+    /// Rows in a panel.
+    const ROWS: usize;
+    /// Most tokens a [`F16Panels::dot`] call takes.
+    const TOKENS: usize;
+    type Panel;
+    /// Runs `f` on this thread's pair of panels (reused across tasks).
+    fn with_panels(f: impl FnOnce(&mut [Self::Panel; 2]));
+    /// Widens up to [`F16Panels::ROWS`] rows into `panel`.
+    fn pack(self, rows: &[&[u8]], panel: &mut Self::Panel);
+    /// `out[t · 2·ROWS + p · ROWS + r]` = row `r` of `panels[p]` · `xs[t]`.
+    fn dot(self, panels: &[&Self::Panel], xs: &[&[f32]], out: &mut [f32]);
+}
+
+impl F16Panels for Avx2 {
+    const ROWS: usize = F16_PANEL_ROWS;
+    const TOKENS: usize = F16_PANEL_TOKENS;
+    type Panel = F16Panel;
+    fn with_panels(f: impl FnOnce(&mut [F16Panel; 2])) {
+        F16_PANELS.with_borrow_mut(f)
+    }
+    fn pack(self, rows: &[&[u8]], panel: &mut F16Panel) {
+        self.pack_f16_panel(rows, panel);
+    }
+    fn dot(self, panels: &[&F16Panel], xs: &[&[f32]], out: &mut [f32]) {
+        let mut res = [F16PanelOut::default(); F16_PANEL_TOKENS];
+        self.f16_panel_dot(panels, xs, &mut res[..xs.len()]);
+        out.copy_from_slice(res[..xs.len()].as_flattened().as_flattened());
+    }
+}
+
+impl F16Panels for Vnni {
+    const ROWS: usize = F16_WIDE_ROWS;
+    const TOKENS: usize = F16_WIDE_TOKENS;
+    type Panel = F16WidePanel;
+    fn with_panels(f: impl FnOnce(&mut [F16WidePanel; 2])) {
+        F16_WIDE_PANELS.with_borrow_mut(f)
+    }
+    fn pack(self, rows: &[&[u8]], panel: &mut F16WidePanel) {
+        self.pack_f16_wide(rows, panel);
+    }
+    fn dot(self, panels: &[&F16WidePanel], xs: &[&[f32]], out: &mut [f32]) {
+        let mut res = [F16WideOut::default(); F16_WIDE_TOKENS];
+        self.f16_wide_dot(panels, xs, &mut res[..xs.len()]);
+        out.copy_from_slice(res[..xs.len()].as_flattened().as_flattened());
     }
 }

@@ -346,7 +346,10 @@ impl CpuKernels {
         }
         if grouping == TokenGrouping::Several && self.uses_panels(w.ty, w.cols, n_tokens) {
             match (self.backend, self.vnni) {
-                (Backend::Avx2(k), _) if w.ty == GgmlType::F16 => {
+                (Backend::Avx2(_), Some(v)) if w.ty == GgmlType::F16 => {
+                    return self.f16_panels_job(v, w, acts);
+                }
+                (Backend::Avx2(k), None) if w.ty == GgmlType::F16 => {
                     return self.f16_panels_job(k, w, acts);
                 }
                 (_, Some(v)) => return self.panels_job(v, w, acts),

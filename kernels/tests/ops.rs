@@ -753,3 +753,65 @@ fn avx2_quantize_q8_0_is_the_reference() {
         }
     }
 }
+
+/// The AVX2 Q8_K quantizer gives the reference's blocks bit for bit
+/// (quants, block sums, scale): random rows of several magnitudes, the
+/// largest magnitude met twice with both signs (the first one sets the
+/// scale), values on and next to a rounding half (ties go to even), and
+/// zeros, infinities and NaNs mixed in.
+#[test]
+fn avx2_quantize_q8_k_is_the_reference() {
+    use bulkhead_kernels::{BlockQ8K, quantize_row_q8_k};
+    let Some(k) = avx2() else { return };
+    let mut rng = Rng::new(12);
+    let mut rows: Vec<Vec<f32>> = Vec::new();
+    for scale in [1e-6, 0.02, 1.0, 300.0, 1e30] {
+        rows.push(rng.vec(256 * 6, scale));
+    }
+    // The value of largest magnitude -127 makes iscale exactly 1: the
+    // quants are the values rounded, ties included.
+    let mut halves: Vec<f32> = (0..256 * 4)
+        .map(|i| (i % 253) as f32 - 126.0 + [0.5, 0.0, 0.25, 0.75][i % 4])
+        .map(|v: f32| v.clamp(-126.5, 126.5))
+        .collect();
+    for (i, v) in halves.iter_mut().enumerate() {
+        if i % 3 == 1 {
+            *v = v.next_up();
+        } else if i % 3 == 2 {
+            *v = v.next_down();
+        }
+    }
+    for b in halves.chunks_exact_mut(256) {
+        b[200] = -127.0;
+    }
+    rows.push(halves);
+    // Both signs of the largest magnitude, in either order.
+    let mut ties = rng.vec(256 * 2, 1.0);
+    ties[10] = 5.0;
+    ties[20] = -5.0;
+    ties[256 + 10] = -5.0;
+    ties[256 + 20] = 5.0;
+    rows.push(ties);
+    let mut specials = rng.vec(256 * 4, 1.0);
+    specials[..256].fill(0.0);
+    specials[256 + 33] = f32::INFINITY;
+    specials[512 + 70] = f32::NAN;
+    specials[768 + 100] = f32::NEG_INFINITY;
+    specials[768 + 101] = f32::NAN;
+    specials[768 + 140] = -0.0;
+    rows.push(specials);
+    let mut nans = vec![f32::NAN; 256];
+    nans[3] = 0.0;
+    rows.push(nans);
+    for x in &rows {
+        let mut want = vec![BlockQ8K::default(); x.len() / 256];
+        let mut got = want.clone();
+        quantize_row_q8_k(x, &mut want);
+        k.quantize_row_q8_k(x, &mut got);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.qs, w.qs, "block {i}");
+            assert_eq!(g.bsums, w.bsums, "block {i} sums");
+            assert_eq!(g.d.to_bits(), w.d.to_bits(), "block {i} scale");
+        }
+    }
+}

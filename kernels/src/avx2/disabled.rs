@@ -131,6 +131,7 @@ unreachable_methods! {
     rms_norm(self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]);
     softmax(self, x: &mut [f32]);
     quantize_row_q8_0(self, x: &[f32], out: &mut [BlockQ8_0]);
+    quantize_row_q8_k(self, x: &[f32], out: &mut [BlockQ8K]);
     silu_mul(self, gate: &mut [f32], up: &[f32]);
     gelu_tanh_mul(self, gate: &mut [f32], up: &[f32]);
     add(self, a: &mut [f32], b: &[f32]);

@@ -203,9 +203,15 @@ impl<'x> Activations<'x> {
             .get_or_init(|| k.quantize(self, 32, quantize_row_q8_1))
     }
 
+    /// Q8_K, for the K-quants and IQ4_XS: the AVX2 quantizer where the
+    /// backend has it (the same blocks, faster).
     pub(super) fn q8_k(&self, k: &CpuKernels) -> &[BlockQ8K] {
-        self.q8_k
-            .get_or_init(|| k.quantize(self, 256, quantize_row_q8_k))
+        self.q8_k.get_or_init(|| match k.backend {
+            Backend::Scalar => k.quantize(self, 256, quantize_row_q8_k),
+            Backend::Avx2(a) => k.quantize(self, 256, |x: &[f32], q: &mut [_]| {
+                a.quantize_row_q8_k(x, q)
+            }),
+        })
     }
 }
 

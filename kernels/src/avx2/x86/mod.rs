@@ -787,6 +787,14 @@ impl Avx2 {
         unsafe { quantize::q8_0(x, out) }
     }
 
+    /// Quantizes `x` (a multiple of 256 long) into Q8_K blocks,
+    /// bit-identical to [`crate::quantize_row_q8_k`].
+    pub fn quantize_row_q8_k(self, x: &[f32], out: &mut [BlockQ8K]) {
+        assert_eq!(x.len(), out.len() * 256, "Q8_K row length");
+        // SAFETY: `self` proves avx2, fma and f16c.
+        unsafe { quantize::q8_k(x, out) }
+    }
+
     /// In-place softmax of one row.
     pub fn softmax(self, x: &mut [f32]) {
         // SAFETY: `self` proves avx2, fma and f16c.

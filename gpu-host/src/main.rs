@@ -4,6 +4,10 @@ mod cli;
 
 use clap::Parser;
 
+/// See gpu-host/Cargo.toml for why.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     let args = cli::Args::parse();
     match cli::run(args) {

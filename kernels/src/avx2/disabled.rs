@@ -90,6 +90,7 @@ macro_rules! unreachable_methods {
 unreachable_methods! {
     Vnni:
     pack_f16_wide(self, rows: &[&[u8]], panel: &mut F16WidePanel);
+    packed_matvec(self, p: &crate::PackedMatrix, g: usize, y: &[BlockQ8_0], sums: &[i32], y_k: &[BlockQ8K], out: &mut [f32]);
     f16_wide_dot(self, panels: &[&F16WidePanel], xs: &[&[f32]], out: &mut [F16WideOut]);
     dot_q8_0_tokens(self, w: &[u8], x: &[&[BlockQ8_0U]], out: &mut [f32]);
     dot_q4_0_tokens(self, w: &[u8], x: &[&[BlockQ8_0U]], out: &mut [f32]);

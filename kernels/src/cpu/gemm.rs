@@ -122,6 +122,11 @@ impl CpuKernels {
             n_tokens,
             chunk,
             Box::new(move |first_row, dst| {
+                if n_tokens == 1 {
+                    // Decode: the task's groups in one call.
+                    vnni.packed_matvec(p, first_row / PACK_ROWS, ys, sums, ys_k, dst);
+                    return;
+                }
                 let rows_here = dst.len() / n_tokens;
                 for r0 in (0..rows_here).step_by(PACK_ROWS) {
                     let nr = PACK_ROWS.min(rows_here - r0);

@@ -389,6 +389,45 @@ impl Vnni {
         }
     }
 
+    /// `out[i]` = row `8 g + i` of `p` · one token, for `out.len()` rows
+    /// from group `g` on: decode's matvec in one call, bit-identical to
+    /// [`Vnni::packed_dot`] / [`Vnni::packed_dot_k`] a group at a time
+    /// (their per-call checks and dispatch were ~10% of a 110m Q4_0
+    /// decode step). The token is `y` with its block sums `sums` (Q8_0)
+    /// for Q4_0/Q5_0/Q8_0, or `y_k` (Q8_K) for Q4_K/Q6_K; the other may be
+    /// empty.
+    ///
+    /// # Panics
+    /// If the rows run past the matrix or the token is not `p.blocks()`
+    /// blocks of the type's activations.
+    pub fn packed_matvec(
+        self,
+        p: &crate::PackedMatrix,
+        g: usize,
+        y: &[BlockQ8_0],
+        sums: &[i32],
+        y_k: &[BlockQ8K],
+        out: &mut [f32],
+    ) {
+        let blocks = p.blocks();
+        assert!(
+            g * crate::PACK_ROWS + out.len() <= p.rows(),
+            "packed_matvec: rows {}.. of {} past the matrix's {}",
+            g * crate::PACK_ROWS,
+            out.len(),
+            p.rows()
+        );
+        let ok = match p.ty() {
+            GgmlType::Q4K | GgmlType::Q6K => y_k.len() == blocks,
+            _ => y.len() == blocks && sums.len() == blocks,
+        };
+        assert!(ok, "packed_matvec: activations are not {blocks} blocks");
+        // SAFETY: `self` proves avx2, fma, f16c, avx512f, avx512vl and
+        // avx512vnni; the rows are within `p` and the token has `blocks`
+        // blocks of the kind `p`'s type takes (checked above).
+        unsafe { packed::matvec(p, g, y, sums, y_k, out) }
+    }
+
     /// [`Vnni::packed_dot`] for a packed Q4_K or Q6_K matrix, whose tokens
     /// come as Q8_K blocks.
     ///

@@ -296,3 +296,37 @@ pub(super) fn packed_q6k_tokens<const T: usize>(
     }
     out
 }
+
+/// `out[i]` = row `8 g0 + i` of `p` · one token: `y` with its block sums
+/// `sums` (Q8_0) for Q4_0/Q5_0/Q8_0, `y_k` (Q8_K) for Q4_K/Q6_K. Decode's
+/// matvec over a run of groups in one call, each group as the one-token
+/// kernels above compute it (so bit-identical to calling them a group at
+/// a time).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+pub(super) fn matvec(
+    p: &crate::PackedMatrix,
+    g0: usize,
+    y: &[BlockQ8_0],
+    sums: &[i32],
+    y_k: &[BlockQ8K],
+    out: &mut [f32],
+) {
+    let blocks = p.blocks();
+    macro_rules! each_group {
+        ($group:ident => $kernel:expr) => {
+            for (i, o) in out.chunks_mut(PACK_ROWS).enumerate() {
+                let $group = p.group(g0 + i);
+                let r = $kernel;
+                o.copy_from_slice(&r[0][..o.len()]);
+            }
+        };
+    }
+    match p.ty() {
+        GgmlType::Q4_0 => each_group!(g => group_tokens::<Q4_0, 1>(g, blocks, [y], [sums])),
+        GgmlType::Q5_0 => each_group!(g => group_tokens::<Q5_0, 1>(g, blocks, [y], [sums])),
+        GgmlType::Q8_0 => each_group!(g => group_tokens::<Q8_0, 1>(g, blocks, [y], [sums])),
+        GgmlType::Q4K => each_group!(g => packed_q4k_tokens::<1>(g, blocks, [y_k])),
+        GgmlType::Q6K => each_group!(g => packed_q6k_tokens::<1>(g, blocks, [y_k])),
+        other => unreachable!("{other} is never packed"),
+    }
+}

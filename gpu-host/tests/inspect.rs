@@ -94,7 +94,7 @@ fn an_unsupported_architecture_is_named() {
     });
     let v = verdict(&path);
     assert!(
-        v.starts_with("no: unsupported architecture \"mamba\" (supported: llama, qwen2, qwen3, phi3, gemma2, gemma3)"),
+        v.starts_with("no: unsupported architecture \"mamba\" (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3)"),
         "{v}"
     );
 }

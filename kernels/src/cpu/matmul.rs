@@ -397,6 +397,22 @@ impl CpuKernels {
                 }
             };
         }
+        // Q4_0 and Q8_0: the eight-token VNNI kernels (unsigned-offset
+        // activations) where the CPU has them, else as above.
+        macro_rules! vnni_or_avx2 {
+            ($tokens:ident, $row:ident) => {
+                match (grouped, self.vnni) {
+                    (Some(_), Some(v)) => self.rows_dot_grouped(
+                        w,
+                        acts.q8_0u(self),
+                        n_tokens,
+                        Tile::vnni(),
+                        move |w, x, o| v.$tokens(w[0], x, o),
+                    ),
+                    _ => one_row_avx2!(acts.q8_0(self), $tokens, $row),
+                }
+            };
+        }
         match w.ty {
             GgmlType::F32 => self.rows_dot(w, x, n_tokens, row_kernel!(b, dot_f32)),
             GgmlType::F16 => match grouped {
@@ -410,41 +426,9 @@ impl CpuKernels {
                 None => self.rows_dot(w, x, n_tokens, row_kernel!(b, dot_f16)),
             },
             GgmlType::BF16 => self.rows_dot(w, x, n_tokens, row_kernel!(b, dot_bf16)),
-            GgmlType::Q4_0 => match (grouped, self.vnni) {
-                (Some(_), Some(v)) => self.rows_dot_grouped(
-                    w,
-                    acts.q8_0u(self),
-                    n_tokens,
-                    Tile::vnni(),
-                    move |w, x, o| v.dot_q4_0_tokens(w[0], x, o),
-                ),
-                (Some(k), None) => self.rows_dot_grouped(
-                    w,
-                    acts.q8_0(self),
-                    n_tokens,
-                    Tile::avx2(RowsPerCall::One),
-                    move |w, x, o| k.dot_q4_0_tokens(w[0], x, o),
-                ),
-                (None, _) => self.rows_dot(w, acts.q8_0(self), n_tokens, row_kernel!(b, dot_q4_0)),
-            },
+            GgmlType::Q4_0 => vnni_or_avx2!(dot_q4_0_tokens, dot_q4_0),
             GgmlType::Q5_0 => self.rows_dot(w, acts.q8_0(self), n_tokens, row_kernel!(b, dot_q5_0)),
-            GgmlType::Q8_0 => match (grouped, self.vnni) {
-                (Some(_), Some(v)) => self.rows_dot_grouped(
-                    w,
-                    acts.q8_0u(self),
-                    n_tokens,
-                    Tile::vnni(),
-                    move |w, x, o| v.dot_q8_0_tokens(w[0], x, o),
-                ),
-                (Some(k), None) => self.rows_dot_grouped(
-                    w,
-                    acts.q8_0(self),
-                    n_tokens,
-                    Tile::avx2(RowsPerCall::One),
-                    move |w, x, o| k.dot_q8_0_tokens(w[0], x, o),
-                ),
-                (None, _) => self.rows_dot(w, acts.q8_0(self), n_tokens, row_kernel!(b, dot_q8_0)),
-            },
+            GgmlType::Q8_0 => vnni_or_avx2!(dot_q8_0_tokens, dot_q8_0),
             GgmlType::Q4_1 => self.rows_dot(w, acts.q8_1(self), n_tokens, row_kernel!(b, dot_q4_1)),
             GgmlType::Q5_1 => self.rows_dot(w, acts.q8_1(self), n_tokens, row_kernel!(b, dot_q5_1)),
             GgmlType::Q4K => one_row_avx2!(acts.q8_k(self), dot_q4k_tokens, dot_q4k),

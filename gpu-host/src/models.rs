@@ -2,17 +2,19 @@
 //! (requests share them through `Arc` without locks).
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use bulkhead_protocol::digest::to_hex;
+use bulkhead_protocol::digest::{CHUNK_BYTES, leaf_hash, to_hex};
 
+use crate::backend::CpuBackend;
 use crate::engine::Model;
 use crate::gguf::Gguf;
-use crate::verify::{Expected, LoadError, Scrubbable, WeightState, load_resident};
+use crate::verify::{Expected, LoadError, Piece, Scrubbable, WeightState, load_resident};
 use crate::{ChatTemplate, Tokenizer};
 
 /// `NAME=PATH` from the command line.
@@ -61,13 +63,50 @@ pub(crate) struct LoadedModel {
     pub digest: String,
 }
 
+impl LoadedModel {
+    /// Where the served copy of the file's byte `offset` is (for the test
+    /// hook that corrupts it): that byte of the resident file, or, in a
+    /// matrix served from a packed copy whose file pages were freed, the
+    /// byte at the same relative position of the copy. `None` past the end.
+    pub fn served_byte(&self, offset: usize) -> Option<(&[u8], usize)> {
+        let file = self.model.gguf().mapped_bytes();
+        if offset >= file.len() {
+            return None;
+        }
+        let scrubbed_in_file = |o: &usize| {
+            self.weights
+                .pieces()
+                .iter()
+                .any(|p| p.region == 0 && p.range.contains(o))
+        };
+        if scrubbed_in_file(&offset) {
+            return Some((file, offset));
+        }
+        let packed = self.model.packed_forms().find(|(_, r)| r.contains(&offset));
+        Some(match packed {
+            Some((p, r)) => {
+                let bytes = p.as_bytes();
+                (bytes, (offset - r.start) * bytes.len() / r.len())
+            }
+            None => (file, offset),
+        })
+    }
+}
+
 impl Scrubbable for LoadedModel {
     fn name(&self) -> &str {
         &self.name
     }
 
-    fn bytes(&self) -> &[u8] {
-        self.model.gguf().mapped_bytes()
+    fn region(&self, index: usize) -> &[u8] {
+        match index {
+            0 => self.model.gguf().mapped_bytes(),
+            i => self
+                .model
+                .packed_forms()
+                .nth(i - 1)
+                .map_or(&[], |(p, _)| p.as_bytes()),
+        }
     }
 
     fn state(&self) -> &WeightState {
@@ -139,11 +178,15 @@ pub(crate) fn load_model(
         digest.unwrap_or_else(|| format!("chunks-sha256:{}", to_hex(weights.chunk_root())));
     let gguf = Gguf::from_resident(&spec.path, resident.map).map_err(|e| invalid(e.to_string()))?;
     let model = Model::from_gguf(gguf).map_err(|e| invalid(e.to_string()))?;
-    if place == PassPlace::Device {
-        model
-            .check_device_support()
-            .map_err(|e| invalid(e.to_string()))?;
-    }
+    let weights = match place {
+        PassPlace::Device => {
+            model
+                .check_device_support()
+                .map_err(|e| invalid(e.to_string()))?;
+            weights
+        }
+        PassPlace::Host => pack(&model, weights),
+    };
     let tokenizer = Tokenizer::from_metadata(model.gguf().metadata())
         .map_err(|e| invalid(format!("tokenizer: {e}")))?;
     let chat_template =
@@ -156,6 +199,63 @@ pub(crate) fn load_model(
         weights,
         digest,
     })
+}
+
+/// Repacks the matrices the CPU kernels read faster in another form (on
+/// AVX-512 VNNI; the partitions' backends detect the same instruction set,
+/// so every pass reads the packed copies), frees the resident pages they
+/// replace, and points the scrub at what is served: the file's other bytes
+/// and the packed copies, each hashed now, right after the bytes they come
+/// from were verified. Without a packed form, `weights` is returned as is.
+fn pack(model: &Model, weights: WeightState) -> WeightState {
+    use rayon::prelude::*;
+    let Ok(cpu) = CpuBackend::new(1) else {
+        return weights; // no packing: the passes read the file's bytes
+    };
+    let packed = model.pack(&cpu);
+    if packed.is_empty() {
+        return weights;
+    }
+    let gguf = model.gguf();
+    let mut freed: Vec<Range<usize>> = packed
+        .into_iter()
+        .filter_map(|range| gguf.discard_resident_pages(range))
+        .filter(|range| !range.is_empty())
+        .collect();
+    freed.sort_by_key(|r| r.start);
+    // What is still read of the file: the gaps between freed ranges.
+    let mut kept = Vec::new();
+    let mut at = 0;
+    for range in freed.iter().chain([&(gguf.file_len()..gguf.file_len())]) {
+        kept.push(at..range.start);
+        at = range.end;
+    }
+    let mut parts: Vec<(usize, Range<usize>)> = Vec::new();
+    let mut cut = |region: usize, range: Range<usize>| {
+        for start in range.clone().step_by(CHUNK_BYTES) {
+            parts.push((region, start..range.end.min(start + CHUNK_BYTES)));
+        }
+    };
+    for range in kept {
+        cut(0, range);
+    }
+    for (i, (p, _)) in model.packed_forms().enumerate() {
+        cut(i + 1, 0..p.as_bytes().len());
+    }
+    let forms: Vec<&[u8]> = model.packed_forms().map(|(p, _)| p.as_bytes()).collect();
+    let bytes = |region: usize| match region {
+        0 => gguf.mapped_bytes(),
+        i => forms[i - 1],
+    };
+    let pieces = parts
+        .into_par_iter()
+        .map(|(region, range)| Piece {
+            leaf: leaf_hash(&bytes(region)[range.clone()]),
+            region,
+            range,
+        })
+        .collect();
+    weights.scrubbing(pieces)
 }
 
 /// Why the models given at start could not be loaded.
@@ -289,5 +389,73 @@ mod tests {
             assert!(message.contains(part), "{message}");
         }
         assert!(load_model(&moe, None, None, PassPlace::Host).is_ok());
+    }
+
+    /// A host model is served from packed copies where the CPU has them
+    /// (AVX-512 VNNI), their resident pages freed: its logits equal the
+    /// command line's (the mapped file, packed by `preload`, whose freed
+    /// pages fault back in), so no pass reads a freed page; and the scrub
+    /// covers exactly the file's other bytes and the copies.
+    #[test]
+    fn a_host_model_is_served_from_packed_copies_and_scrubbed_there() {
+        use crate::engine::Logits;
+        let vnni = bulkhead_kernels::Isa::detect() == bulkhead_kernels::Isa::Avx512Vnni;
+        let cpu = CpuBackend::new(2).unwrap();
+        for file in ["llama-q8_0.gguf", "qwen2-q4_0.gguf", "llama-q4_k_m.gguf"] {
+            let spec = spec(file);
+            let served = load_model(&spec, None, None, PassPlace::Host).unwrap();
+            let cli = Model::open(&spec.path).unwrap();
+            cli.preload(&cpu).unwrap();
+            let packed = served.model.packed_matrices();
+            assert_eq!(packed, cli.packed_matrices(), "{file}");
+            assert_eq!(packed > 0, vnni, "{file}: {packed} packed");
+
+            let tokens = [1, 5, 9, 13, 200, 7, 42, 3];
+            let logits = |m: &Model| {
+                let mut cache = m.new_cache(16);
+                m.forward(&cpu, &mut cache, &tokens, Logits::All).unwrap()
+            };
+            assert_eq!(logits(&served.model), logits(&cli), "{file}");
+
+            let pieces = served.weights.pieces();
+            for p in pieces {
+                let bytes = &served.region(p.region)[p.range.clone()];
+                assert_eq!(leaf_hash(bytes), p.leaf, "{file}: {p:?}");
+            }
+            let len = served.model.gguf().file_len();
+            let in_file: usize = pieces
+                .iter()
+                .filter(|p| p.region == 0)
+                .map(|p| p.range.len())
+                .sum();
+            let copies: usize = served.model.packed_forms().map(|(p, _)| p.bytes()).sum();
+            let in_copies: usize = pieces
+                .iter()
+                .filter(|p| p.region > 0)
+                .map(|p| p.range.len())
+                .sum();
+            assert_eq!(in_copies, copies, "{file}");
+            if !vnni {
+                assert_eq!(in_file, len, "{file}: the whole file is scrubbed");
+                continue;
+            }
+            // Most of the file is packed matrices: their pages were freed
+            // (they read as zeros now) and are not scrubbed.
+            assert!(in_file < len / 2, "{file}: {in_file} of {len} bytes");
+            let resident = served.model.gguf().mapped_bytes();
+            let mut at = 0;
+            for p in pieces.iter().filter(|p| p.region == 0) {
+                let gap = at..p.range.start;
+                assert!(
+                    resident[gap.clone()].iter().all(|&b| b == 0),
+                    "{file}: {gap:?}"
+                );
+                at = p.range.end;
+            }
+            // The model is still named by the file's digest.
+            let on_disk = std::fs::read(&spec.path).unwrap();
+            let digest = bulkhead_protocol::digest::FileDigest::of(&on_disk);
+            assert_eq!(served.weights.chunk_root(), &digest.chunk_root, "{file}");
+        }
     }
 }

@@ -107,6 +107,11 @@ impl PackedMatrix {
         self.data.len()
     }
 
+    /// Every packed byte, in order: what a weight scrub hashes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.data
+    }
+
     /// Whether this is `m` packed: same type and shape (the caller keeps
     /// the pairing; this catches a mix-up, not a different matrix of the
     /// same shape).

@@ -125,7 +125,7 @@ impl Model {
     /// Makes every weight the forward pass reads resident on `backend`'s
     /// device: after this, passes move activations, never weights. On the
     /// CPU, repacks the matrices it has a faster form for
-    /// ([`Backend::pack`]); when the model is the mapped file, the file's
+    /// ([`Model::pack`]); when the model is the mapped file, the file's
     /// pages of a repacked matrix are then dropped, so memory holds one copy
     /// (they are the file's: a later read faults them back in). Call
     /// [`Model::check_backend`] first: a model the device cannot run fails
@@ -133,18 +133,8 @@ impl Model {
     pub fn preload(&self, backend: &dyn Backend) -> Result<(), DeviceError> {
         let g = &self.gguf;
         let w = &self.weights;
-        let tied = w.output.file_range() == w.token_embd.file_range();
-        let mut matrices: Vec<&super::weights::MatrixRef> = vec![&w.output];
-        for l in &w.layers {
-            matrices.extend(l.matrices());
-        }
-        for m in matrices {
-            if let Some(packed) = backend.pack(&m.view(g))
-                && m.set_packed(packed)
-                && !(tied && std::ptr::eq(m, &w.output))
-            {
-                g.release_file_pages(m.file_range());
-            }
+        for range in self.pack(backend) {
+            g.release_file_pages(range);
         }
         let matrix = |m: &super::weights::MatrixRef| backend.preload(WeightRef::Matrix(m.view(g)));
         matrix(&w.token_embd)?;
@@ -160,11 +150,53 @@ impl Model {
         matrix(&w.output)
     }
 
-    /// Matrices a backend repacked at [`Model::preload`].
-    pub fn packed_matrices(&self) -> usize {
+    /// Repacks every matrix `backend` has a faster form for
+    /// ([`Backend::pack`]; the matrices in parallel) and returns the file
+    /// ranges nothing reads any more: those of the packed matrices, less an
+    /// output matrix tied to the embedding table (its rows are still looked
+    /// up). Matrices packed already are left as they are.
+    pub fn pack(&self, backend: &dyn Backend) -> Vec<std::ops::Range<usize>> {
+        use rayon::prelude::*;
+        let g = &self.gguf;
+        let w = &self.weights;
+        let tied = w.output.file_range() == w.token_embd.file_range();
+        let packed: Vec<bool> = self
+            .matrices()
+            .par_iter()
+            .map(|m| match backend.pack(&m.view(g)) {
+                Some(p) => m.set_packed(p),
+                None => false,
+            })
+            .collect();
+        self.matrices()
+            .into_iter()
+            .zip(packed)
+            .filter(|&(m, packed)| packed && !(tied && std::ptr::eq(m, &w.output)))
+            .map(|(m, _)| m.file_range())
+            .collect()
+    }
+
+    /// The matrices a backend may repack, in a fixed order: the output
+    /// projection, then each layer's.
+    fn matrices(&self) -> Vec<&super::weights::MatrixRef> {
         let w = &self.weights;
         let layers = w.layers.iter().flat_map(|l| l.matrices());
-        layers.chain([&w.output]).filter(|m| m.is_packed()).count()
+        std::iter::once(&w.output).chain(layers).collect()
+    }
+
+    /// The packed forms [`Model::pack`] made, in [`Model::matrices`]' order,
+    /// with each matrix's file range.
+    pub fn packed_forms(
+        &self,
+    ) -> impl Iterator<Item = (&bulkhead_kernels::PackedMatrix, std::ops::Range<usize>)> {
+        self.matrices()
+            .into_iter()
+            .filter_map(|m| m.packed().map(|p| (p, m.file_range())))
+    }
+
+    /// Matrices a backend repacked at [`Model::preload`].
+    pub fn packed_matrices(&self) -> usize {
+        self.packed_forms().count()
     }
 
     /// Runs `tokens` through the model after what `cache` already holds,

@@ -40,9 +40,9 @@ impl MatrixRef {
         self.packed.set(packed).is_ok()
     }
 
-    /// Whether a backend repacked this matrix.
-    pub fn is_packed(&self) -> bool {
-        self.packed.get().is_some()
+    /// The form a backend repacked this matrix into, if it did.
+    pub fn packed(&self) -> Option<&PackedMatrix> {
+        self.packed.get()
     }
 
     /// The file's bytes of this matrix.

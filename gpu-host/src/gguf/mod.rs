@@ -85,6 +85,41 @@ impl Gguf {
         };
     }
 
+    /// Frees the whole pages inside `range` of a resident copy
+    /// (`from_resident`) and returns the byte range freed (possibly empty):
+    /// those bytes read as zeros afterwards. Only for a range nothing reads
+    /// again (a matrix whose packed form serves every view of it); the
+    /// weight scrub must then skip it. `None` for a mapped file, whose
+    /// pages [`Gguf::release_file_pages`] drops instead.
+    #[allow(unsafe_code)]
+    pub fn discard_resident_pages(
+        &self,
+        range: std::ops::Range<usize>,
+    ) -> Option<std::ops::Range<usize>> {
+        if self.file_backed || range.end > self.map.len() {
+            return None;
+        }
+        let page = page_size();
+        let start = range.start.next_multiple_of(page);
+        let end = range.end / page * page;
+        if start >= end {
+            return Some(start..start);
+        }
+        // SAFETY: MADV_DONTNEED on private anonymous memory replaces the
+        // pages with zero-filled ones: the memory stays mapped and readable,
+        // so no access can fault or read freed memory. What changes is the
+        // bytes' value, which the caller promises nothing reads (its views
+        // of the range go through the packed copy, and the scrub is told).
+        // A failure leaves the pages as they were.
+        match unsafe {
+            self.map
+                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+        } {
+            Ok(()) => Some(start..end),
+            Err(_) => Some(start..start),
+        }
+    }
+
     /// Parses a file's bytes held in memory (crafted files in tests), in
     /// an anonymous mapping of their own; `path` is kept for messages.
     pub fn from_bytes(path: impl AsRef<Path>, bytes: &[u8]) -> Result<Gguf, GgufError> {
@@ -209,3 +244,8 @@ pub fn type_name(id: u32) -> String {
 
 #[cfg(test)]
 mod tests;
+
+/// The kernel's page size (what `madvise` ranges are aligned to).
+fn page_size() -> usize {
+    rustix::param::page_size()
+}

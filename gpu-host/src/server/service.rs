@@ -225,18 +225,18 @@ impl GpuHost for GpuHostService {
         }
         let req = request.into_inner();
         let model = self.model(&req.model)?;
-        let bytes = model.model.gguf().mapped_bytes();
-        let offset = usize::try_from(req.offset)
+        let file_len = model.model.gguf().file_len();
+        let (bytes, at) = usize::try_from(req.offset)
             .ok()
-            .filter(|&o| o < bytes.len())
+            .and_then(|o| model.served_byte(o))
             .ok_or_else(|| {
                 Status::out_of_range(format!(
-                    "offset {} is past the end ({} bytes)",
-                    req.offset,
-                    bytes.len()
+                    "offset {} is past the end ({file_len} bytes)",
+                    req.offset
                 ))
             })?;
-        flip_resident_bit(bytes, offset)
+        let offset = req.offset;
+        flip_resident_bit(bytes, at)
             .map_err(|e| Status::internal(format!("flipping a bit: {e}")))?;
         eprintln!(
             "TEST HOOK: flipped a bit of `{}` at byte {offset}",

@@ -19,4 +19,4 @@ mod state;
 pub use hook::flip_resident_bit;
 pub use resident::{Expected, LoadError, ResidentFile, load_resident};
 pub use scrub::{ScrubConfig, Scrubbable, Scrubber};
-pub use state::{WeightState, WeightStatus};
+pub use state::{Piece, WeightState, WeightStatus};

@@ -34,7 +34,7 @@ use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant, SystemTime};
 
-use bulkhead_protocol::digest::{CHUNK_BYTES, LeafHasher};
+use bulkhead_protocol::digest::LeafHasher;
 use rustix::thread::{Pid, gettid};
 
 use super::WeightState;
@@ -51,12 +51,14 @@ pub struct ScrubConfig {
     pub min_bytes_per_s: u64,
 }
 
-/// One resident file the scrub can check.
+/// One resident model the scrub can check: the pieces its state lists,
+/// in the regions that hold them.
 pub trait Scrubbable: Send + Sync {
     /// For messages: the model's name.
     fn name(&self) -> &str;
-    /// The resident bytes.
-    fn bytes(&self) -> &[u8];
+    /// Resident bytes by region: 0 is the file's resident copy, 1 and on
+    /// any packed copies of its matrices.
+    fn region(&self, index: usize) -> &[u8];
     fn state(&self) -> &WeightState;
 }
 
@@ -352,9 +354,9 @@ impl<M: Scrubbable + ?Sized> Pass<M> {
         let models = models
             .into_iter()
             .filter(|m| m.state().unavailable_reason().is_none())
-            .filter(|m| !m.state().leaves().is_empty())
+            .filter(|m| !m.state().pieces().is_empty())
             .map(|model| {
-                let n = model.state().leaves().len();
+                let n = model.state().pieces().len();
                 let first = chunks;
                 chunks += n;
                 PassModel {
@@ -479,25 +481,29 @@ where
         if state.unavailable_reason().is_some() {
             continue; // found changed earlier in this pass
         }
-        let bytes = entry.model.bytes();
-        let start = i * CHUNK_BYTES;
-        let chunk = &bytes[start..bytes.len().min(start + CHUNK_BYTES)];
+        let piece = &state.pieces()[i];
+        let chunk = &entry.model.region(piece.region)[piece.range.clone()];
         let mut hasher = LeafHasher::new();
-        for piece in chunk.chunks(style.piece_bytes) {
-            if !wait_for_slot(shared, style, piece.len()) {
+        for part in chunk.chunks(style.piece_bytes) {
+            if !wait_for_slot(shared, style, part.len()) {
                 return false;
             }
             if state.retired() {
                 continue 'chunks; // unloaded mid-pass: no verdict
             }
-            hasher.update(piece);
-            pass.hashed.fetch_add(piece.len() as u64, Ordering::AcqRel);
+            hasher.update(part);
+            pass.hashed.fetch_add(part.len() as u64, Ordering::AcqRel);
         }
-        if hasher.finish() != state.leaves()[i] {
-            let reason = format!(
-                "weights changed while resident: chunk {i} (bytes {start}..{}) no longer matches the hash verified at load",
-                start + chunk.len()
-            );
+        if hasher.finish() != piece.leaf {
+            let (start, end) = (piece.range.start, piece.range.end);
+            let reason = match piece.region {
+                0 => format!(
+                    "weights changed while resident: chunk {i} (bytes {start}..{end}) no longer matches the hash verified at load"
+                ),
+                r => format!(
+                    "weights changed while resident: chunk {i} (bytes {start}..{end} of packed matrix {r}) no longer matches the hash taken when it was packed"
+                ),
+            };
             if state.quarantine(reason.clone()) {
                 (shared.on_mismatch)(&entry.model, &reason);
             }

@@ -1,11 +1,12 @@
 //! What is known about one resident model's weights, shared by the request
 //! path (is it serving?), the scrub (progress, mismatch) and `ListModels`.
 
+use std::ops::Range;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bulkhead_protocol::digest::{Hash, merkle_root};
+use bulkhead_protocol::digest::{CHUNK_BYTES, Hash, merkle_root};
 
 use super::ResidentFile;
 
@@ -18,11 +19,46 @@ pub enum WeightStatus {
     Quarantined(String),
 }
 
+/// A run of resident bytes the scrub re-hashes, and its leaf hash when
+/// it was verified.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// Which of the model's regions holds it ([`super::Scrubbable::region`]):
+    /// 0 is the file's resident copy.
+    pub region: usize,
+    /// Its bytes within that region.
+    pub range: Range<usize>,
+    pub leaf: Hash,
+}
+
+impl Piece {
+    /// `len` bytes of `region` cut into `CHUNK_BYTES` pieces from `at`,
+    /// with their leaves in order.
+    pub fn chunks(region: usize, at: usize, len: usize, leaves: &[Hash]) -> Vec<Piece> {
+        debug_assert_eq!(leaves.len(), len.div_ceil(CHUNK_BYTES));
+        leaves
+            .iter()
+            .enumerate()
+            .map(|(i, leaf)| {
+                let start = at + i * CHUNK_BYTES;
+                Piece {
+                    region,
+                    range: start..(start + CHUNK_BYTES).min(at + len),
+                    leaf: *leaf,
+                }
+            })
+            .collect()
+    }
+}
+
 /// The verification state of one resident file. The request path reads it
 /// with one atomic load; nothing here takes a lock.
 #[derive(Debug)]
 pub struct WeightState {
-    leaves: Vec<Hash>,
+    /// What the scrub re-hashes: the file's chunks as verified, or, once
+    /// some matrices are served from packed copies, the file's other bytes
+    /// and those copies, hashed when they were made.
+    pieces: Vec<Piece>,
     chunk_root: Hash,
     registered: bool,
     quarantine: OnceLock<String>,
@@ -34,24 +70,28 @@ pub struct WeightState {
 }
 
 impl WeightState {
-    /// The state of a file just loaded (verified now).
+    /// The state of a file just loaded (verified now): the scrub re-hashes
+    /// its chunks.
     pub fn new(resident: &ResidentFile) -> WeightState {
         WeightState::from_leaves(
-            resident.leaves.clone(),
+            &resident.leaves,
+            resident.map.len(),
             resident.registered,
             resident.verified_at,
         )
     }
 
-    /// The state of bytes whose chunks hashed to `leaves` at `verified_at`.
+    /// The state of `len` bytes whose chunks hashed to `leaves` at
+    /// `verified_at`.
     pub fn from_leaves(
-        leaves: Vec<Hash>,
+        leaves: &[Hash],
+        len: usize,
         registered: bool,
         verified_at: SystemTime,
     ) -> WeightState {
         WeightState {
-            chunk_root: merkle_root(&leaves),
-            leaves,
+            pieces: Piece::chunks(0, 0, len, leaves),
+            chunk_root: merkle_root(leaves),
             registered,
             quarantine: OnceLock::new(),
             verified_at_ms: AtomicU64::new(unix_ms(verified_at)),
@@ -62,12 +102,18 @@ impl WeightState {
         }
     }
 
-    /// The chunk hashes verified at load.
-    pub fn leaves(&self) -> &[Hash] {
-        &self.leaves
+    /// This state with the scrub re-hashing `pieces` instead (the file
+    /// verified as before: [`Self::chunk_root`] is unchanged).
+    pub fn scrubbing(self, pieces: Vec<Piece>) -> WeightState {
+        WeightState { pieces, ..self }
     }
 
-    /// The Merkle root over [`Self::leaves`].
+    /// What the scrub re-hashes.
+    pub fn pieces(&self) -> &[Piece] {
+        &self.pieces
+    }
+
+    /// The Merkle root over the file's chunks, as verified at load.
     pub fn chunk_root(&self) -> &Hash {
         &self.chunk_root
     }

@@ -44,6 +44,8 @@ struct Args {
     concurrency: Vec<usize>,
     weights: GgmlType,
     isas: Vec<Isa>,
+    /// Repack the weights as `serve` does (on a VNNI backend).
+    pack: bool,
 }
 
 fn args() -> Args {
@@ -54,9 +56,14 @@ fn args() -> Args {
         concurrency: vec![1, 4, 16, 32],
         weights: GgmlType::Q8_0,
         isas: vec![Isa::detect()],
+        pack: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--no-pack" {
+            a.pack = false;
+            continue;
+        }
         let value = it.next().unwrap_or_default();
         match flag.as_str() {
             "--threads" => a.threads = value.parse().expect("--threads N"),
@@ -346,10 +353,16 @@ fn main() {
             CpuBackend::with_isa(a.threads, isa).unwrap_or_else(|e| panic!("--isa {isa:?}: {e}"))
         })
         .collect();
+    // As `serve` does: the matrices the VNNI kernels have a packed form for
+    // are repacked once (the file's pages stay, for the other backends).
+    let packed = match backends.iter().find(|b| b.name().contains("vnni")) {
+        Some(vnni) if a.pack => model.pack(vnni).len(),
+        _ => 0,
+    };
     let bytes = std::fs::metadata(&path).unwrap().len();
     let names: Vec<String> = backends.iter().map(|b| b.name()).collect();
     println!(
-        "model {} ({:.0} MB, {} layers, dim {}, ffn {}), backends {} × {} threads, max_tokens {}, repeats {} (median)",
+        "model {} ({:.0} MB, {} layers, dim {}, ffn {}, {packed} matrices packed), backends {} × {} threads, max_tokens {}, repeats {} (median)",
         path.display(),
         bytes as f64 / 1e6,
         LAYERS,

@@ -1,7 +1,9 @@
 use std::sync::mpsc::channel;
 use std::sync::{Condvar, Mutex};
 
-use bulkhead_protocol::digest::chunk_leaves;
+use bulkhead_protocol::digest::{CHUNK_BYTES, chunk_leaves, leaf_hash};
+
+use super::super::Piece;
 
 use super::super::WeightStatus;
 
@@ -43,7 +45,8 @@ impl Scrubbable for Fake {
     fn name(&self) -> &str {
         "fake"
     }
-    fn bytes(&self) -> &[u8] {
+    fn region(&self, index: usize) -> &[u8] {
+        assert_eq!(index, 0, "a fake has one region");
         match std::thread::current().name() {
             Some("weight-scrub") => {
                 self.hasher_reads.fetch_add(1, Ordering::SeqCst);
@@ -72,7 +75,12 @@ fn gated(bytes: Vec<u8>) -> Arc<Fake> {
 }
 
 fn build(verified: &[u8], now: Vec<u8>, gate: Option<Gate>) -> Fake {
-    let state = WeightState::from_leaves(chunk_leaves(verified), true, SystemTime::UNIX_EPOCH);
+    let state = WeightState::from_leaves(
+        &chunk_leaves(verified),
+        verified.len(),
+        true,
+        SystemTime::UNIX_EPOCH,
+    );
     Fake {
         bytes: now,
         state,
@@ -131,6 +139,119 @@ const FAST: ScrubConfig = ScrubConfig {
     bytes_per_s: u64::MAX,
     min_bytes_per_s: u64::MAX,
 };
+
+/// A model served partly from a packed copy: the file with a hole (its
+/// packed matrix's pages, freed) and the copy, each hashed in pieces.
+struct Packed {
+    file: Vec<u8>,
+    copy: Vec<u8>,
+    state: WeightState,
+}
+
+impl Scrubbable for Packed {
+    fn name(&self) -> &str {
+        "packed"
+    }
+    fn region(&self, index: usize) -> &[u8] {
+        [&self.file, &self.copy][index]
+    }
+    fn state(&self) -> &WeightState {
+        &self.state
+    }
+}
+
+/// `file` with bytes `hole` no longer scrubbed and `copy` scrubbed instead,
+/// as verified; then `change` applied to what is resident.
+fn packed(
+    file: Vec<u8>,
+    hole: std::ops::Range<usize>,
+    copy: Vec<u8>,
+    change: impl FnOnce(&mut Vec<u8>, &mut Vec<u8>),
+) -> Arc<Packed> {
+    let piece = |region, range: std::ops::Range<usize>, bytes: &[u8]| Piece {
+        region,
+        leaf: leaf_hash(&bytes[range.clone()]),
+        range,
+    };
+    let mut pieces = vec![
+        piece(0, 0..hole.start, &file),
+        piece(0, hole.end..file.len(), &file),
+    ];
+    for start in (0..copy.len()).step_by(CHUNK_BYTES) {
+        pieces.push(piece(1, start..copy.len().min(start + CHUNK_BYTES), &copy));
+    }
+    let state = WeightState::from_leaves(
+        &chunk_leaves(&file),
+        file.len(),
+        true,
+        SystemTime::UNIX_EPOCH,
+    )
+    .scrubbing(pieces);
+    let (mut file, mut copy) = (file, copy);
+    change(&mut file, &mut copy);
+    Arc::new(Packed { file, copy, state })
+}
+
+#[test]
+fn a_packed_copy_is_scrubbed_in_place_of_the_bytes_it_replaced() {
+    bounded(|| {
+        let file = sample(CHUNK_BYTES + 5000);
+        let copy = sample(CHUNK_BYTES + 77);
+        let root = *WeightState::from_leaves(
+            &chunk_leaves(&file),
+            file.len(),
+            true,
+            SystemTime::UNIX_EPOCH,
+        )
+        .chunk_root();
+        // The hole's bytes are freed (zero) and no longer checked: passes
+        // complete, over the rest of the file and the whole copy.
+        let intact = packed(file.clone(), 1000..CHUNK_BYTES, copy.clone(), |f, _| {
+            f[1000..CHUNK_BYTES].fill(0)
+        });
+        assert_eq!(
+            intact.state.chunk_root(),
+            &root,
+            "the file's digest is kept"
+        );
+        let listed = intact.clone();
+        let scrub = Scrubber::start(
+            FAST,
+            move || vec![listed.clone()],
+            |_: &Packed, why: &str| panic!("quarantined an intact model: {why}"),
+        )
+        .unwrap();
+        assert!(eventually(|| intact.state.passes() >= 2));
+        drop(scrub);
+        let per_pass = (file.len() - (CHUNK_BYTES - 1000) + copy.len()) as u64;
+        let listed: usize = intact.state.pieces().iter().map(|p| p.range.len()).sum();
+        assert_eq!(listed as u64, per_pass);
+        assert!(intact.state.scrubbed_bytes() >= 2 * per_pass);
+        assert_eq!(intact.state.status(), WeightStatus::Serving);
+
+        // One bit of the copy's last piece changes: named as the copy's.
+        let changed = packed(file, 1000..CHUNK_BYTES, copy, |_, c| {
+            c[CHUNK_BYTES + 3] ^= 4
+        });
+        let (tx, rx) = channel();
+        let listed = changed.clone();
+        let _scrub = Scrubber::start(
+            FAST,
+            move || vec![listed.clone()],
+            move |_: &Packed, why: &str| {
+                tx.send(why.to_string()).unwrap();
+            },
+        )
+        .unwrap();
+        let why = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        let want = format!(
+            "chunk 3 (bytes {CHUNK_BYTES}..{} of packed matrix 1)",
+            CHUNK_BYTES + 77
+        );
+        assert!(why.contains(&want), "{why}");
+        assert_eq!(changed.state.status(), WeightStatus::Quarantined(why));
+    });
+}
 
 #[test]
 fn a_changed_chunk_quarantines_the_model_and_names_the_chunk() {

@@ -212,16 +212,19 @@ fn pack(model: &Model, weights: WeightState) -> WeightState {
     let Ok(cpu) = CpuBackend::new(1) else {
         return weights; // no packing: the passes read the file's bytes
     };
-    let packed = model.pack(&cpu);
-    if packed.is_empty() {
+    let gguf = model.gguf();
+    let freed = std::sync::Mutex::new(Vec::new());
+    let packed = model.pack(&cpu, |range| {
+        if let Some(range) = gguf.discard_resident_pages(range)
+            && !range.is_empty()
+        {
+            freed.lock().unwrap_or_else(|e| e.into_inner()).push(range);
+        }
+    });
+    if packed == 0 {
         return weights;
     }
-    let gguf = model.gguf();
-    let mut freed: Vec<Range<usize>> = packed
-        .into_iter()
-        .filter_map(|range| gguf.discard_resident_pages(range))
-        .filter(|range| !range.is_empty())
-        .collect();
+    let mut freed = freed.into_inner().unwrap_or_else(|e| e.into_inner());
     freed.sort_by_key(|r| r.start);
     // What is still read of the file: the gaps between freed ranges.
     let mut kept = Vec::new();

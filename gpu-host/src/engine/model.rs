@@ -133,9 +133,7 @@ impl Model {
     pub fn preload(&self, backend: &dyn Backend) -> Result<(), DeviceError> {
         let g = &self.gguf;
         let w = &self.weights;
-        for range in self.pack(backend) {
-            g.release_file_pages(range);
-        }
+        self.pack(backend, |range| g.release_file_pages(range));
         let matrix = |m: &super::weights::MatrixRef| backend.preload(WeightRef::Matrix(m.view(g)));
         matrix(&w.token_embd)?;
         for l in &w.layers {
@@ -151,29 +149,31 @@ impl Model {
     }
 
     /// Repacks every matrix `backend` has a faster form for
-    /// ([`Backend::pack`]; the matrices in parallel) and returns the file
-    /// ranges nothing reads any more: those of the packed matrices, less an
-    /// output matrix tied to the embedding table (its rows are still looked
-    /// up). Matrices packed already are left as they are.
-    pub fn pack(&self, backend: &dyn Backend) -> Vec<std::ops::Range<usize>> {
+    /// ([`Backend::pack`]; the matrices in parallel) and calls `unused`
+    /// with each file range nothing reads any more, as soon as its matrix
+    /// is packed (so memory never holds both forms of every matrix): those
+    /// of the packed matrices, less an output matrix tied to the embedding
+    /// table (its rows are still looked up). Matrices packed already are
+    /// left as they are. Returns how many it packed.
+    pub fn pack(
+        &self,
+        backend: &dyn Backend,
+        unused: impl Fn(std::ops::Range<usize>) + Sync,
+    ) -> usize {
         use rayon::prelude::*;
         let g = &self.gguf;
         let w = &self.weights;
         let tied = w.output.file_range() == w.token_embd.file_range();
-        let packed: Vec<bool> = self
-            .matrices()
-            .par_iter()
-            .map(|m| match backend.pack(&m.view(g)) {
-                Some(p) => m.set_packed(p),
-                None => false,
-            })
-            .collect();
         self.matrices()
-            .into_iter()
-            .zip(packed)
-            .filter(|&(m, packed)| packed && !(tied && std::ptr::eq(m, &w.output)))
-            .map(|(m, _)| m.file_range())
-            .collect()
+            .par_iter()
+            .filter(|m| {
+                let packed = backend.pack(&m.view(g)).is_some_and(|p| m.set_packed(p));
+                if packed && !(tied && std::ptr::eq(**m, &w.output)) {
+                    unused(m.file_range());
+                }
+                packed
+            })
+            .count()
     }
 
     /// The matrices a backend may repack, in a fixed order: the output

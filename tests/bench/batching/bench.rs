@@ -356,7 +356,7 @@ fn main() {
     // As `serve` does: the matrices the VNNI kernels have a packed form for
     // are repacked once (the file's pages stay, for the other backends).
     let packed = match backends.iter().find(|b| b.name().contains("vnni")) {
-        Some(vnni) if a.pack => model.pack(vnni).len(),
+        Some(vnni) if a.pack => model.pack(vnni, |_| {}),
         _ => 0,
     };
     let bytes = std::fs::metadata(&path).unwrap().len();

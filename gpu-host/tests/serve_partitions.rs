@@ -326,7 +326,10 @@ async fn weights_three_to_one_give_three_quarters_of_the_decode_tokens() {
     let stop = Arc::new(AtomicBool::new(false));
     let tokens: Arc<[AtomicU64; 2]> = Arc::default();
     let mut floods = Vec::new();
-    for _ in 0..4 {
+    // Each tenant's four streams have different lengths, so they do not
+    // all end (and wait for their client to ask again) at the same step;
+    // the lengths are the same for both tenants.
+    for length in [96, 128, 160, 192] {
         for (i, tenant) in ["heavy", "light"].into_iter().enumerate() {
             let (mut client, stop, tokens) = (client.clone(), stop.clone(), tokens.clone());
             floods.push(tokio::spawn(async move {
@@ -334,7 +337,7 @@ async fn weights_three_to_one_give_three_quarters_of_the_decode_tokens() {
                     let mut stream = client
                         .generate(v1::GenerateRequest {
                             temperature: Some(0.0),
-                            ..request(tenant, 128)
+                            ..request(tenant, length)
                         })
                         .await
                         .unwrap()

@@ -67,6 +67,8 @@ pub enum ServeError {
     },
     #[error("watching the policy folder: {0}")]
     Watch(String),
+    #[error("the shared limit store: {0}")]
+    LimitStore(String),
     #[error("starting the plugin engine: {0}")]
     PluginEngine(#[from] PluginError),
     #[error(transparent)]
@@ -211,8 +213,21 @@ pub async fn serve(
 
     let model_watch =
         crate::upstream::watch_models(upstream.clone(), Arc::clone(&metrics), audit.clone());
+    let shared_limits = match &gateway.limit_store {
+        crate::limits::LimitStore::Memory => None,
+        crate::limits::LimitStore::Redis(store) => Some(
+            crate::limits::SharedLimits::connect(
+                store.clone(),
+                metrics.limit_store_errors.clone(),
+                metrics.limit_store_up.clone(),
+            )
+            .await
+            .map_err(ServeError::LimitStore)?,
+        ),
+    };
     let app = App {
         snapshot,
+        shared_limits,
         upstream: upstream.clone(),
         models,
         metrics: Arc::clone(&metrics),
@@ -435,11 +450,12 @@ fn warn_restart_only_changes(running: &policy::GatewaySettings, new: &policy::Ga
         || running.plugins.max_concurrent_calls != new.plugins.max_concurrent_calls
         || running.audit != new.audit
         || running.models_registry != new.models_registry
+        || running.limit_store != new.limit_store
     {
         tracing::warn!(
             "gateway.toml changed listen, [admin] listen, max_body_bytes, the upstream, the plugin store or \
-             max_concurrent_calls, the audit log or the model registry; those take effect at \
-             the next restart (the rest, models included, is live)"
+             max_concurrent_calls, the audit log, the model registry or the [limits] store; \
+             those take effect at the next restart (the rest, models included, is live)"
         );
     }
 }

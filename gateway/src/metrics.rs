@@ -158,6 +158,13 @@ pub struct Metrics {
     pub audit_entries: Gauge,
     pub audit_bytes: Gauge,
     pub audit_failed: Gauge,
+    /// `[limits] store` calls that failed or timed out.
+    pub limit_store_errors: Counter,
+    /// 1 while the shared limit store answers (absent without one).
+    pub limit_store_up: Gauge,
+    /// Admissions decided by this replica's own limiters because the
+    /// shared store did not answer.
+    pub limit_store_fallbacks: Family<TenantLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -385,6 +392,24 @@ impl Metrics {
              dedicated partition's CPUs)",
             lane_connections.clone(),
         );
+        let limit_store_errors = Counter::default();
+        registry.register(
+            "limit_store_errors",
+            "Calls to the shared limit store ([limits] store) that failed or timed out",
+            limit_store_errors.clone(),
+        );
+        let limit_store_up = Gauge::default();
+        registry.register(
+            "limit_store_up",
+            "1 while the shared limit store answers, 0 while admission falls back",
+            limit_store_up.clone(),
+        );
+        let limit_store_fallbacks = Family::<TenantLabels, Counter>::default();
+        registry.register(
+            "limit_store_fallbacks",
+            "Admissions decided by this replica's own limiters while the shared store was down",
+            limit_store_fallbacks.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -422,6 +447,9 @@ impl Metrics {
             audit_entries,
             audit_bytes,
             audit_failed,
+            limit_store_errors,
+            limit_store_up,
+            limit_store_fallbacks,
         }
     }
 

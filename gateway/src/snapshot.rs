@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use crate::auth::Verifiers;
-use crate::limits::{LimitClock, Limiters};
+use crate::limits::{LimitClock, Limiters, Limits};
 use crate::policy::{self, Policy, PolicyErrors};
 
 /// Everything a request reads from the control plane, published as one
@@ -16,6 +16,9 @@ pub struct Snapshot {
     pub policy: Policy,
     pub verifiers: Verifiers,
     pub limiters: Limiters,
+    /// The limiters enforce 1/`limit_share` of each tenant's limits (1
+    /// with the memory store; `replicas` as a shared store's fallback).
+    pub limit_share: u32,
 }
 
 /// Loads and validates a policy folder into a snapshot: the policy, its
@@ -24,13 +27,27 @@ pub struct Snapshot {
 pub fn build_snapshot(dir: &Path, previous: Option<&Snapshot>) -> Result<Snapshot, PolicyErrors> {
     let policy = policy::load(dir)?;
     let verifiers = Verifiers::build(&policy.auth()).map_err(PolicyErrors)?;
+    // With a shared store these limiters are the fallback, each replica's
+    // share; with the memory store, the whole limits. The store is read at
+    // start only, and so is the share: a reload that changes `[limits]`
+    // takes effect at the next restart, all of it.
+    let limit_share = previous.map_or_else(
+        || policy.gateway.limit_store.local_share(),
+        |previous| previous.limit_share,
+    );
+    let local: Vec<(&str, Limits)> = policy
+        .limits()
+        .map(|(id, limits)| (id, limits.share(limit_share)))
+        .collect();
+    let local = local.iter().map(|(id, limits)| (*id, limits));
     let limiters = match previous {
-        Some(previous) => previous.limiters.reconcile(policy.limits()),
-        None => Limiters::new(policy.limits(), LimitClock::monotonic()),
+        Some(previous) => previous.limiters.reconcile(local),
+        None => Limiters::new(local, LimitClock::monotonic()),
     };
     Ok(Snapshot {
         policy,
         verifiers,
         limiters,
+        limit_share,
     })
 }

@@ -32,8 +32,8 @@ use super::respond::ResponseMeta;
 use super::{App, random_seed, request_id};
 use crate::Snapshot;
 use crate::audit::time::Timestamp;
-use crate::limits::{Admission, day_of};
-use crate::metrics::RequestLabels;
+use crate::limits::{Admission, OnStoreError, StoreUnavailable, day_of};
+use crate::metrics::{RequestLabels, TenantLabels};
 use crate::pipeline::{Hooks, TenantRules, effective_max_tokens};
 use crate::policy::TenantPolicy;
 use crate::upstream::Generate;
@@ -180,7 +180,7 @@ async fn serve(
         &app.metrics,
         &app.plugin_gate,
     )?;
-    let admitted = admit(validated, &snapshot, identity.sub.as_deref(), &call)?;
+    let admitted = admit(validated, &snapshot, identity.sub.as_deref(), &call).await?;
     let rate_headers = header_map(admitted.admission.headers().to_header_pairs());
     let result = async {
         let processed = process(admitted, hooks, &call).await?;
@@ -197,18 +197,48 @@ async fn serve(
 }
 
 /// Admission: the request's estimate (prompt bound + `max_tokens`) against
-/// the tenant's limits in `snapshot`.
-fn admit<'a>(
+/// the tenant's limits: in the shared store when there is one and it
+/// answers, else in `snapshot`'s limiters (this replica's share of them),
+/// or refused, as `on_store_error` says.
+async fn admit<'a>(
     validated: Validated<'a>,
     snapshot: &Snapshot,
     sub: Option<&str>,
-    call: &Call,
+    call: &Call<'_>,
 ) -> Result<Admitted<'a>, ApiError> {
     let estimate = validated.request.prompt_token_bound() + u64::from(validated.max_tokens);
-    let admission = snapshot
-        .limiters
-        .admit(&validated.tenant.id, sub, estimate)
-        .map_err(ApiError::from)?;
+    let tenant = &validated.tenant.id;
+    let decided = match &call.app.shared_limits {
+        None => snapshot.limiters.admit(tenant, sub, estimate),
+        Some(shared) => match shared
+            .admit(tenant, &validated.tenant.limits, sub, estimate)
+            .await
+        {
+            Ok(decided) => decided,
+            Err(StoreUnavailable) => match shared.on_error() {
+                OnStoreError::Local => {
+                    let labels = TenantLabels {
+                        tenant: tenant.clone(),
+                    };
+                    call.app
+                        .metrics
+                        .limit_store_fallbacks
+                        .get_or_create(&labels)
+                        .inc();
+                    snapshot.limiters.admit(tenant, sub, estimate)
+                }
+                OnStoreError::Deny => {
+                    return Err(ApiError::unavailable(
+                        "limits_unavailable",
+                        "the rate-limit store is not answering, so no request can be \
+                         admitted now; retry shortly",
+                    )
+                    .with_headers(header_map(vec![("retry-after", "1".into())])));
+                }
+            },
+        },
+    };
+    let admission = decided.map_err(ApiError::from)?;
     let deadline =
         tokio::time::Instant::from_std(call.started_at + snapshot.policy.gateway.request_timeout);
     Ok(Admitted {

@@ -45,6 +45,9 @@ pub use routes::{Access, Listener, Method, ROUTES, Route};
 #[derive(Clone, Debug)]
 pub struct App {
     pub snapshot: Arc<ArcSwap<Snapshot>>,
+    /// `[limits] store` in Redis: admission asks it first (`None`: the
+    /// snapshot's limiters decide alone).
+    pub shared_limits: Option<crate::limits::SharedLimits>,
     /// The gpu-host, ready once it listens and the configured models are
     /// loaded.
     pub upstream: Upstream,

@@ -32,4 +32,18 @@ impl Limits {
         max_tokens: 512,
         per_sub: false,
     };
+
+    /// One of `n` replicas' part when each enforces its own: 1/`n` of
+    /// every rate and count, rounded down (so the parts never add up to
+    /// more) but at least 1. The per-request limits stay whole.
+    pub fn share(&self, n: u32) -> Limits {
+        let n = n.max(1);
+        Limits {
+            requests_per_s: (self.requests_per_s / n).max(1),
+            burst: (self.burst / n).max(1),
+            tokens_per_min: (self.tokens_per_min / u64::from(n)).max(1),
+            max_concurrent: (self.max_concurrent / n).max(1),
+            ..*self
+        }
+    }
 }

@@ -37,6 +37,8 @@ mod config;
 mod headers;
 mod requests;
 mod shape;
+mod shared;
+mod store;
 mod tenant;
 mod tokens;
 mod usage;
@@ -56,6 +58,8 @@ pub use config::Limits;
 pub use headers::{RateLimitHeaders, format_reset, retry_after_secs};
 pub use requests::MAX_SUBJECTS_PER_TENANT;
 pub use shape::{ShapeError, check_request_shape};
+pub use shared::{SharedLimits, StoreUnavailable};
+pub use store::{LimitStore, OnStoreError, RedisStore};
 pub use tokens::TokenReservation;
 pub use usage::{Day, KEPT_DAYS, RequestUsage, Totals, UsageBook, day_of, day_text};
 
@@ -140,7 +144,18 @@ impl Limiters {
 pub struct Admission {
     headers: RateLimitHeaders,
     tokens: TokenReservation,
-    _slot: ConcurrencyGuard,
+    _slot: Slot,
+}
+
+/// An admitted request's place among the tenant's requests in flight,
+/// held for its `Drop`, which releases it.
+#[derive(Debug)]
+#[expect(dead_code, reason = "held only to be dropped")]
+enum Slot {
+    /// Counted in this process.
+    Local(ConcurrencyGuard),
+    /// A lease in the shared store, renewed while held.
+    Shared(shared::Lease),
 }
 
 impl Admission {

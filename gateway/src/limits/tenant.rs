@@ -2,6 +2,7 @@
 //! concurrency → tokens.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::Limits;
 use super::clock::LimitClock;
@@ -9,7 +10,7 @@ use super::concurrency::ConcurrencyLimiter;
 use super::headers::{RateLimitHeaders, retry_after_secs};
 use super::requests::{RequestDenied, RequestLimiter, RequestState};
 use super::tokens::{TokenBucket, TokenDenied, TokenState};
-use super::{Admission, RejectReason, Rejection};
+use super::{Admission, RejectReason, Rejection, Slot};
 
 /// A tenant's limiters. Cheap to clone: each part is shared, so a reload
 /// can keep some parts (and their state) and replace others.
@@ -68,18 +69,11 @@ impl TenantLimiter {
         let requests = match self.requests.check(sub) {
             Ok(state) => state,
             Err(RequestDenied::Rate { retry_after, state }) => {
-                let message = format!(
-                    "{} is over its request rate of {}/s (burst {}); retry in {}s",
-                    self.who(sub),
+                return Err(rate_rejection(
+                    &self.who(sub),
                     self.requests_per_s,
-                    state.limit,
-                    retry_after_secs(retry_after),
-                );
-                return Err(self.reject(
-                    RejectReason::RequestRate,
-                    Some(retry_after),
-                    state,
-                    message,
+                    retry_after,
+                    headers(state, self.tokens.peek()),
                 ));
             }
             Err(RequestDenied::TooManySubjects { retry_after, max }) => {
@@ -94,100 +88,146 @@ impl TenantLimiter {
                     self.id,
                     retry_after_secs(retry_after),
                 );
-                return Err(self.reject(
-                    RejectReason::TooManySubjects,
-                    Some(retry_after),
-                    state,
+                return Err(Rejection {
+                    reason: RejectReason::TooManySubjects,
+                    retry_after: Some(retry_after),
+                    headers: headers(state, self.tokens.peek()),
                     message,
-                ));
+                });
             }
         };
         let Some(slot) = self.concurrency.try_acquire() else {
-            let message = format!(
-                "tenant `{}` already has {} requests in flight, its limit; retry when one finishes",
-                self.id,
+            return Err(concurrency_rejection(
+                &self.id,
                 self.concurrency.max(),
-            );
-            // A slot frees when one of the tenant's requests ends, which
-            // nothing here can foresee; a second is the shortest wait
-            // `Retry-After` can say, so clients poll at that pace.
-            return Err(self.reject(
-                RejectReason::Concurrency,
-                Some(CONCURRENCY_RETRY_AFTER),
-                requests,
-                message,
+                headers(requests, self.tokens.peek()),
             ));
         };
         match self.tokens.reserve(estimated_tokens) {
             Ok((tokens, token_state)) => Ok(Admission {
                 headers: headers(requests, token_state),
                 tokens,
-                _slot: slot,
+                _slot: Slot::Local(slot),
             }),
-            Err(TokenDenied::NeverFits { state }) => {
-                let message = format!(
-                    "this request needs {estimated_tokens} tokens (prompt + max_tokens), more than \
-                     tenant `{}`'s whole budget of {} tokens per minute; lower max_tokens or \
-                     shorten the prompt",
-                    self.id, state.limit,
-                );
-                Err(Rejection {
-                    reason: RejectReason::TooManyTokens,
-                    retry_after: None,
-                    headers: headers(requests, state),
-                    message,
-                })
-            }
+            Err(TokenDenied::NeverFits { state }) => Err(never_fits_rejection(
+                &self.id,
+                estimated_tokens,
+                headers(requests, state),
+            )),
             Err(TokenDenied::Short {
                 available,
                 retry_after,
                 state,
-            }) => {
-                let message = format!(
-                    "tenant `{}` is over its token rate: this request needs {estimated_tokens} \
-                     tokens, {available} are available; retry in {}s",
-                    self.id,
-                    retry_after_secs(retry_after),
-                );
-                Err(Rejection {
-                    reason: RejectReason::TokenRate,
-                    retry_after: Some(retry_after),
-                    headers: headers(requests, state),
-                    message,
-                })
-            }
-        }
-    }
-
-    /// A refusal before the token check, with the token headers as they are.
-    fn reject(
-        &self,
-        reason: RejectReason,
-        retry_after: Option<std::time::Duration>,
-        requests: RequestState,
-        message: String,
-    ) -> Rejection {
-        Rejection {
-            reason,
-            retry_after,
-            headers: headers(requests, self.tokens.peek()),
-            message,
+            }) => Err(token_rate_rejection(
+                &self.id,
+                estimated_tokens,
+                available,
+                retry_after,
+                headers(requests, state),
+            )),
         }
     }
 
     /// Whose request limit it is, for messages.
     fn who(&self, sub: Option<&str>) -> String {
-        match sub {
-            Some(sub) if self.requests.per_subject() => {
-                format!("subject `{sub}` of tenant `{}`", self.id)
-            }
-            _ => format!("tenant `{}`", self.id),
-        }
+        who(&self.id, sub, self.requests.per_subject())
     }
 }
 
-/// `Retry-After` of a request refused for `max_concurrent`.
-const CONCURRENCY_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+/// Whose request limit it is, for messages: the subject's when limits are
+/// per subject, else the tenant's.
+pub(super) fn who(tenant: &str, sub: Option<&str>, per_sub: bool) -> String {
+    match sub {
+        Some(sub) if per_sub => format!("subject `{sub}` of tenant `{tenant}`"),
+        _ => format!("tenant `{tenant}`"),
+    }
+}
+
+/// `Retry-After` of a request refused for `max_concurrent`: a slot frees
+/// when one of the tenant's requests ends, which nothing here can foresee;
+/// a second is the shortest wait `Retry-After` can say, so clients poll at
+/// that pace.
+const CONCURRENCY_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+// The refusals, worded the same whichever store decided them.
+
+/// Over the request rate; `who` is the tenant or its subject.
+pub(super) fn rate_rejection(
+    who: &str,
+    requests_per_s: u32,
+    retry_after: Duration,
+    headers: RateLimitHeaders,
+) -> Rejection {
+    let message = format!(
+        "{who} is over its request rate of {requests_per_s}/s (burst {}); retry in {}s",
+        headers.limit_requests,
+        retry_after_secs(retry_after),
+    );
+    Rejection {
+        reason: RejectReason::RequestRate,
+        retry_after: Some(retry_after),
+        headers,
+        message,
+    }
+}
+
+/// `max_concurrent` requests already in flight.
+pub(super) fn concurrency_rejection(
+    tenant: &str,
+    max_concurrent: u32,
+    headers: RateLimitHeaders,
+) -> Rejection {
+    Rejection {
+        reason: RejectReason::Concurrency,
+        retry_after: Some(CONCURRENCY_RETRY_AFTER),
+        headers,
+        message: format!(
+            "tenant `{tenant}` already has {max_concurrent} requests in flight, its limit; \
+             retry when one finishes"
+        ),
+    }
+}
+
+/// The request alone needs more than a minute's tokens.
+pub(super) fn never_fits_rejection(
+    tenant: &str,
+    estimated_tokens: u64,
+    headers: RateLimitHeaders,
+) -> Rejection {
+    let message = format!(
+        "this request needs {estimated_tokens} tokens (prompt + max_tokens), more than \
+         tenant `{tenant}`'s whole budget of {} tokens per minute; lower max_tokens or \
+         shorten the prompt",
+        headers.limit_tokens,
+    );
+    Rejection {
+        reason: RejectReason::TooManyTokens,
+        retry_after: None,
+        headers,
+        message,
+    }
+}
+
+/// Not enough tokens now.
+pub(super) fn token_rate_rejection(
+    tenant: &str,
+    estimated_tokens: u64,
+    available: u64,
+    retry_after: Duration,
+    headers: RateLimitHeaders,
+) -> Rejection {
+    let message = format!(
+        "tenant `{tenant}` is over its token rate: this request needs {estimated_tokens} \
+         tokens, {available} are available; retry in {}s",
+        retry_after_secs(retry_after),
+    );
+    Rejection {
+        reason: RejectReason::TokenRate,
+        retry_after: Some(retry_after),
+        headers,
+        message,
+    }
+}
 
 fn headers(requests: RequestState, tokens: TokenState) -> RateLimitHeaders {
     RateLimitHeaders {

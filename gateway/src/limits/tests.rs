@@ -371,6 +371,7 @@ fn builds_from_a_policy() {
                     .expect("address"),
             ),
             connections: crate::policy::ConnectionLimits::DEFAULT,
+            limit_store: crate::limits::LimitStore::Memory,
             max_body_bytes: 1 << 20,
             request_timeout: Duration::from_secs(60),
             jwt_leeway: Duration::from_secs(30),

@@ -106,11 +106,7 @@ impl TokenBucket {
         level.scaled -= cost;
         let state = self.state(&level);
         drop(level);
-        let reservation = TokenReservation {
-            bucket: Arc::clone(self),
-            reserved: AtomicU64::new(needed),
-            used: AtomicU64::new(0),
-        };
+        let reservation = TokenReservation::new(Bucket::Local(Arc::clone(self)), needed);
         Ok((reservation, state))
     }
 
@@ -184,12 +180,47 @@ fn whole_tokens(scaled: i128) -> u64 {
 /// (see the module docs). Shareable: all methods take `&self`.
 #[derive(Debug)]
 pub struct TokenReservation {
-    bucket: Arc<TokenBucket>,
+    bucket: Bucket,
     reserved: AtomicU64,
     used: AtomicU64,
 }
 
+/// Where a reservation settles.
+#[derive(Debug)]
+pub(super) enum Bucket {
+    /// This process's bucket.
+    Local(Arc<TokenBucket>),
+    /// The tenant's bucket in a shared store.
+    Shared(Box<dyn Settle>),
+}
+
+/// A bucket kept elsewhere (the shared store's): takes a settlement
+/// without blocking.
+pub(super) trait Settle: std::fmt::Debug + Send + Sync {
+    /// Gives `tokens` back, or charges them when negative.
+    fn settle(&self, tokens: i128);
+}
+
+impl Bucket {
+    /// Gives `tokens` back, or charges them when negative.
+    fn settle(&self, tokens: i128) {
+        match self {
+            Bucket::Local(bucket) => bucket.settle(tokens),
+            Bucket::Shared(sink) => sink.settle(tokens),
+        }
+    }
+}
+
 impl TokenReservation {
+    /// `reserved` tokens already taken from `bucket`.
+    pub(super) fn new(bucket: Bucket, reserved: u64) -> TokenReservation {
+        TokenReservation {
+            bucket,
+            reserved: AtomicU64::new(reserved),
+            used: AtomicU64::new(0),
+        }
+    }
+
     /// Tokens currently held for this request.
     pub fn reserved(&self) -> u64 {
         self.reserved.load(Ordering::Acquire)

@@ -43,6 +43,32 @@ pub struct GatewayFile {
     pub operator: Option<OperatorFile>,
     /// Limits on client connections (`[connections]`).
     pub connections: Option<ConnectionsFile>,
+    /// Where tenants' limits are kept (`[limits]`).
+    pub limits: Option<LimitStoreFile>,
+}
+
+/// `[limits]` in `gateway.toml`: where tenants' limit state lives. Read at
+/// start only.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitStoreFile {
+    /// `"memory"` (default) or `redis://HOST:PORT/DB` / `rediss://...`.
+    pub store: Option<Spanned<String>>,
+    /// The Redis password (or ACL user's), never in the URL.
+    pub password_file: Option<Spanned<PathBuf>>,
+    /// PEM roots for `rediss://` instead of the system's.
+    pub tls_ca: Option<Spanned<PathBuf>>,
+    /// What every key starts with (default `bulkhead`).
+    pub key_prefix: Option<Spanned<String>>,
+    /// Gateway replicas sharing the store: each falls back to 1/N.
+    pub replicas: Option<Spanned<u32>>,
+    /// `"local"` (default) or `"deny"`.
+    pub on_store_error: Option<Spanned<String>>,
+    /// Longest a request waits on the store (default 20).
+    pub store_timeout_ms: Option<Spanned<u64>>,
+    /// Concurrency leases lapse this long after their last renewal
+    /// (default 15000).
+    pub lease_ttl_ms: Option<Spanned<u64>>,
 }
 
 /// `[connections]` in `gateway.toml`: what one client connection may hold,

@@ -215,6 +215,8 @@ pub struct GatewaySettings {
     pub admin_listen: ListenAddr,
     /// `[connections]`.
     pub connections: ConnectionLimits,
+    /// `[limits]`: where tenants' limits are kept.
+    pub limit_store: crate::limits::LimitStore,
     pub max_body_bytes: u64,
     pub request_timeout: Duration,
     pub jwt_leeway: Duration,

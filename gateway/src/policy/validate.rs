@@ -19,7 +19,7 @@ use bulkhead_protocol::{ClientTls, Target};
 use toml::Spanned;
 
 use super::files::{
-    AdminFile, AuditGatewayFile, ConnectionsFile, Folder, GatewayFile, LimitsFile,
+    AdminFile, AuditGatewayFile, ConnectionsFile, Folder, GatewayFile, LimitStoreFile, LimitsFile,
     LocalGpuHostFile, ModelsGatewayFile, Parsed, PluginsGatewayFile, UpstreamFile, io_reason,
 };
 use super::models::{HostKind, check_models};
@@ -34,6 +34,8 @@ use crate::registration::Trust;
 use crate::registration::{MODEL_NAME_RULE, Registration, valid_model_name};
 
 mod gateway;
+mod limit_store;
+mod secrets;
 use gateway::{Gateway, check_gateway};
 
 const DEFAULT_MAX_BODY_BYTES: u64 = 1 << 20;

@@ -233,6 +233,7 @@ fn policy_with_operator(dir: &TempDir, tenants: Vec<TenantPolicy>, gateway_text:
             listen: "127.0.0.1:0".parse().unwrap(),
             admin_listen: crate::policy::ListenAddr::Tcp("127.0.0.1:0".parse().unwrap()),
             connections: crate::policy::ConnectionLimits::DEFAULT,
+            limit_store: crate::limits::LimitStore::Memory,
             max_body_bytes: 1 << 20,
             request_timeout: Duration::from_secs(30),
             jwt_leeway: Duration::from_secs(LEEWAY_S),

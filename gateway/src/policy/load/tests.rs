@@ -1225,3 +1225,137 @@ fn a_tcp_upstream_needs_tls_or_plaintext_asked_for_and_its_files_must_parse() {
     );
     assert!(check("allow_plaintext = true\n").is_ok());
 }
+
+#[test]
+fn a_redis_limit_store_is_read_with_its_password_from_a_file() {
+    use crate::limits::{LimitStore, OnStoreError};
+    let folder = valid_folder();
+    assert_eq!(load_ok(&folder).gateway.limit_store, LimitStore::Memory);
+    folder
+        .write("secrets/redis", "a-long-redis-password\n")
+        .write(
+            "gateway.toml",
+            format!(
+                "{GATEWAY}\n[limits]\nstore = \"redis://redis.internal:6380/2\"\n\
+                 password_file = \"secrets/redis\"\nkey_prefix = \"bh-prod\"\nreplicas = 3\n\
+                 on_store_error = \"deny\"\nstore_timeout_ms = 50\nlease_ttl_ms = 9000\n"
+            ),
+        );
+    let policy = load_ok(&folder);
+    let LimitStore::Redis(store) = &policy.gateway.limit_store else {
+        panic!("expected a Redis store: {:?}", policy.gateway.limit_store);
+    };
+    assert_eq!(store.url, "redis://redis.internal:6380/2");
+    assert_eq!(store.password.as_deref(), Some("a-long-redis-password"));
+    assert_eq!(store.key_prefix, "bh-prod");
+    assert_eq!(store.replicas, 3);
+    assert_eq!(store.on_error, OnStoreError::Deny);
+    assert_eq!(store.timeout, Duration::from_millis(50));
+    assert_eq!(store.lease_ttl, Duration::from_secs(9));
+    assert!(!format!("{store:?}").contains("a-long-redis-password"));
+    // Defaults.
+    folder.write(
+        "gateway.toml",
+        format!("{GATEWAY}\n[limits]\nstore = \"redis://127.0.0.1/\"\nreplicas = 2\n"),
+    );
+    let LimitStore::Redis(store) = load_ok(&folder).gateway.limit_store else {
+        panic!("expected a Redis store");
+    };
+    assert_eq!(
+        (
+            store.key_prefix.as_str(),
+            store.on_error,
+            store.timeout,
+            store.lease_ttl
+        ),
+        (
+            "bulkhead",
+            OnStoreError::Local,
+            Duration::from_millis(20),
+            Duration::from_secs(15)
+        )
+    );
+    assert_eq!(store.password, None);
+}
+
+#[test]
+fn a_broken_limit_store_names_each_problem() {
+    let folder = valid_folder();
+    let lines = GATEWAY.lines().count();
+    let line = |n: usize| lines + 2 + n;
+    folder.write(
+        "gateway.toml",
+        format!(
+            "{GATEWAY}\n[limits]\nstore = \"redis://:hunter2hunter2@127.0.0.1/\"\n\
+             tls_ca = \"ca.pem\"\nkey_prefix = \"{{evil}}\"\non_store_error = \"ignore\"\n\
+             store_timeout_ms = 5000\nlease_ttl_ms = 10\n"
+        ),
+    );
+    let found = errors(&folder);
+    let expected = [
+        format!(
+            "gateway.toml:{}:9: `store` holds a password: put it in `password_file` instead \
+             (policy files are hashed into the audit log and read by many)",
+            line(1)
+        ),
+        format!(
+            "gateway.toml:{}:10: `tls_ca` needs a `rediss://` store (TLS); this one is `redis://`",
+            line(2)
+        ),
+        format!(
+            "gateway.toml:{}:14: `key_prefix` is `{{evil}}`: 1 to 64 of A-Z a-z 0-9 _ - . :",
+            line(3)
+        ),
+        format!(
+            "gateway.toml:{}:18: `on_store_error` is `ignore`: expected \"local\" (fall back to \
+             this replica's share of the limits) or \"deny\" (answer 503)",
+            line(4)
+        ),
+    ];
+    for expected in expected {
+        assert!(found.contains(&expected), "{expected}\nnot in {found:#?}");
+    }
+    assert!(
+        found
+            .iter()
+            .any(|e| e.contains("`store_timeout_ms` is 5000; 1 to 1000")),
+        "{found:#?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|e| e.contains("`lease_ttl_ms` is 10; 100 to 600000")),
+        "{found:#?}"
+    );
+    // None shows the password.
+    assert!(found.iter().all(|e| !e.contains("hunter2")), "{found:#?}");
+
+    // Another scheme; a local fallback without `replicas`.
+    folder.write(
+        "gateway.toml",
+        format!("{GATEWAY}\n[limits]\nstore = \"memcached://127.0.0.1\"\n"),
+    );
+    let found = errors(&folder);
+    assert!(
+        found[0].contains("`store` is `memcached://127.0.0.1`: expected \"memory\""),
+        "{found:#?}"
+    );
+    assert!(
+        found[1].contains("needs `replicas`: while Redis is down each replica admits 1/replicas"),
+        "{found:#?}"
+    );
+
+    // The memory store with a Redis-only key: a mistake, not a default.
+    folder.write(
+        "gateway.toml",
+        format!("{GATEWAY}\n[limits]\nstore = \"memory\"\nreplicas = 3\n"),
+    );
+    assert_eq!(
+        errors(&folder),
+        [format!(
+            "gateway.toml:{}:12: `replicas` applies to a Redis limit store; `store` is \
+             \"memory\" (set store = \"redis://HOST:PORT/DB\" to share limits)",
+            line(2)
+        )]
+    );
+}

@@ -11,17 +11,65 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 /// The metadata key carrying `Bearer <secret>` on TCP.
 pub const AUTHORIZATION: &str = "authorization";
 
-/// A gpu-host address: `unix:PATH` or `tcp:HOST:PORT`.
+/// A gpu-host address: `unix:PATH`, `tcp:IP:PORT` or `tcp:NAME:PORT`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
     Unix(PathBuf),
     Tcp(SocketAddr),
+    /// A DNS name, looked up again at every connection, so a name that
+    /// follows a moving host (a Kubernetes headless Service's
+    /// `POD.SERVICE.NAMESPACE.svc`) is followed too. For clients: a
+    /// listener binds an address.
+    Named {
+        host: String,
+        port: u16,
+    },
+}
+
+impl Target {
+    /// Whether it is reached over TCP (and so needs the bearer secret and
+    /// TLS).
+    pub fn is_tcp(&self) -> bool {
+        matches!(self, Target::Tcp(_) | Target::Named { .. })
+    }
+
+    /// `HOST:PORT` for a URI, and the name a TLS certificate must carry
+    /// unless told otherwise (a Unix socket has neither: a placeholder
+    /// nobody connects to).
+    fn authority(&self) -> (String, String) {
+        match self {
+            Target::Tcp(addr) => (addr.to_string(), addr.ip().to_string()),
+            Target::Named { host, port } => (format!("{host}:{port}"), host.clone()),
+            Target::Unix(_) => ("gpu-host.invalid".into(), "gpu-host.invalid".into()),
+        }
+    }
+}
+
+/// Longest DNS name (RFC 1035), and longest label in it.
+const MAX_NAME_BYTES: usize = 253;
+const MAX_LABEL_BYTES: usize = 63;
+
+/// A DNS host name: dot-separated labels of ASCII letters, digits and
+/// inner hyphens.
+fn is_host_name(name: &str) -> bool {
+    let name = name.strip_suffix('.').unwrap_or(name);
+    !name.is_empty()
+        && name.len() <= MAX_NAME_BYTES
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= MAX_LABEL_BYTES
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+        // All digits and dots is an IP address that did not parse.
+        && !name.bytes().all(|b| b.is_ascii_digit() || b == b'.')
 }
 
 /// Why a target could not be parsed or reached.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
-    #[error("`{0}`: expected unix:PATH or tcp:HOST:PORT")]
+    #[error("`{0}`: expected unix:PATH, tcp:IP:PORT or tcp:NAME:PORT")]
     BadTarget(String),
     #[error(transparent)]
     Transport(#[from] tonic::transport::Error),
@@ -54,13 +102,13 @@ impl fmt::Debug for ClientTls {
 }
 
 impl ClientTls {
-    fn config(&self, addr: &SocketAddr) -> ClientTlsConfig {
+    fn config(&self, default_name: &str) -> ClientTlsConfig {
         let mut config = ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(&self.ca_pem))
             .domain_name(
                 self.server_name
                     .clone()
-                    .unwrap_or_else(|| addr.ip().to_string()),
+                    .unwrap_or_else(|| default_name.to_string()),
             );
         if let Some((cert, key)) = &self.identity {
             config = config.identity(Identity::from_pem(cert, key));
@@ -71,15 +119,31 @@ impl ClientTls {
     /// Whether the certificates and key parse, as a connection would read
     /// them (for a policy check, before any connection).
     pub fn check(&self) -> Result<(), ConnectError> {
-        let addr: SocketAddr = ([127, 0, 0, 1], 1).into();
-        tls_endpoint(&addr, self).map(drop)
+        tls_endpoint("127.0.0.1:1", "127.0.0.1", self).map(drop)
     }
 }
 
-fn tls_endpoint(addr: &SocketAddr, tls: &ClientTls) -> Result<Endpoint, ConnectError> {
-    endpoint(Endpoint::from_shared(format!("https://{addr}"))?)
-        .tls_config(tls.config(addr))
+fn tls_endpoint(
+    authority: &str,
+    default_name: &str,
+    tls: &ClientTls,
+) -> Result<Endpoint, ConnectError> {
+    endpoint(Endpoint::from_shared(format!("https://{authority}"))?)
+        .tls_config(tls.config(default_name))
         .map_err(|e| ConnectError::Tls(describe(&e)))
+}
+
+/// The endpoint of a TCP target (`authority` from [`Target::authority`]).
+fn tcp_endpoint(
+    (authority, default_name): (String, String),
+    tls: Option<&ClientTls>,
+) -> Result<Endpoint, ConnectError> {
+    match tls {
+        Some(tls) => tls_endpoint(&authority, &default_name, tls),
+        None => Ok(endpoint(Endpoint::from_shared(format!(
+            "http://{authority}"
+        ))?)),
+    }
 }
 
 /// An error with its causes (rustls says what is wrong in the source).
@@ -105,7 +169,18 @@ impl FromStr for Target {
             }
             Ok(Target::Unix(PathBuf::from(path)))
         } else if let Some(addr) = s.strip_prefix("tcp:") {
-            addr.parse().map(Target::Tcp).map_err(|_| bad())
+            if let Ok(addr) = addr.parse() {
+                return Ok(Target::Tcp(addr));
+            }
+            let (host, port) = addr.rsplit_once(':').ok_or_else(bad)?;
+            let port = port.parse().map_err(|_| bad())?;
+            if !is_host_name(host) {
+                return Err(bad());
+            }
+            Ok(Target::Named {
+                host: host.to_ascii_lowercase(),
+                port,
+            })
         } else {
             Err(bad())
         }
@@ -117,6 +192,7 @@ impl fmt::Display for Target {
         match self {
             Target::Unix(path) => write!(f, "unix:{}", path.display()),
             Target::Tcp(addr) => write!(f, "tcp:{addr}"),
+            Target::Named { host, port } => write!(f, "tcp:{host}:{port}"),
         }
     }
 }
@@ -159,11 +235,10 @@ pub fn connect_lazy_with(
     tls: Option<&ClientTls>,
 ) -> Result<Channel, ConnectError> {
     match (target, tls) {
-        (Target::Tcp(addr), Some(tls)) => Ok(tls_endpoint(addr, tls)?.connect_lazy()),
-        (Target::Unix(_), Some(_)) => Err(ConnectError::TlsOnUnix),
-        (Target::Tcp(addr), None) => {
-            Ok(endpoint(Endpoint::from_shared(format!("http://{addr}"))?).connect_lazy())
+        (Target::Tcp(_) | Target::Named { .. }, tls) => {
+            Ok(tcp_endpoint(target.authority(), tls)?.connect_lazy())
         }
+        (Target::Unix(_), Some(_)) => Err(ConnectError::TlsOnUnix),
         (Target::Unix(path), None) => {
             let path = path.clone();
             Ok(endpoint(Endpoint::from_static("http://gpu-host.invalid"))
@@ -189,11 +264,10 @@ pub async fn connect_with(
     tls: Option<&ClientTls>,
 ) -> Result<Channel, ConnectError> {
     match (target, tls) {
-        (Target::Tcp(addr), Some(tls)) => Ok(tls_endpoint(addr, tls)?.connect().await?),
+        (Target::Tcp(_) | Target::Named { .. }, tls) => {
+            Ok(tcp_endpoint(target.authority(), tls)?.connect().await?)
+        }
         (Target::Unix(_), Some(_)) => Err(ConnectError::TlsOnUnix),
-        (Target::Tcp(addr), None) => Ok(endpoint(Endpoint::from_shared(format!("http://{addr}"))?)
-            .connect()
-            .await?),
         (Target::Unix(path), None) => {
             let path = path.clone();
             // The URI is required by the API but unused: the connector decides where to go.
@@ -225,8 +299,71 @@ mod tests {
             let target: Target = s.parse().unwrap();
             assert_eq!(target.to_string(), s);
         }
-        for bad in ["unix:", "tcp:localhost", "http://x", "/tmp/sock", ""] {
+        for bad in [
+            "unix:",
+            "tcp:localhost",
+            "tcp:gpu-host:",
+            "tcp:gpu-host:70700",
+            "tcp:-gpu:7070",
+            "tcp:gpu_host:7070",
+            "tcp:a..b:7070",
+            "tcp:10.0.0.256:7070",
+            "http://x",
+            "/tmp/sock",
+            "",
+        ] {
             assert!(bad.parse::<Target>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_name_is_a_tcp_target_kept_as_written() {
+        let target: Target = "tcp:gpu-host-0.gpu-host.bulkhead.svc.cluster.local:7070"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            target,
+            Target::Named {
+                host: "gpu-host-0.gpu-host.bulkhead.svc.cluster.local".into(),
+                port: 7070
+            }
+        );
+        assert!(target.is_tcp());
+        assert_eq!(
+            target.to_string(),
+            "tcp:gpu-host-0.gpu-host.bulkhead.svc.cluster.local:7070"
+        );
+        assert_eq!(
+            "tcp:LocalHost:1".parse::<Target>().unwrap().to_string(),
+            "tcp:localhost:1"
+        );
+        assert!(!"unix:/x".parse::<Target>().unwrap().is_tcp());
+    }
+
+    #[tokio::test]
+    async fn a_name_is_looked_up_when_connecting() {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut preface = [0_u8; 14];
+            conn.read_exact(&mut preface).await.unwrap();
+            preface
+        });
+        // `localhost` resolves (to 127.0.0.1 among others) and the client's
+        // HTTP/2 preface arrives at the listener.
+        let channel = connect_lazy(&format!("tcp:localhost:{port}").parse().unwrap()).unwrap();
+        let mut client = crate::v1::gpu_host_client::GpuHostClient::new(channel);
+        let call = tokio::spawn(async move { client.health(crate::v1::HealthRequest {}).await });
+        let preface = tokio::time::timeout(std::time::Duration::from_secs(10), accepted)
+            .await
+            .expect("a connection within 10 s")
+            .unwrap();
+        assert_eq!(&preface, b"PRI * HTTP/2.0");
+        call.abort();
+
+        let unknown: Target = "tcp:no-such-host.invalid:7070".parse().unwrap();
+        assert!(connect(&unknown).await.is_err());
     }
 }

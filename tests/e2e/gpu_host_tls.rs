@@ -140,15 +140,37 @@ async fn a_tls_host_serves_only_clients_with_a_certificate_its_ca_signed() {
 #[test]
 fn the_gateway_serves_completions_through_a_mutual_tls_host() {
     let host = start_host("gateway");
-    let policies = PolicyDir::new("tls-upstream");
-    policies.write("secret", &format!("{SECRET}\n"));
     let Target::Tcp(addr) = host.target else {
         unreachable!()
     };
+    serves_completions_through(&format!("tcp:{addr}"), "", "tls-upstream");
+}
+
+#[test]
+fn the_gateway_reaches_a_host_by_name() {
+    // `localhost` is looked up when connecting; the host's certificate
+    // names `gpu-host.test` (and 127.0.0.1), so the gateway is told to
+    // expect that name, as with a Kubernetes pod's DNS name.
+    let host = start_host("gateway-by-name");
+    let Target::Tcp(addr) = host.target else {
+        unreachable!()
+    };
+    serves_completions_through(
+        &format!("tcp:localhost:{}", addr.port()),
+        "tls_server_name = \"gpu-host.test\"\n",
+        "tls-upstream-by-name",
+    );
+}
+
+/// A gateway with `[upstream] target` (and `extra` upstream keys) answers
+/// a completion through the mutual-TLS host.
+fn serves_completions_through(target: &str, extra: &str, name: &str) {
+    let policies = PolicyDir::new(name);
+    policies.write("secret", &format!("{SECRET}\n"));
     policies.write(
         "gateway.toml",
         &format!(
-            "[upstream]\ntarget = \"tcp:{addr}\"\nsecret_file = \"secret\"\n\
+            "[upstream]\ntarget = \"{target}\"\nsecret_file = \"secret\"\n{extra}\
              tls_ca = \"{}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\n\n\
              [[upstream.models]]\nname = \"{MODEL}\"\ndir = \"{}\"\nsignature = \"{}\"\n{}",
             tls("ca.pem").display(),

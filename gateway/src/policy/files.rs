@@ -163,7 +163,8 @@ pub struct PluginsGatewayFile {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamFile {
-    /// `unix:PATH` or `tcp:HOST:PORT`.
+    /// `unix:PATH`, `tcp:IP:PORT` or `tcp:NAME:PORT` (looked up at every
+    /// connection).
     pub target: Spanned<String>,
     /// File holding the bearer secret the gpu-host expects (required for `tcp:`).
     pub secret_file: Option<Spanned<PathBuf>>,

@@ -202,9 +202,10 @@ impl Upstream {
     /// with its own connection. The connection runs on the runtime this is
     /// called on, so a connection lane calls it on its own thread.
     pub fn for_target(&self, target: &Target) -> Result<Upstream, UpstreamError> {
-        let tls = match target {
-            Target::Tcp(_) => self.tls.as_ref(),
-            Target::Unix(_) => None,
+        let tls = if target.is_tcp() {
+            self.tls.as_ref()
+        } else {
+            None
         };
         let channel = connect_lazy_with(target, tls)
             .map_err(|e| UpstreamError::Unavailable(e.to_string()))?;

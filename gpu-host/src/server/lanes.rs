@@ -186,7 +186,7 @@ impl LaneListeners {
         let (bound, target) = self.bind(number)?;
         let socket = match &target {
             Target::Unix(path) => Some(PlacedSocket::at(path)),
-            Target::Tcp(_) => None,
+            Target::Tcp(_) | Target::Named { .. } => None,
         };
         let (ready_tx, ready) = sync_channel(1);
         let stop = self.stop.subscribe();
@@ -248,6 +248,8 @@ impl LaneListeners {
                 let bound = listener.local_addr().map_err(tcp)?;
                 Ok((Bound::Tcp(listener), Target::Tcp(bound)))
             }
+            // The main listener bound an address, or serving never started.
+            Target::Named { host, .. } => Err(ServeError::ListenOnName(host.clone())),
         }
     }
 }

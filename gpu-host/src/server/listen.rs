@@ -42,6 +42,7 @@ pub(crate) async fn bind(target: &Target) -> Result<Listener, ServeError> {
                 source,
             }),
         Target::Unix(path) => bind_unix(path),
+        Target::Named { host, .. } => Err(ServeError::ListenOnName(host.clone())),
     }
 }
 
@@ -160,5 +161,21 @@ fn remove_stale_socket(path: &Path) -> Result<(), ServeError> {
             path: path.to_path_buf(),
             source,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_name_is_not_an_address_to_listen_on() {
+        let target: Target = "tcp:gpu-host.internal:7070".parse().unwrap();
+        let error = bind(&target).await.expect_err("a name cannot be bound");
+        assert_eq!(
+            error.to_string(),
+            "--listen needs an address to bind (tcp:IP:PORT, e.g. tcp:0.0.0.0:7070), not the \
+             name `gpu-host.internal`"
+        );
     }
 }

@@ -121,6 +121,10 @@ pub enum ServeError {
     #[error("listening on TCP needs a bearer secret (--auth-token-file)")]
     TcpWithoutSecret,
     #[error(
+        "--listen needs an address to bind (tcp:IP:PORT, e.g. tcp:0.0.0.0:7070), not the name `{0}`"
+    )]
+    ListenOnName(String),
+    #[error(
         "listening on TCP needs TLS (--tls-cert and --tls-key, with --tls-client-ca for \
          mutual TLS), or --allow-plaintext-tcp to send the secret and prompts in the clear"
     )]
@@ -195,7 +199,7 @@ pub struct Server {
 impl Server {
     /// Checks the config, loads every model and starts the scheduler (blocking).
     pub fn load(config: ServeConfig) -> Result<Server, ServeError> {
-        let on_tcp = matches!(config.listen, Target::Tcp(_));
+        let on_tcp = config.listen.is_tcp();
         if on_tcp && config.auth_secret.is_none() {
             return Err(ServeError::TcpWithoutSecret);
         }

@@ -461,11 +461,11 @@ pub(super) fn check_upstream(
     let target = written.parse::<Target>().unwrap_or_else(|_| {
         errors.push(source.error_at(
             upstream.target.span(),
-            format!("`{written}` is not an upstream target: expected unix:PATH or tcp:IP:PORT"),
+            format!("`{written}` is not an upstream target: expected unix:PATH, tcp:IP:PORT or tcp:NAME:PORT"),
         ));
         Target::Unix(PathBuf::new()) // stand-in; the error discards it
     });
-    if matches!(target, Target::Tcp(_)) && upstream.secret_file.is_none() {
+    if target.is_tcp() && upstream.secret_file.is_none() {
         errors.push(source.error_at(
             upstream.target.span(),
             "a `tcp:` upstream needs `secret_file`: the gpu-host refuses TCP clients \

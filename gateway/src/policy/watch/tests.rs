@@ -135,3 +135,71 @@ fn the_fingerprint_sees_contents_not_hidden_files() {
             .contains_key(Path::new("keys/acme.pem"))
     );
 }
+
+/// A folder laid out the way the kubelet writes a ConfigMap or projected
+/// volume: each version in a hidden timestamped folder, `..data` a symlink
+/// to the current one, and every visible name a symlink through `..data`.
+struct ProjectedVolume<'a> {
+    folder: &'a TestFolder,
+    version: usize,
+}
+
+impl ProjectedVolume<'_> {
+    /// Writes version `files` and swaps `..data` to it as the kubelet's
+    /// atomic writer does: new folder, `..data_tmp` symlink, rename over
+    /// `..data`, old folder removed.
+    fn publish(&mut self, files: &[(&str, String)]) {
+        use std::os::unix::fs::symlink;
+        let root = self.folder.path();
+        self.version += 1;
+        let name = format!("..2026_12_06_10_00_0{}.000000001", self.version);
+        for (path, text) in files {
+            self.folder.write(&format!("{name}/{path}"), text);
+        }
+        symlink(&name, root.join("..data_tmp")).unwrap();
+        std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
+        for top in ["tenants", "gateway.toml"] {
+            let link = root.join(top);
+            if std::fs::symlink_metadata(&link).is_err() && root.join("..data").join(top).exists() {
+                symlink(format!("..data/{top}"), &link).unwrap();
+            }
+        }
+        if self.version > 1 {
+            let old = format!("..2026_12_06_10_00_0{}.000000001", self.version - 1);
+            std::fs::remove_dir_all(root.join(old)).unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_kubernetes_volume_update_is_reloaded() {
+    let folder = TestFolder::new();
+    let mut volume = ProjectedVolume {
+        folder: &folder,
+        version: 0,
+    };
+    volume.publish(&[("tenants/acme.toml", tenant("acme", 5))]);
+    let current = Arc::new(ArcSwap::from_pointee(load(folder.path()).unwrap()));
+    assert_eq!(current.load().tenants["acme"].limits.burst, 5);
+    let watcher = watch(folder.path(), load, Arc::clone(&current)).unwrap();
+    let stats = Arc::clone(watcher.stats());
+    let mut reloads = watcher.subscribe();
+    wait_until(&mut reloads, "the first rebuild", || {
+        stats.reloads_ok.load(Ordering::Relaxed) == 1
+    })
+    .await;
+
+    // `kubectl apply` of a changed ConfigMap: only hidden names change;
+    // the visible ones now lead to new contents.
+    volume.publish(&[
+        ("tenants/acme.toml", tenant("acme", 8)),
+        ("tenants/beta.toml", tenant("beta", 3)),
+    ]);
+    wait_until(&mut reloads, "the new version is published", || {
+        let policy = current.load();
+        policy.tenants.get("acme").map(|t| t.limits.burst) == Some(8)
+            && policy.tenants.contains_key("beta")
+    })
+    .await;
+    assert_eq!(stats.reloads_failed.load(Ordering::Relaxed), 0);
+}

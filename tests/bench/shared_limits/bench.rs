@@ -20,7 +20,9 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use bulkhead_tests::{Client, Gateway, PolicyDir, gateway_toml};
+use std::io::Read;
+
+use bulkhead_tests::{Client, Gateway, PolicyDir, Response, gateway_toml};
 use serde_json::json;
 
 const MODEL: &str = "bulkhead-demo-tiny";
@@ -187,25 +189,30 @@ fn run(scenario: Scenario, redis: &str) -> (Vec<Sample>, Duration) {
                             .status();
                     }
                     let at = Instant::now();
-                    let answer = clients[i % REPLICAS].try_request(
-                        "POST",
-                        "/v1/completions",
-                        Some(&token),
-                        Some(&body),
-                    );
+                    let answer = clients[i % REPLICAS]
+                        .send("POST", "/v1/completions", Some(&token), Some(&body))
+                        .and_then(|mut stream| {
+                            let mut raw = Vec::new();
+                            stream.read_to_end(&mut raw).map(|_| raw)
+                        });
                     let latency = at.elapsed();
+                    // A replica killed mid-answer leaves no whole head.
+                    let whole = |raw: &[u8]| raw.windows(4).any(|w| w == b"\r\n\r\n");
                     let sample = match answer {
-                        Ok(r) => Sample {
-                            status: r.status,
-                            latency,
-                            tokens: if r.status == 200 {
-                                r.json()["usage"]["total_tokens"].as_u64().unwrap_or(0)
-                            } else {
-                                0
-                            },
-                        },
+                        Ok(raw) if whole(&raw) => {
+                            let r = Response::parse(&raw);
+                            Sample {
+                                status: r.status,
+                                latency,
+                                tokens: if r.status == 200 {
+                                    r.json()["usage"]["total_tokens"].as_u64().unwrap_or(0)
+                                } else {
+                                    0
+                                },
+                            }
+                        }
                         // The killed replica: its clients' requests fail.
-                        Err(_) => Sample {
+                        _ => Sample {
                             status: 0,
                             latency,
                             tokens: 0,

@@ -462,3 +462,126 @@ async fn pump(client: TcpStream, server: TcpStream, hung: Arc<AtomicBool>) {
         copy(&mut server_read, &mut client_write, &hung),
     );
 }
+
+/// A Redis of the test's own on a free port, over TLS only (the
+/// repository's test certificates: `tests/fixtures/tls`) and with a
+/// password: the machine's `redis-server`, stopped on drop.
+struct TlsRedis {
+    child: std::process::Child,
+    port: u16,
+}
+
+const TLS_REDIS_PASSWORD: &str = "a-redis-password-for-tests";
+
+fn tls_fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/tls")
+        .join(name)
+}
+
+impl TlsRedis {
+    async fn start() -> TlsRedis {
+        let port = {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            probe.local_addr().unwrap().port()
+        };
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                "0",
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args(["--tls-port", &port.to_string(), "--tls-auth-clients", "no"])
+            .arg("--tls-cert-file")
+            .arg(tls_fixture("server.pem"))
+            .arg("--tls-key-file")
+            .arg(tls_fixture("server.key"))
+            .arg("--tls-ca-cert-file")
+            .arg(tls_fixture("ca.pem"))
+            .args(["--requirepass", TLS_REDIS_PASSWORD])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server (the machine's Redis package) starts");
+        let redis = TlsRedis { child, port };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not listen on {port}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        redis
+    }
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_with_a_password_from_the_store_settings() {
+    let redis = TlsRedis::start().await;
+    let prefix = Prefix::new("tls");
+    let over_tls = RedisStore {
+        url: format!("rediss://127.0.0.1:{}/", redis.port),
+        password: Some(TLS_REDIS_PASSWORD.into()),
+        tls_ca: Some(std::fs::read(tls_fixture("ca.pem")).unwrap()),
+        ..store(&redis_addr(), &prefix)
+    };
+    let shared = replica(over_tls.clone()).await;
+    assert!(shared.is_up());
+    let limits = limits(1, 2, 1000, 10);
+    admit(&shared, &limits, 10)
+        .await
+        .expect("admitted over TLS");
+    let second = admit(&shared, &limits, 10)
+        .await
+        .expect("the burst's second");
+    assert_eq!(second.headers().remaining_requests, 0);
+
+    // A wrong password, a server certificate the system's roots do not
+    // trust, and plain TCP to a TLS port: each leaves the store down
+    // (counted and logged), never admitting through it.
+    for (what, store) in [
+        (
+            "a wrong password",
+            RedisStore {
+                password: Some("not-the-password-at-all".into()),
+                ..over_tls.clone()
+            },
+        ),
+        (
+            "no CA for the server's certificate",
+            RedisStore {
+                tls_ca: None,
+                ..over_tls.clone()
+            },
+        ),
+        (
+            "plain TCP",
+            RedisStore {
+                url: format!("redis://127.0.0.1:{}/", redis.port),
+                tls_ca: None,
+                ..over_tls.clone()
+            },
+        ),
+    ] {
+        let errors = Counter::default();
+        let shared = SharedLimits::connect(store, errors.clone(), Gauge::default())
+            .await
+            .expect("a valid URL");
+        assert!(!shared.is_up(), "{what}: the store is up");
+        assert!(errors.get() >= 1, "{what}: no error counted");
+        let answer = shared.admit("acme", &limits, None, 1).await;
+        assert_eq!(answer.err(), Some(StoreUnavailable), "{what}");
+    }
+}

@@ -41,6 +41,11 @@ impl Drop for Host {
 
 /// A host for test `name`, in a folder of its own (the tests run at once).
 fn start_host(name: &str) -> Host {
+    start_host_on(name, "tcp:127.0.0.1:0")
+}
+
+/// [`start_host`], listening on `listen`.
+fn start_host_on(name: &str, listen: &str) -> Host {
     let dir = std::env::temp_dir().join(format!(
         "bulkhead-e2e-tls-host-{name}-{}",
         std::process::id()
@@ -50,7 +55,7 @@ fn start_host(name: &str) -> Host {
     let secret = dir.join("secret");
     std::fs::write(&secret, format!("{SECRET}\n")).unwrap();
     let mut child = Command::new(bin("bulkhead-gpu-host"))
-        .args(["serve", "--listen", "tcp:127.0.0.1:0", "--threads", "1"])
+        .args(["serve", "--listen", listen, "--threads", "1"])
         .arg("--auth-token-file")
         .arg(&secret)
         .arg("--tls-cert")
@@ -162,9 +167,44 @@ fn the_gateway_reaches_a_host_by_name() {
     );
 }
 
+#[test]
+fn a_remote_host_that_restarts_empty_gets_its_models_before_the_next_request() {
+    let host = start_host("restart");
+    let Target::Tcp(addr) = host.target.clone() else {
+        unreachable!()
+    };
+    let (policies, gateway) = gateway_for(&format!("tcp:{addr}"), "", "tls-upstream-restart");
+    let token = policies.token("demo", &[]);
+    let body = format!(r#"{{"model":"{MODEL}","prompt":"Emma","max_tokens":3}}"#);
+    let r = gateway.request("POST", "/v1/completions", Some(&token), Some(&body));
+    assert_eq!(r.status, 200, "{}", r.body);
+    // The host restarts on the same address holding no model; the gateway
+    // has not polled it yet (its periodic pass is 15 s away).
+    let skip = gateway.log.len();
+    drop(host);
+    let _host = start_host_on("restart", &format!("tcp:{addr}"));
+    let r = gateway.request("POST", "/v1/completions", Some(&token), Some(&body));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["usage"]["completion_tokens"], 3);
+    gateway
+        .log
+        .wait_for("loading it again", skip, std::time::Duration::from_secs(10));
+}
+
 /// A gateway with `[upstream] target` (and `extra` upstream keys) answers
 /// a completion through the mutual-TLS host.
 fn serves_completions_through(target: &str, extra: &str, name: &str) {
+    let (policies, gateway) = gateway_for(target, extra, name);
+    let token = policies.token("demo", &[]);
+    let body = format!(r#"{{"model":"{MODEL}","prompt":"Emma","max_tokens":3}}"#);
+    let r = gateway.request("POST", "/v1/completions", Some(&token), Some(&body));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["usage"]["completion_tokens"], 3);
+}
+
+/// A ready gateway whose `[upstream]` is `target` (with `extra` keys), over
+/// mutual TLS with the test certificates, serving the demo model.
+fn gateway_for(target: &str, extra: &str, name: &str) -> (PolicyDir, Gateway) {
     let policies = PolicyDir::new(name);
     policies.write("secret", &format!("{SECRET}\n"));
     policies.write(
@@ -183,9 +223,5 @@ fn serves_completions_through(target: &str, extra: &str, name: &str) {
     );
     let gateway = Gateway::start(&policies);
     gateway.wait_ready();
-    let token = policies.token("demo", &[]);
-    let body = format!(r#"{{"model":"{MODEL}","prompt":"Emma","max_tokens":3}}"#);
-    let r = gateway.request("POST", "/v1/completions", Some(&token), Some(&body));
-    assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(r.json()["usage"]["completion_tokens"], 3);
+    (policies, gateway)
 }

@@ -68,6 +68,10 @@ struct Inner {
     /// Children started so far: a new value means a fresh host without
     /// models.
     starts: Counter,
+    /// Asks the control task for a pass now ([`Reconciler::reprime`]).
+    nudge: tokio::sync::Notify,
+    /// Passes that reached the host so far.
+    passes: watch::Sender<u64>,
 }
 
 /// Control-plane state, changed only under the lock.
@@ -205,6 +209,8 @@ impl Reconciler {
             control: Mutex::new(control),
             serving,
             starts,
+            nudge: tokio::sync::Notify::new(),
+            passes: watch::Sender::new(0),
         });
         tokio::spawn(run(Arc::clone(&inner), host_state, reloads));
         let requests = host.with_state(serving_rx);
@@ -215,6 +221,19 @@ impl Reconciler {
     /// atomic load, no lock).
     pub fn get(&self, name: &str) -> Option<Arc<Registration>> {
         self.inner.table.load().get(name).cloned()
+    }
+
+    /// Has the host brought in line now — a request found it without a
+    /// registered model, as a remote host that restarted is until the
+    /// next periodic pass — and waits (until `deadline`) for a pass that
+    /// reached it. False when none did in time.
+    pub async fn reprime(&self, deadline: tokio::time::Instant) -> bool {
+        let mut passes = self.inner.passes.subscribe();
+        let seen = *passes.borrow_and_update();
+        self.inner.nudge.notify_one();
+        tokio::time::timeout_at(deadline, passes.wait_for(|n| *n > seen))
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 
     /// Whether registering through the API is on.
@@ -504,6 +523,7 @@ async fn run(
                 // request at once (503), as before registrations existed.
                 inner.serving.send_replace(UpstreamState::Ready);
                 if reached {
+                    inner.passes.send_modify(|n| *n += 1);
                     retry_failed = false;
                     unreachable_wait = RETRY_UNREACHABLE;
                 } else {
@@ -531,6 +551,7 @@ async fn run(
                 }
                 () = sleep_or_never(next_try) => break,
                 _ = tick.tick() => break,
+                () = inner.nudge.notified() => break,
             }
         }
     }

@@ -13,11 +13,8 @@ const MODEL: &str = "bulkhead-demo-tiny";
 
 fn generous_demo(name: &str) -> PolicyDir {
     let policies = PolicyDir::new(name);
-    let demo = policies.read("tenants/demo.toml");
-    let demo = demo.split("[limits]").next().unwrap().to_string();
-    policies.write(
-        "tenants/demo.toml",
-        &format!("{demo}\n[limits]\nrequests_per_s = 1000\nburst = 1000\ntokens_per_min = 10000000\nmax_concurrent = 64\n"),
+    policies.set_demo_limits(
+        "requests_per_s = 1000\nburst = 1000\ntokens_per_min = 10000000\nmax_concurrent = 64",
     );
     policies
 }

@@ -13,15 +13,7 @@ const MODEL: &str = "bulkhead-demo-tiny";
 /// The demo tenant with the given `[limits]` lines.
 fn demo_with_limits(name: &str, limits: &str) -> PolicyDir {
     let policies = PolicyDir::new(name);
-    let demo = policies.read("tenants/demo.toml");
-    let demo = match demo.find("[limits]") {
-        Some(i) => demo[..i].to_string(),
-        None => demo,
-    };
-    policies.write(
-        "tenants/demo.toml",
-        &format!("{demo}\n[limits]\n{limits}\n"),
-    );
+    policies.set_demo_limits(limits);
     policies
 }
 

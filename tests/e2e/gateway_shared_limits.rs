@@ -37,15 +37,7 @@ fn replica_policies(
             policies.state_tables()
         ),
     );
-    let demo = policies.read("tenants/demo.toml");
-    let demo = match demo.find("[limits]") {
-        Some(i) => demo[..i].to_string(),
-        None => demo,
-    };
-    policies.write(
-        "tenants/demo.toml",
-        &format!("{demo}\n[limits]\n{limits}\n"),
-    );
+    policies.set_demo_limits(limits);
     policies
 }
 

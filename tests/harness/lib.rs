@@ -171,6 +171,17 @@ impl PolicyDir {
         std::fs::rename(&temp, &target).unwrap();
     }
 
+    /// Replaces the `[limits]` of the `demo` tenant (the table closes its
+    /// file) with `limits` (TOML lines).
+    pub fn set_demo_limits(&self, limits: &str) {
+        let demo = self.read("tenants/demo.toml");
+        let demo = demo.find("[limits]").map_or(demo.as_str(), |i| &demo[..i]);
+        self.write(
+            "tenants/demo.toml",
+            &format!("{demo}\n[limits]\n{limits}\n"),
+        );
+    }
+
     pub fn read(&self, relative: &str) -> String {
         std::fs::read_to_string(self.path.join(relative)).unwrap()
     }

@@ -212,7 +212,17 @@ fn a_compile_past_its_budget_is_refused() {
         ..PluginEngineConfig::default()
     })
     .unwrap();
-    let e = engine.validate_and_compile(&wat(WRONG_TYPES)).unwrap_err();
+    // Thousands of functions: no compiler finishes them in the instant
+    // between starting its thread and the zero-length wait (a tiny
+    // component could, and the test would see its type error instead).
+    let functions: String = (0..4000)
+        .map(|i| format!("(func (param i32) (result i32) local.get 0 i32.const {i} i32.mul)"))
+        .collect();
+    let slow = WRONG_TYPES.replace(
+        r#"(func (export "f"))"#,
+        &format!(r#"(func (export "f")) {functions}"#),
+    );
+    let e = engine.validate_and_compile(&wat(&slow)).unwrap_err();
     assert!(matches!(e, PluginError::CompileTimeout { .. }), "{e:?}");
     assert_eq!(e.code(), "plugin_compile_timeout");
 }

@@ -142,18 +142,10 @@ fn run(scenario: Scenario, redis: &str) -> (Vec<Sample>, Duration) {
                 "gateway.toml",
                 &format!("{}{}{store}", gateway_toml(""), policies.state_tables()),
             );
-            let demo = policies.read("tenants/demo.toml");
-            let demo = demo
-                .find("[limits]")
-                .map_or(demo.clone(), |i| demo[..i].to_string());
-            policies.write(
-                "tenants/demo.toml",
-                &format!(
-                    "{demo}\n[limits]\nrequests_per_s = {REQUESTS_PER_S}\nburst = {BURST}\n\
-                     tokens_per_min = {TOKENS_PER_MIN}\nmax_concurrent = 16\n\
-                     max_tokens = {MAX_TOKENS}\n"
-                ),
-            );
+            policies.set_demo_limits(&format!(
+                "requests_per_s = {REQUESTS_PER_S}\nburst = {BURST}\n\
+                 tokens_per_min = {TOKENS_PER_MIN}\nmax_concurrent = 16\nmax_tokens = {MAX_TOKENS}"
+            ));
             policies
         })
         .collect();

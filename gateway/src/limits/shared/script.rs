@@ -24,6 +24,26 @@ use std::time::Duration;
 
 use redis::Script;
 
+/// What every script starts with: Redis's clock, and a token bucket's
+/// level refilled up to it (an absent key is a full bucket).
+const PRELUDE: &str = r"
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_ms = math.floor(now_us / 1000)
+local SCALE = 60000
+local function fmt(x) return string.format('%.0f', x) end
+local function bucket_level(key, capacity)
+  local full = capacity * SCALE
+  local stored = redis.call('HMGET', key, 'level', 'at')
+  if not (stored[1] and stored[2]) then return full end
+  local level = tonumber(stored[1])
+  local at = tonumber(stored[2])
+  if now_ms > at then level = level + (now_ms - at) * capacity end
+  if level > full then level = full end
+  return level
+end
+";
+
 /// Keys: the request-rate key, the token bucket, the lease set.
 /// Args: emission interval (µs), burst, tokens per minute, tokens needed,
 /// max concurrent, lease id, lease TTL (ms).
@@ -31,27 +51,14 @@ use redis::Script;
 /// Reply: `{outcome, requests remaining, requests reset (µs), tokens
 /// remaining, tokens reset (ms), retry after (µs), tokens available}`.
 const ADMIT: &str = r"
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now_ms = math.floor(now_us / 1000)
 local emission = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local capacity = tonumber(ARGV[3])
 local needed = tonumber(ARGV[4])
 local max_concurrent = tonumber(ARGV[5])
 local ttl = tonumber(ARGV[7])
-local SCALE = 60000
 local full = capacity * SCALE
-local function fmt(x) return string.format('%.0f', x) end
-
-local level = full
-local stored = redis.call('HMGET', KEYS[2], 'level', 'at')
-if stored[1] and stored[2] then
-  level = tonumber(stored[1])
-  local at = tonumber(stored[2])
-  if now_ms > at then level = level + (now_ms - at) * capacity end
-  if level > full then level = full end
-end
+local level = bucket_level(KEYS[2], capacity)
 local function tokens_left(l)
   if l <= 0 then return 0 end
   return math.floor(l / SCALE)
@@ -97,25 +104,14 @@ return {0, requests_left, requests_reset, tokens_left(level), tokens_reset(level
 /// Keys: the token bucket. Args: tokens per minute, tokens to give back
 /// (negative: to charge, which may take the bucket into debt).
 const SETTLE: &str = r"
-local t = redis.call('TIME')
-local now_ms = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000)
 local capacity = tonumber(ARGV[1])
-local delta = tonumber(ARGV[2])
-local SCALE = 60000
 local full = capacity * SCALE
-local level = full
-local stored = redis.call('HMGET', KEYS[1], 'level', 'at')
-if stored[1] and stored[2] then
-  level = tonumber(stored[1])
-  local at = tonumber(stored[2])
-  if now_ms > at then level = level + (now_ms - at) * capacity end
-end
-level = level + delta * SCALE
+local level = bucket_level(KEYS[1], capacity) + tonumber(ARGV[2]) * SCALE
 if level >= full then
   redis.call('DEL', KEYS[1])
   return 0
 end
-redis.call('HSET', KEYS[1], 'level', string.format('%.0f', level), 'at', string.format('%.0f', now_ms))
+redis.call('HSET', KEYS[1], 'level', fmt(level), 'at', fmt(now_ms))
 redis.call('PEXPIRE', KEYS[1], math.ceil((full - level) / capacity) + 1000)
 return 0
 ";
@@ -124,10 +120,8 @@ return 0
 /// key the number of its leases and their ids. Extends only leases that are
 /// still there (`XX`): one released or expired meanwhile stays gone.
 const RENEW: &str = r"
-local t = redis.call('TIME')
-local now_ms = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000)
 local ttl = tonumber(ARGV[1])
-local expiry = string.format('%.0f', now_ms + ttl)
+local expiry = fmt(now_ms + ttl)
 local arg = 2
 for i, key in ipairs(KEYS) do
   local n = tonumber(ARGV[arg])
@@ -156,10 +150,11 @@ impl std::fmt::Debug for Scripts {
 
 impl Scripts {
     pub(super) fn new() -> Scripts {
+        let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
         Scripts {
-            admit: Script::new(ADMIT),
-            settle: Script::new(SETTLE),
-            renew: Script::new(RENEW),
+            admit: script(ADMIT),
+            settle: script(SETTLE),
+            renew: script(RENEW),
         }
     }
 }

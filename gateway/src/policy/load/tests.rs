@@ -784,8 +784,21 @@ fn upstream_targets_and_secrets_are_checked() {
         check("[upstream]\ntarget = \"http://gpu:1\"\n"),
         [
             "gateway.toml:2:10: `http://gpu:1` is not an upstream target: \
-             expected unix:PATH or tcp:IP:PORT"
+             expected unix:PATH, tcp:IP:PORT or tcp:NAME:PORT"
         ]
+    );
+    // A name is a target; without a port it is not.
+    assert_eq!(
+        check("[upstream]\ntarget = \"tcp:gpu-host.internal\"\n"),
+        [
+            "gateway.toml:2:10: `tcp:gpu-host.internal` is not an upstream target: \
+             expected unix:PATH, tcp:IP:PORT or tcp:NAME:PORT"
+        ]
+    );
+    assert_eq!(
+        check("[upstream]\ntarget = \"tcp:gpu-host.internal:50051\"\nallow_plaintext = true\n"),
+        ["gateway.toml:2:10: a `tcp:` upstream needs `secret_file`: \
+             the gpu-host refuses TCP clients without its bearer secret"]
     );
     assert_eq!(
         check("[upstream]\ntarget = \"tcp:10.0.0.5:50051\"\nallow_plaintext = true\n"),

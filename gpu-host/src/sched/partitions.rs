@@ -293,6 +293,12 @@ impl Partitions {
             kv_refusals: sum(|l| l.kv_refusals) + self.retired_kv_refusals.load(Ordering::SeqCst),
             device_errors: sum(|l| l.device_errors)
                 + self.retired_device_errors.load(Ordering::SeqCst),
+            kv_bytes: epoch
+                .schedulers
+                .iter()
+                .map(|s| s.view.spec.memory_bytes)
+                .sum(),
+            kv_bytes_used: sum(|l| l.kv_bytes_used),
         }
     }
 
@@ -314,6 +320,10 @@ pub(crate) struct HostLoad {
     pub preemptions: u64,
     pub kv_refusals: u64,
     pub device_errors: u64,
+    /// KV memory of the current layout's partitions, and what all (the
+    /// draining ones too) hold now.
+    pub kv_bytes: u64,
+    pub kv_bytes_used: u64,
 }
 
 /// Starts one scheduler per partition of `layout`; none if one fails.

@@ -168,6 +168,8 @@ impl GpuHost for GpuHostService {
             preemptions: load.preemptions,
             kv_refusals: load.kv_refusals,
             device_errors: load.device_errors,
+            kv_bytes: load.kv_bytes,
+            kv_bytes_used: load.kv_bytes_used,
         }))
     }
 

@@ -4,23 +4,16 @@
 //! Redis or a cut network does, and answer again. Each test keeps its keys
 //! under a prefix of its own and deletes them.
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
-
+use bulkhead_tests::redis::{Keys, Proxy, prefix, redis_addr};
 use bulkhead_tests::{Gateway, PolicyDir, gateway_toml};
 use serde_json::json;
 
 const MODEL: &str = "bulkhead-demo-tiny";
 
-fn redis_addr() -> String {
-    std::env::var("BULKHEAD_TEST_REDIS").unwrap_or_else(|_| "127.0.0.1:6379".into())
-}
-
 /// A replica's policy folder: the demo tenant with `limits`, and a Redis
-/// store at `store_addr` under `prefix`.
+/// store at `store_addr` under `prefix`. The store may take 250 ms (not
+/// the default 20): these tests cut Redis off on purpose, and a busy
+/// machine must not do it for them.
 fn replica_policies(
     name: &str,
     store_addr: &str,
@@ -32,21 +25,14 @@ fn replica_policies(
     policies.write(
         "gateway.toml",
         &format!(
-            "{}{}\n[limits]\nstore = \"redis://{store_addr}/0\"\nkey_prefix = \"{prefix}\"\n{store}\n",
+            "{}{}\n[limits]\nstore = \"redis://{store_addr}/0\"\nkey_prefix = \"{prefix}\"\n\
+             store_timeout_ms = 250\n{store}\n",
             gateway_toml(""),
             policies.state_tables()
         ),
     );
     policies.set_demo_limits(limits);
     policies
-}
-
-fn prefix(test: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("bh-e2e-{test}-{}-{nanos}", std::process::id())
 }
 
 fn completion() -> String {
@@ -191,96 +177,5 @@ fn deny_answers_503_while_the_store_is_away() {
     proxy.heal();
     gateway.eventually("admission through the store again", || {
         complete(&gateway, &token).status == 200
-    });
-}
-
-/// Deletes every key under the prefix when dropped.
-struct Keys(String);
-
-impl Drop for Keys {
-    fn drop(&mut self) {
-        let keys = redis(&["KEYS", &format!("{}:*", self.0)]);
-        let names: Vec<&str> = keys.lines().filter(|l| l.starts_with(&self.0)).collect();
-        if !names.is_empty() {
-            let mut command = vec!["DEL"];
-            command.extend(names);
-            redis(&command);
-        }
-    }
-}
-
-/// One command to the test Redis (then `QUIT`, so the reply ends); the
-/// raw RESP reply.
-fn redis(args: &[&str]) -> String {
-    let mut conn = TcpStream::connect(redis_addr()).expect("the test Redis answers");
-    let mut request = format!("*{}\r\n", args.len());
-    for arg in args {
-        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
-    }
-    request.push_str("*1\r\n$4\r\nQUIT\r\n");
-    conn.write_all(request.as_bytes()).unwrap();
-    let mut reply = String::new();
-    let _ = conn.read_to_string(&mut reply);
-    reply
-}
-
-/// A TCP proxy to Redis that can cut every connection and refuse new ones
-/// (a dead Redis, a cut network) and then pass traffic again.
-struct Proxy {
-    addr: String,
-    cut: Arc<AtomicBool>,
-    open: Arc<Mutex<Vec<TcpStream>>>,
-}
-
-impl Proxy {
-    fn start(upstream: &str) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let cut = Arc::new(AtomicBool::new(false));
-        let open = Arc::new(Mutex::new(Vec::new()));
-        let upstream = upstream.to_string();
-        let (flag, conns) = (Arc::clone(&cut), Arc::clone(&open));
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { continue };
-                if flag.load(Ordering::Acquire) {
-                    // Refused: closed at once.
-                    continue;
-                }
-                let Ok(server) = TcpStream::connect(&upstream) else {
-                    continue;
-                };
-                let mut open = conns.lock().unwrap();
-                open.push(client.try_clone().unwrap());
-                open.push(server.try_clone().unwrap());
-                pipe(client.try_clone().unwrap(), server.try_clone().unwrap());
-                pipe(server, client);
-            }
-        });
-        Proxy { addr, cut, open }
-    }
-
-    /// Closes every connection and refuses new ones.
-    fn cut(&self) {
-        self.cut.store(true, Ordering::Release);
-        for conn in self.open.lock().unwrap().drain(..) {
-            let _ = conn.shutdown(Shutdown::Both);
-        }
-    }
-
-    fn heal(&self) {
-        self.cut.store(false, Ordering::Release);
-    }
-}
-
-fn pipe(mut from: TcpStream, mut to: TcpStream) {
-    std::thread::spawn(move || {
-        let mut buffer = [0_u8; 16 << 10];
-        while let Ok(n) = from.read(&mut buffer) {
-            if n == 0 || to.write_all(&buffer[..n]).is_err() {
-                break;
-            }
-        }
-        let _ = to.shutdown(Shutdown::Both);
     });
 }

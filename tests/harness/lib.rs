@@ -4,6 +4,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod redis;
+
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -36,20 +38,36 @@ pub fn bin(name: &str) -> PathBuf {
         });
     // `cargo test -p bulkhead-tests` alone does not rebuild other packages'
     // binaries; refuse to test a stale one.
-    let newest_source = [
-        "gateway/src",
-        "gpu-host/src",
-        "protocol",
-        "partition/src",
-        "kernels/src",
-        "audit/src",
-        "durable/src",
-        "model-signing/src",
-        "plugin-host/src",
-    ]
-    .iter()
-    .filter_map(|d| newest_mtime(&repo().join(d)))
-    .max();
+    // What each binary is built from (its crate and the workspace crates
+    // it depends on): a gateway-only change does not make the gpu-host
+    // stale.
+    let sources: &[&str] = match name {
+        "bulkhead-gpu-host" => &["gpu-host/src", "protocol", "partition/src", "kernels/src"],
+        "bulkhead" => &[
+            "gateway/src",
+            "protocol",
+            "partition/src",
+            "audit/src",
+            "durable/src",
+            "model-signing/src",
+            "plugin-host/src",
+        ],
+        _ => &[
+            "gateway/src",
+            "gpu-host/src",
+            "protocol",
+            "partition/src",
+            "kernels/src",
+            "audit/src",
+            "durable/src",
+            "model-signing/src",
+            "plugin-host/src",
+        ],
+    };
+    let newest_source = sources
+        .iter()
+        .filter_map(|d| newest_mtime(&repo().join(d)))
+        .max();
     if let Some(source) = newest_source {
         assert!(
             source <= built,
@@ -239,13 +257,15 @@ pub fn gateway_toml(extra: &str) -> String {
 }
 
 /// Every operator scope, for tests that act as a do-everything operator.
-pub const ALL_OPERATOR_SCOPES: [&str; 6] = [
+pub const ALL_OPERATOR_SCOPES: [&str; 8] = [
     "models:read",
     "models:write",
     "audit:read",
     "partitions:read",
     "tenants:read",
     "usage:read",
+    "gpu-hosts:read",
+    "gpu-hosts:write",
 ];
 
 /// The issuer of [`PolicyDir::operator_token`]'s tokens.

@@ -160,14 +160,14 @@ impl SharedLimits {
         if !inner.up.load(Ordering::Acquire) {
             return Err(StoreUnavailable);
         }
-        let keys = Keys::new(&inner.store.key_prefix, tenant);
+        let emission_us = 1_000_000_u64.div_ceil(u64::from(limits.requests_per_s.max(1)));
+        let keys = Keys::new(&inner.store.key_prefix, tenant, limits, emission_us);
         let rate_key = match (limits.per_sub, sub) {
             (true, sub) => keys.rate_of(sub.unwrap_or("")),
-            (false, _) => keys.rate(),
+            (false, _) => keys.rate.clone(),
         };
         let serial = inner.next_lease.fetch_add(1, Ordering::Relaxed);
         let member: Arc<str> = format!("{}:{serial}", inner.replica).into();
-        let emission_us = 1_000_000_u64.div_ceil(u64::from(limits.requests_per_s.max(1)));
         let mut call = inner.scripts.admit.prepare_invoke();
         call.key(&rate_key)
             .key(&keys.tokens)
@@ -204,6 +204,12 @@ impl SharedLimits {
                     "no answer within store_timeout_ms ({} ms)",
                     inner.store.timeout.as_millis()
                 ));
+                let sink = TokenSink {
+                    inner: Arc::clone(inner),
+                    key: keys.tokens,
+                    capacity: limits.tokens_per_min.max(1),
+                };
+                inner.undo_unanswered(keys.leases, member, sink, estimated_tokens);
                 return Err(StoreUnavailable);
             }
         };
@@ -304,6 +310,33 @@ impl Inner {
     fn spawn(&self, work: impl Future<Output = ()> + Send + 'static) {
         self.runtime.spawn(work);
     }
+
+    /// Undoes an admission whose answer did not come in time, if Redis ran
+    /// it after all (the request was admitted locally instead): its lease
+    /// member is removed, and when there was one (the script admitted),
+    /// its token reservation is given back. Without this a slow Redis
+    /// would hold a lease per unanswered call until the TTL, and under
+    /// load they pile up to the tenant's concurrency limit. Calls on one
+    /// connection run in order, so this runs after the admission if that
+    /// ran at all.
+    fn undo_unanswered(
+        self: &Arc<Self>,
+        leases: Arc<str>,
+        member: Arc<str>,
+        tokens: TokenSink,
+        reserved: u64,
+    ) {
+        let inner = Arc::clone(self);
+        self.spawn(async move {
+            let mut conn = ConnectionManager::clone(&inner.conn.load());
+            let mut command = redis::cmd("ZREM");
+            command.arg(&*leases).arg(&*member);
+            let removed = command.query_async::<i64>(&mut conn);
+            if let Ok(Ok(1)) = tokio::time::timeout(BACKGROUND_TIMEOUT, removed).await {
+                tokens.settle_now(i128::from(reserved)).await;
+            }
+        });
+    }
 }
 
 impl Drop for Inner {
@@ -369,60 +402,73 @@ struct TokenSink {
     capacity: u64,
 }
 
+impl TokenSink {
+    /// Gives `tokens` back (or charges them) now, on this task.
+    async fn settle_now(&self, tokens: i128) {
+        let Ok(tokens) = i64::try_from(tokens) else {
+            return;
+        };
+        let mut call = self.inner.scripts.settle.prepare_invoke();
+        call.key(&self.key).arg(self.capacity).arg(tokens);
+        let mut conn = ConnectionManager::clone(&self.inner.conn.load());
+        let done = call.invoke_async::<i64>(&mut conn);
+        match tokio::time::timeout(BACKGROUND_TIMEOUT, done).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => self.inner.failed(e),
+            Err(_) => self.inner.failed("no answer to a token settlement"),
+        }
+    }
+}
+
 impl Settle for TokenSink {
     fn settle(&self, tokens: i128) {
         if tokens == 0 || !self.inner.up.load(Ordering::Acquire) {
             return;
         }
-        let Ok(tokens) = i64::try_from(tokens) else {
-            return;
+        let sink = TokenSink {
+            inner: Arc::clone(&self.inner),
+            key: self.key.clone(),
+            capacity: self.capacity,
         };
-        let inner = Arc::clone(&self.inner);
-        let key = self.key.clone();
-        let capacity = self.capacity;
-        self.inner.spawn(async move {
-            let mut call = inner.scripts.settle.prepare_invoke();
-            call.key(&key).arg(capacity).arg(tokens);
-            let mut conn = ConnectionManager::clone(&inner.conn.load());
-            let done = call.invoke_async::<i64>(&mut conn);
-            match tokio::time::timeout(BACKGROUND_TIMEOUT, done).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => inner.failed(e),
-                Err(_) => inner.failed("no answer to a token settlement"),
-            }
-        });
+        self.inner
+            .spawn(async move { sink.settle_now(tokens).await });
     }
 }
 
 /// A tenant's keys. The `{t:TENANT}` hash tag puts them in one cluster
 /// slot, so one script may touch them all.
 struct Keys {
-    base: String,
+    /// The tenant's request rate (without `per_sub`).
+    rate: String,
     tokens: String,
     leases: Arc<str>,
 }
 
 impl Keys {
-    fn new(prefix: &str, tenant: &str) -> Keys {
+    /// The keys of `tenant` under `limits`. The rate and token keys name
+    /// the limits they count against: a reload that changes them starts
+    /// from a full bucket, as the memory store does, rather than carrying
+    /// debt taken at the old rate (the old keys expire on their own).
+    fn new(prefix: &str, tenant: &str, limits: &Limits, emission_us: u64) -> Keys {
         let base = format!("{prefix}:{{t:{tenant}}}");
         Keys {
-            tokens: format!("{base}:tokens"),
+            rate: format!("{base}:rate:{emission_us}x{}", limits.burst.max(1)),
+            tokens: format!("{base}:tokens:{}", limits.tokens_per_min.max(1)),
             leases: format!("{base}:leases").into(),
-            base,
         }
-    }
-
-    fn rate(&self) -> String {
-        format!("{}:rate", self.base)
     }
 
     /// A subject's request-rate key, named by the SHA-256 of its `sub` (a
     /// tenant chooses its subjects; the digest bounds the key's size).
     fn rate_of(&self, sub: &str) -> String {
+        use std::fmt::Write;
         let digest = Sha256::digest(sub.as_bytes());
-        let mut key = format!("{}:rate:", self.base);
+        let mut key = String::with_capacity(self.rate.len() + 65);
+        key.push_str(&self.rate);
+        key.push(':');
         for byte in digest {
-            key.push_str(&format!("{byte:02x}"));
+            // Writing into a String cannot fail.
+            let _ = write!(key, "{byte:02x}");
         }
         key
     }

@@ -2,7 +2,7 @@
 //! overrides), each test under a key prefix of its own that it deletes
 //! when done. Several `SharedLimits` on one store stand for replicas.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
@@ -133,6 +133,33 @@ async fn replicas_share_one_request_burst() {
             .contains(&("retry-after", "1".into())),
         "{:?}",
         refused.to_header_pairs()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changed_limits_start_from_a_full_bucket() {
+    // As a reload does in memory: debt taken at the old rate does not
+    // hold back the new one, and the same limits keep their state.
+    let prefix = Prefix::new("retune");
+    let a = replica(store(&redis_addr(), &prefix)).await;
+    let slow = limits(1, 2, 1_000_000, 100);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(admit(&a, &slow, 1).await.expect("within the burst"));
+    }
+    assert!(
+        admit(&a, &slow, 1).await.is_err(),
+        "the slow burst is spent"
+    );
+    let fast = limits(1000, 1000, 1_000_000, 100);
+    let admission = admit(&a, &fast, 1)
+        .await
+        .expect("a new limit, a new bucket");
+    assert_eq!(admission.headers().remaining_requests, 999);
+    held.push(admission);
+    assert!(
+        admit(&a, &slow, 1).await.is_err(),
+        "back to the old limits: their state is still there"
     );
 }
 
@@ -390,11 +417,47 @@ async fn a_store_that_stops_answering_costs_a_request_at_most_the_timeout() {
         .expect("through the store again");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_answered_too_late_is_undone() {
+    // Redis runs the script but its answer misses store_timeout_ms: the
+    // request was admitted locally, so the lease the script took is
+    // removed and its token reservation given back, not held for the TTL.
+    let prefix = Prefix::new("late");
+    let proxy = Proxy::start(&redis_addr()).await;
+    let store = RedisStore {
+        timeout: Duration::from_millis(20),
+        ..store(&proxy.addr, &prefix)
+    };
+    let shared = replica(store).await;
+    let limits = limits(1000, 1000, 1000, 100);
+    drop(admit(&shared, &limits, 1).await.expect("through the proxy"));
+    proxy.slow(200);
+    // Half the bucket, so the script admits whatever the first request's
+    // settlement left.
+    let answer = shared.admit("acme", &limits, None, 500).await;
+    assert_eq!(answer.err(), Some(StoreUnavailable));
+    let leases = format!("{}:{{t:acme}}:leases", prefix.0);
+    let client = Client::open(format!("redis://{}/", redis_addr())).expect("url");
+    let mut conn = client.get_connection().expect("test Redis answers");
+    let mut count = || -> i64 { redis::cmd("ZCARD").arg(&leases).query(&mut conn).unwrap() };
+    // Without the undo the lease would stay for the TTL (15 s) and the
+    // bucket would stay empty for a minute.
+    eventually("the late lease's removal", async || count() == 0).await;
+    proxy.slow(0);
+    eventually("the store's return", async || shared.is_up()).await;
+    // The whole bucket again: the reservation came back.
+    admit(&shared, &limits, 1000)
+        .await
+        .expect("the late admission's 500 tokens were given back");
+}
+
 /// A TCP proxy to Redis that can be made to swallow traffic (a store that
 /// hangs) and to pass it again.
 struct Proxy {
     addr: String,
     hung: Arc<AtomicBool>,
+    /// Milliseconds each reply from Redis is held before it is passed on.
+    slow_ms: Arc<AtomicU64>,
     accept: JoinHandle<()>,
 }
 
@@ -403,20 +466,32 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let hung = Arc::new(AtomicBool::new(false));
+        let slow_ms = Arc::new(AtomicU64::new(0));
         let upstream = upstream.to_string();
-        let flag = Arc::clone(&hung);
+        let (flag, slow) = (Arc::clone(&hung), Arc::clone(&slow_ms));
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let upstream = upstream.clone();
-                let hung = Arc::clone(&flag);
+                let (hung, slow) = (Arc::clone(&flag), Arc::clone(&slow));
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(&upstream).await {
-                        pump(client, server, hung).await;
+                        pump(client, server, hung, slow).await;
                     }
                 });
             }
         });
-        Proxy { addr, hung, accept }
+        Proxy {
+            addr,
+            hung,
+            slow_ms,
+            accept,
+        }
+    }
+
+    /// Holds each reply `ms` before passing it on (a Redis that answers,
+    /// late).
+    fn slow(&self, ms: u64) {
+        self.slow_ms.store(ms, Ordering::Release);
     }
 
     /// Holds every byte from now on; open connections stay open.
@@ -438,12 +513,13 @@ impl Drop for Proxy {
 /// Copies both ways; while `hung`, reads are held back (never forwarded:
 /// dropped, so the connection a hang caught stays broken, as after a real
 /// network fault).
-async fn pump(client: TcpStream, server: TcpStream, hung: Arc<AtomicBool>) {
+async fn pump(client: TcpStream, server: TcpStream, hung: Arc<AtomicBool>, slow: Arc<AtomicU64>) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     let copy = async |from: &mut tokio::net::tcp::OwnedReadHalf,
                       to: &mut tokio::net::tcp::OwnedWriteHalf,
-                      hung: &AtomicBool| {
+                      hung: &AtomicBool,
+                      slow: Option<&AtomicU64>| {
         let mut buffer = vec![0_u8; 16 << 10];
         let mut broken = false;
         loop {
@@ -452,14 +528,17 @@ async fn pump(client: TcpStream, server: TcpStream, hung: Arc<AtomicBool>) {
                 Ok(n) => n,
             };
             broken |= hung.load(Ordering::Acquire);
+            if let Some(ms) = slow.map(|s| s.load(Ordering::Acquire)).filter(|ms| *ms > 0) {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
             if !broken && to.write_all(&buffer[..n]).await.is_err() {
                 return;
             }
         }
     };
     tokio::join!(
-        copy(&mut client_read, &mut server_write, &hung),
-        copy(&mut server_read, &mut client_write, &hung),
+        copy(&mut client_read, &mut server_write, &hung, None),
+        copy(&mut server_read, &mut client_write, &hung, Some(&slow)),
     );
 }
 

@@ -17,7 +17,8 @@ use crate::plugins::{
     HookGate, PluginEngine, PluginEngineConfig, PluginError, PluginRegistry, StoreError,
 };
 use crate::policy::{self, GatewayPlugins, ListenAddr, PolicyErrors, UpstreamSettings};
-use crate::reconcile::Reconciler;
+use crate::pool::HostPool;
+use crate::reconcile::{HostSpec, Reconciler};
 use crate::registration::RegistrationError;
 use crate::serving::Lanes;
 use crate::serving::{AdminListener, ConnectionGate, serve_admin, serve_http};
@@ -132,11 +133,13 @@ pub async fn serve(
     let plugins = open_plugins(&gateway.plugins).await?;
     plugins.share_instances_among(snapshot.load().policy.tenants_with_plugins());
 
-    // `host`'s readiness is the process's; requests get a handle that
+    // Each host's readiness is its process's; requests get a handle that
     // also waits for the registered models (`Reconciler::start`).
     // `lane_host`: connection lanes only for the local child, whose CPU
     // numbers are this machine's.
-    let (host, host_state, supervisor, lane_host) = match &gateway.upstream {
+    let mut hosts = Vec::new();
+    let mut targets = Vec::new();
+    let (supervisor, lane_host) = match &gateway.upstream {
         UpstreamSettings::Local(host) => {
             let config = ChildConfig::new(host.clone())?;
             let (state_tx, state_rx) = watch::channel(UpstreamState::Starting);
@@ -150,26 +153,38 @@ pub async fn serve(
                 DEFAULT_READY_WAIT,
                 Supervised::Yes,
             )?;
-            (upstream, state_rx, Some(supervisor), Some(target))
+            targets.push(target.to_string());
+            hosts.push(HostSpec {
+                name: "local".into(),
+                host: upstream,
+                state: state_rx,
+                starts: metrics.upstream_starts.clone(),
+            });
+            (Some(supervisor), Some(target))
         }
-        UpstreamSettings::Remote {
-            target,
-            secret,
-            tls,
-        } => {
-            // Nobody supervises a remote host: it is assumed up, and a call
-            // that cannot reach it fails with 503.
-            let (state_tx, state_rx) = watch::channel(UpstreamState::Ready);
-            std::mem::forget(state_tx);
-            let upstream = Upstream::new(
-                target,
-                secret.as_deref(),
-                tls.as_ref(),
-                state_rx.clone(),
-                DEFAULT_READY_WAIT,
-                Supervised::No,
-            )?;
-            (upstream, state_rx, None, None)
+        UpstreamSettings::Remote(remotes) => {
+            for remote in remotes {
+                // Nobody supervises a remote host: it is assumed up, and
+                // health checks take it out of rotation when it is not.
+                let (state_tx, state_rx) = watch::channel(UpstreamState::Ready);
+                std::mem::forget(state_tx);
+                let upstream = Upstream::new(
+                    &remote.target,
+                    remote.secret.as_deref(),
+                    remote.tls.as_ref(),
+                    state_rx.clone(),
+                    DEFAULT_READY_WAIT,
+                    Supervised::No,
+                )?;
+                targets.push(remote.target.to_string());
+                hosts.push(HostSpec {
+                    name: remote.name.clone(),
+                    host: upstream,
+                    state: state_rx,
+                    starts: prometheus_client::metrics::counter::Counter::default(),
+                });
+            }
+            (None, None)
         }
     };
 
@@ -200,19 +215,27 @@ pub async fn serve(
         )
         .map_err(|e| ServeError::Watch(e.to_string()))?
     };
-    let (models, upstream) = Reconciler::start(
+    let models = Reconciler::start(
         Arc::clone(&snapshot),
-        host,
-        host_state,
+        hosts,
         reloads.subscribe(),
         audit.clone(),
         gateway.models_registry.clone(),
-        metrics.upstream_starts.clone(),
     )
     .await?;
-
-    let model_watch =
-        crate::upstream::watch_models(upstream.clone(), Arc::clone(&metrics), audit.clone());
+    let pool = HostPool::new(models.hosts(), targets, Arc::clone(&metrics));
+    let health_watch = pool.watch_health();
+    // Model and partition metrics are labelled by model and partition
+    // only: with several hosts they are left out rather than mixed.
+    let single = pool.hosts().len() == 1;
+    let model_watch: Vec<_> = pool
+        .hosts()
+        .iter()
+        .map(|h| {
+            let metrics = single.then(|| Arc::clone(&metrics));
+            crate::upstream::watch_models(h.requests().clone(), metrics, audit.clone())
+        })
+        .collect();
     let shared_limits = match &gateway.limit_store {
         crate::limits::LimitStore::Memory => None,
         crate::limits::LimitStore::Redis(store) => Some(
@@ -228,7 +251,7 @@ pub async fn serve(
     let app = App {
         snapshot,
         shared_limits,
-        upstream: upstream.clone(),
+        hosts: pool.clone(),
         models,
         metrics: Arc::clone(&metrics),
         plugins,
@@ -239,14 +262,21 @@ pub async fn serve(
     };
     let max_body_bytes = usize::try_from(gateway.max_body_bytes).unwrap_or(usize::MAX);
     let lanes = lane_host.map(|host| Lanes::new(app.clone(), max_body_bytes, host));
-    let partition_watch = {
-        let lanes = lanes.clone();
-        crate::upstream::watch_partitions(upstream, Arc::clone(&metrics), move |report| {
-            if let Some(lanes) = &lanes {
-                lanes.update(report);
-            }
+    let partition_watch: Vec<_> = pool
+        .hosts()
+        .iter()
+        .map(|host| {
+            let lanes = lanes.clone();
+            let host = host.clone();
+            let metrics = single.then(|| Arc::clone(&metrics));
+            crate::upstream::watch_partitions(host.requests().clone(), metrics, move |report| {
+                host.set_dedicated(dedicated_tenants(report));
+                if let Some(lanes) = &lanes {
+                    lanes.update(report);
+                }
+            })
         })
-    };
+        .collect();
     let router = api::router(app.clone(), max_body_bytes);
     let admin_router = api::admin_router(app, max_body_bytes);
     let addr = options.listen.unwrap_or(gateway.listen);
@@ -297,8 +327,13 @@ pub async fn serve(
         serve_admin(admin_listener, admin_router, admin_gate, stopped(stop_rx)),
     );
     drop(reloads);
-    model_watch.abort();
-    partition_watch.abort();
+    for task in model_watch
+        .iter()
+        .chain(&partition_watch)
+        .chain(&health_watch)
+    {
+        task.abort();
+    }
     if let Some(lanes) = lanes {
         lanes.stop().await;
     }
@@ -306,6 +341,18 @@ pub async fn serve(
         supervisor.stop().await;
     }
     Ok(())
+}
+
+/// The tenants that have a dedicated partition in `report`.
+fn dedicated_tenants(
+    report: &bulkhead_partition::PartitionsReport,
+) -> std::collections::BTreeSet<String> {
+    report
+        .partitions
+        .iter()
+        .filter(|p| !p.draining && p.kind == bulkhead_partition::PartitionKind::Dedicated)
+        .flat_map(|p| p.tenants.iter().map(|t| t.tenant.clone()))
+        .collect()
 }
 
 /// The audit log, opened (its file scanned, a torn tail cut, its checkpoint
@@ -436,10 +483,12 @@ async fn open_plugins(settings: &GatewayPlugins) -> Result<PluginRegistry, Serve
 fn warn_restart_only_changes(running: &policy::GatewaySettings, new: &policy::GatewaySettings) {
     let upstream_changed = match (&running.upstream, &new.upstream) {
         (UpstreamSettings::Local(a), UpstreamSettings::Local(b)) => a != b,
-        (
-            UpstreamSettings::Remote { target: a, .. },
-            UpstreamSettings::Remote { target: b, .. },
-        ) => a != b,
+        (UpstreamSettings::Remote(a), UpstreamSettings::Remote(b)) => {
+            a.len() != b.len()
+                || a.iter()
+                    .zip(b)
+                    .any(|(a, b)| a.name != b.name || a.target != b.target)
+        }
         _ => true,
     };
     if upstream_changed

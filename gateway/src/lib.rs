@@ -11,6 +11,7 @@ pub mod limits;
 mod metrics;
 mod pipeline;
 pub mod policy;
+mod pool;
 mod reconcile;
 pub mod registration;
 mod request;

@@ -88,6 +88,12 @@ pub struct ModelLabels {
     pub model: String,
 }
 
+/// One gpu-host by its name in `gateway.toml` (`local` for the child).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HostLabels {
+    pub host: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct PartitionLabels {
     /// `shared` or `dedicated:TENANT`.
@@ -165,6 +171,17 @@ pub struct Metrics {
     /// Admissions decided by this replica's own limiters because the
     /// shared store did not answer.
     pub limit_store_fallbacks: Family<TenantLabels, Counter>,
+    /// 1 while a gpu-host takes new requests (not ejected, not draining).
+    pub gpu_host_up: Family<HostLabels, Gauge>,
+    /// Generations a gpu-host is running for this replica.
+    pub gpu_host_outstanding: Family<HostLabels, Gauge>,
+    /// Times a gpu-host was taken out of rotation after a failure.
+    pub gpu_host_ejections: Family<HostLabels, Counter>,
+    /// Generations sent to a second host after the first failed before
+    /// starting.
+    pub gpu_host_retries: Counter,
+    /// Generations each gpu-host started for this gateway.
+    pub gpu_host_generations: Family<HostLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -261,7 +278,7 @@ impl Metrics {
         let upstream_ready = Gauge::default();
         registry.register(
             "upstream_ready",
-            "1 while the gpu-host accepts requests",
+            "1 while some gpu-host takes requests (what /readyz says)",
             upstream_ready.clone(),
         );
         let plugin_uploads = Family::<PluginUploadLabels, Counter>::default();
@@ -410,6 +427,36 @@ impl Metrics {
             "Admissions decided by this replica's own limiters while the shared store was down",
             limit_store_fallbacks.clone(),
         );
+        let gpu_host_up = Family::<HostLabels, Gauge>::default();
+        registry.register(
+            "gpu_host_up",
+            "1 while a gpu-host takes new requests (answering health checks, not draining)",
+            gpu_host_up.clone(),
+        );
+        let gpu_host_outstanding = Family::<HostLabels, Gauge>::default();
+        registry.register(
+            "gpu_host_outstanding",
+            "Generations in flight on each gpu-host from this gateway",
+            gpu_host_outstanding.clone(),
+        );
+        let gpu_host_ejections = Family::<HostLabels, Counter>::default();
+        registry.register(
+            "gpu_host_ejections",
+            "Times a gpu-host was taken out of rotation after failing a request or a health check",
+            gpu_host_ejections.clone(),
+        );
+        let gpu_host_retries = Counter::default();
+        registry.register(
+            "gpu_host_retries",
+            "Generations retried on another gpu-host after the first failed before starting",
+            gpu_host_retries.clone(),
+        );
+        let gpu_host_generations = Family::<HostLabels, Counter>::default();
+        registry.register(
+            "gpu_host_generations",
+            "Generations each gpu-host started for this gateway",
+            gpu_host_generations.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -450,6 +497,11 @@ impl Metrics {
             limit_store_errors,
             limit_store_up,
             limit_store_fallbacks,
+            gpu_host_up,
+            gpu_host_outstanding,
+            gpu_host_ejections,
+            gpu_host_retries,
+            gpu_host_generations,
         }
     }
 

@@ -132,7 +132,13 @@ fn rules() -> Vec<Forbid> {
         To::Module("policy"),
         "subsystems own their config types and policy imports them, never the reverse",
     );
-    for above in ["api", "app", "reconcile", "serving", "snapshot"] {
+    forbid(
+        gateway,
+        &["reconcile"],
+        To::Module("pool"),
+        "the host pool picks hosts from what the reconciler publishes, never the reverse",
+    );
+    for above in ["api", "app", "pool", "reconcile", "serving", "snapshot"] {
         forbid(
             gateway,
             &[

@@ -36,7 +36,7 @@ use crate::limits::{Admission, OnStoreError, StoreUnavailable, day_of};
 use crate::metrics::{RequestLabels, TenantLabels};
 use crate::pipeline::{Hooks, TenantRules, effective_max_tokens};
 use crate::policy::TenantPolicy;
-use crate::upstream::{Generate, UpstreamError};
+use crate::upstream::Generate;
 
 pub async fn chat(
     State(app): State<App>,
@@ -379,25 +379,7 @@ async fn run(processed: Processed<'_>, call: &Call<'_>) -> Result<Response, ApiE
     let upstream_request = to_upstream(request, max_tokens, tenant, request_id);
     // Wait for Started before answering: a host that fails before
     // generating still gets an honest HTTP status.
-    let generate = async {
-        match app.upstream.generate(upstream_request.clone()).await {
-            // The host lacks a model this gateway registered: a host that
-            // restarted empty. Have the reconciler load it, then try once
-            // more; the client never saw the miss.
-            Err(UpstreamError::ModelNotFound(why)) => {
-                tracing::warn!(
-                    model = %registration.name,
-                    "the gpu-host does not have a registered model ({why}); loading it again"
-                );
-                if app.models.reprime(deadline).await {
-                    app.upstream.generate(upstream_request).await
-                } else {
-                    Err(UpstreamError::ModelNotFound(why))
-                }
-            }
-            result => result,
-        }
-    };
+    let generate = app.hosts.generate(upstream_request, deadline);
     let (started, events) = tokio::time::timeout_at(deadline, generate)
         .await
         .map_err(|_| {

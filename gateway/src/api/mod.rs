@@ -8,6 +8,7 @@ mod audit;
 mod deadline;
 mod error;
 mod generation;
+mod gpu_hosts;
 mod identity;
 mod inference;
 mod local_run;
@@ -31,9 +32,9 @@ use serde_json::json;
 use crate::limits::UsageBook;
 use crate::metrics::Metrics;
 use crate::plugins::PluginRegistry;
+use crate::pool::HostPool;
 use crate::reconcile::Reconciler;
 use crate::snapshot::Snapshot;
-use crate::upstream::{Upstream, UpstreamState};
 
 pub use error::ApiError;
 pub use identity::TenantCall;
@@ -48,9 +49,8 @@ pub struct App {
     /// `[limits] store` in Redis: admission asks it first (`None`: the
     /// snapshot's limiters decide alone).
     pub shared_limits: Option<crate::limits::SharedLimits>,
-    /// The gpu-host, ready once it listens and the configured models are
-    /// loaded.
-    pub upstream: Upstream,
+    /// The gpu-hosts: which one runs each generation (`crate::pool`).
+    pub hosts: HostPool,
     /// The registered models: the request path serves only these
     /// (`get`); the registration API (`registrations.rs`) changes them.
     pub models: Reconciler,
@@ -132,16 +132,14 @@ async fn models(State(app): State<App>, Extension(call): Extension<TenantCall>) 
     let Some(tenant) = snapshot.policy.tenants.get(&identity.tenant) else {
         return ApiError::internal("a verified tenant is missing from the policy").into_response();
     };
-    let served = app.upstream.list_models().await.ok();
+    // While no host is up, what they serve is not known: every
+    // registered model is listed.
+    let known = app.hosts.ready();
     let data: Vec<_> = tenant
         .models
         .iter()
         .filter(|name| app.models.get(name).is_some())
-        .filter(|name| {
-            served
-                .as_ref()
-                .is_none_or(|served| served.iter().any(|m| &m.name == *name))
-        })
+        .filter(|name| !known || app.hosts.serves(name))
         .map(|name| json!({"id": name, "object": "model", "created": 0, "owned_by": "bulkhead"}))
         .collect();
     Json(json!({"object": "list", "data": data})).into_response()
@@ -152,23 +150,31 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// Readiness: a policy is loaded, the gpu-host takes requests and the
-/// configured models have been loaded (or refused, loudly).
+/// Readiness: a policy is loaded and some gpu-host takes requests: it
+/// answers health checks, is not draining, and its configured models have
+/// been loaded (or refused, loudly).
 async fn readyz(State(app): State<App>) -> Response {
-    match app.upstream.state() {
-        UpstreamState::Ready => (StatusCode::OK, "ready\n").into_response(),
-        state => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: gpu-host {state:?}\n"),
-        )
-            .into_response(),
+    if app.hosts.ready() {
+        return (StatusCode::OK, "ready\n").into_response();
     }
+    let states: Vec<String> = app
+        .hosts
+        .hosts()
+        .iter()
+        .map(|h| format!("{} {}", h.name(), gpu_hosts::status_name(&h.status())))
+        .collect();
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "not ready: no gpu-host takes requests ({})\n",
+            states.join(", ")
+        ),
+    )
+        .into_response()
 }
 
 async fn metrics(State(app): State<App>) -> Response {
-    app.metrics
-        .upstream_ready
-        .set(i64::from(app.upstream.state() == UpstreamState::Ready));
+    app.metrics.upstream_ready.set(i64::from(app.hosts.ready()));
     if let Some(log) = app.audit.log() {
         let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         app.metrics.audit_entries.set(gauge(log.size()));

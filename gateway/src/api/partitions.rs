@@ -1,6 +1,6 @@
-//! `GET /admin/v1/partitions` (scope `partitions:read`): the gpu-host's partitions as
-//! its `Partitions` RPC reports them, as JSON (shape in README, "GPU
-//! partitions"). Read only; one RPC per call.
+//! `GET /admin/v1/partitions` (scope `partitions:read`): each gpu-host's
+//! partitions as its `Partitions` RPC reports them, as JSON (shape in
+//! docs/partitions.md): one device per host. Read only; one RPC per host.
 
 use axum::Json;
 use axum::extract::{Extension, State};
@@ -14,19 +14,31 @@ use super::identity::OperatorCall;
 
 /// `GET /admin/v1/partitions`.
 pub async fn list(State(app): State<App>, Extension(_): Extension<OperatorCall>) -> Response {
-    let result = async {
-        let report = app.upstream.partitions().await?;
-        Ok::<_, ApiError>(report_json(&report))
+    let hosts = app.hosts.hosts();
+    let reports =
+        futures_util::future::join_all(hosts.iter().map(|h| h.requests().partitions())).await;
+    let mut data = Vec::new();
+    for (host, report) in hosts.iter().zip(reports) {
+        match report {
+            Ok(report) => {
+                let mut device = report_json(&report);
+                device["host"] = json!(host.name());
+                data.push(device);
+            }
+            // One host: its error is the answer, as it always was.
+            Err(e) if hosts.len() == 1 => return ApiError::from(e).into_response(),
+            Err(e) => data.push(json!({
+                "object": "device",
+                "host": host.name(),
+                "error": e.to_string(),
+            })),
+        }
     }
-    .await;
-    match result {
-        Ok(body) => Json(body).into_response(),
-        Err(error) => error.into_response(),
-    }
+    Json(json!({"object": "list", "data": data})).into_response()
 }
 
-/// The host's report as JSON: one device (the host), its partitions, and
-/// each partition's tenants.
+/// One host's report as JSON: the device, its partitions, and each
+/// partition's tenants.
 pub fn report_json(report: &PartitionsReport) -> Value {
     let partitions: Vec<Value> = report
         .partitions
@@ -68,16 +80,13 @@ pub fn report_json(report: &PartitionsReport) -> Value {
         })
         .collect();
     json!({
-        "object": "list",
-        "data": [{
-            "object": "device",
-            "device": report.device,
-            "unit": report.unit,
-            "compute_units": report.compute_units,
-            "memory_bytes": report.memory_bytes,
-            "generation": report.epoch,
-            "isolation": report.isolation,
-            "partitions": partitions,
-        }],
+        "object": "device",
+        "device": report.device,
+        "unit": report.unit,
+        "compute_units": report.compute_units,
+        "memory_bytes": report.memory_bytes,
+        "generation": report.epoch,
+        "isolation": report.isolation,
+        "partitions": partitions,
     })
 }

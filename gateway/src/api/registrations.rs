@@ -164,7 +164,7 @@ pub async fn unregister(
 /// 503 `audit_unavailable` instead (its change, if any, is already in the
 /// log as its own entry: `model.register`, `model.unregister`); a call
 /// refused because the log is failing is not recorded again.
-async fn record_action(
+pub(super) async fn record_action(
     app: &App,
     identity: &OperatorIdentity,
     route: &str,
@@ -212,19 +212,20 @@ fn view_json(view: &ModelView) -> Value {
             registered_by,
         } => ("api", Some(registered_at), registered_by.as_ref()),
     };
-    let (state, reason, verified_at) = match &view.state {
-        ModelState::Serving {
-            verified_at_unix_ms,
-        } => ("serving", None, Some(*verified_at_unix_ms)),
-        ModelState::OutOfService {
-            reason,
-            verified_at_unix_ms,
-        } => ("out_of_service", Some(reason), Some(*verified_at_unix_ms)),
-        ModelState::NotLoaded => ("not_loaded", None, None),
-        ModelState::Failed { reason } => ("failed", Some(reason), None),
-        ModelState::Refused { reason } => ("refused", Some(reason), None),
-        ModelState::Unknown { reason } => ("unknown", Some(reason), None),
-    };
+    let (state, reason, verified_at) = state_json(&view.state);
+    let hosts: Vec<Value> = view
+        .hosts
+        .iter()
+        .map(|(host, state)| {
+            let (state, reason, verified_at) = state_json(state);
+            json!({
+                "host": host,
+                "state": state,
+                "reason": reason,
+                "weights_verified_at_unix_ms": verified_at,
+            })
+        })
+        .collect();
     let registration = view.registration.as_ref();
     json!({
         "object": "model.registration",
@@ -240,7 +241,25 @@ fn view_json(view: &ModelView) -> Value {
         "weights_verified_at_unix_ms": verified_at,
         "registered_at": registered_at,
         "registered_by": registered_by,
+        "hosts": hosts,
     })
+}
+
+/// A state's name, reason and verification time.
+fn state_json(state: &ModelState) -> (&'static str, Option<&String>, Option<u64>) {
+    match state {
+        ModelState::Serving {
+            verified_at_unix_ms,
+        } => ("serving", None, Some(*verified_at_unix_ms)),
+        ModelState::OutOfService {
+            reason,
+            verified_at_unix_ms,
+        } => ("out_of_service", Some(reason), Some(*verified_at_unix_ms)),
+        ModelState::NotLoaded => ("not_loaded", None, None),
+        ModelState::Failed { reason } => ("failed", Some(reason), None),
+        ModelState::Refused { reason } => ("refused", Some(reason), None),
+        ModelState::Unknown { reason } => ("unknown", Some(reason), None),
+    }
 }
 
 /// The body, at most [`MAX_REGISTER_BODY_BYTES`] (whatever the gateway's
@@ -351,6 +370,11 @@ fn registration_error(e: RegistrationError) -> ApiError {
         RegistrationError::Upstream(e) => upstream_error(e),
         RegistrationError::Store { .. } => ApiError::internal(e),
         RegistrationError::Audit(e) => super::audit::unrecorded(e),
+        RegistrationError::OnHost(host, e) => {
+            let mut error = registration_error(*e);
+            error.message = format!("gpu-host `{host}`: {}", error.message);
+            error
+        }
     }
 }
 

@@ -101,7 +101,7 @@ impl std::fmt::Debug for Route {
     }
 }
 
-use super::{audit, inference, partitions, plugins, registrations, self_service};
+use super::{audit, gpu_hosts, inference, partitions, plugins, registrations, self_service};
 use Access::{Anonymous, Operator, Tenant};
 use Listener::{Admin, Public};
 use Method::{Delete, Get, Post, Put};
@@ -148,6 +148,9 @@ pub const ROUTES: &[Route] = &[
     route(Post,   "/admin/v1/models",                   Admin,  Operator(Scope::ModelsWrite), |m| on(m, registrations::register)),
     route(Delete, "/admin/v1/models/{name}",            Admin,  Operator(Scope::ModelsWrite), |m| on(m, registrations::unregister)),
     route(Get,    "/admin/v1/partitions",               Admin,  Operator(Scope::PartitionsRead), |m| on(m, partitions::list)),
+    route(Get,    "/admin/v1/gpu-hosts",                Admin,  Operator(Scope::GpuHostsRead), |m| on(m, gpu_hosts::list)),
+    route(Post,   "/admin/v1/gpu-hosts/{name}/drain",   Admin,  Operator(Scope::GpuHostsWrite), |m| on(m, gpu_hosts::drain)),
+    route(Post,   "/admin/v1/gpu-hosts/{name}/resume",  Admin,  Operator(Scope::GpuHostsWrite), |m| on(m, gpu_hosts::resume)),
     route(Get,    "/admin/v1/tenants",                  Admin,  Operator(Scope::TenantsRead), |m| on(m, self_service::tenants)),
     route(Get,    "/admin/v1/usage",                    Admin,  Operator(Scope::UsageRead),   |m| on(m, self_service::all_usage)),
     route(Get,    "/admin/v1/audit/checkpoint",         Admin,  Operator(Scope::AuditRead),   |m| on(m, audit::checkpoint)),

@@ -45,11 +45,15 @@ pub enum Scope {
     TenantsRead,
     /// Operator: every tenant's usage.
     UsageRead,
+    /// Operator: the gpu-hosts, their state, load and models.
+    GpuHostsRead,
+    /// Operator: drain a gpu-host and put it back.
+    GpuHostsWrite,
 }
 
 impl Scope {
     /// Every scope, in the order they are printed.
-    pub const ALL: [Scope; 8] = [
+    pub const ALL: [Scope; 10] = [
         Scope::Inference,
         Scope::PluginsWrite,
         Scope::ModelsRead,
@@ -58,6 +62,8 @@ impl Scope {
         Scope::PartitionsRead,
         Scope::TenantsRead,
         Scope::UsageRead,
+        Scope::GpuHostsRead,
+        Scope::GpuHostsWrite,
     ];
 
     /// The name used in the `scope` claim.
@@ -71,6 +77,8 @@ impl Scope {
             Scope::PartitionsRead => "partitions:read",
             Scope::TenantsRead => "tenants:read",
             Scope::UsageRead => "usage:read",
+            Scope::GpuHostsRead => "gpu-hosts:read",
+            Scope::GpuHostsWrite => "gpu-hosts:write",
         }
     }
 
@@ -249,7 +257,7 @@ mod tests {
         let mut claimed = Scopes::NONE;
         claimed.add_names(
             "inference plugins:write models:read models:write audit:read partitions:read \
-             tenants:read usage:read",
+             tenants:read usage:read gpu-hosts:read gpu-hosts:write",
         );
         assert_eq!(claimed.iter().count(), Scope::ALL.len());
         let tenant = claimed.only(Principal::Tenant);
@@ -257,7 +265,7 @@ mod tests {
         let operator = claimed.only(Principal::Operator);
         assert!(!operator.contains(Scope::Inference));
         assert!(!operator.contains(Scope::PluginsWrite));
-        assert_eq!(operator.iter().count(), 6);
+        assert_eq!(operator.iter().count(), 8);
         assert!(Scope::of(Principal::Tenant).all(|s| s.principal() == Principal::Tenant));
     }
 

@@ -59,7 +59,8 @@ struct IssueArgs {
     ttl: Duration,
     /// Scopes to grant. Tenants: inference, plugins:write (default:
     /// inference). Operators (required): models:read, models:write,
-    /// audit:read, partitions:read, tenants:read, usage:read.
+    /// audit:read, partitions:read, tenants:read, usage:read,
+    /// gpu-hosts:read, gpu-hosts:write.
     #[arg(long = "scope", value_name = "SCOPE", num_args = 1..)]
     scopes: Vec<Scope>,
     /// The `sub` claim (default: dev).

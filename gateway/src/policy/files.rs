@@ -29,6 +29,10 @@ pub struct GatewayFile {
     pub jwt_leeway_s: Option<Spanned<u64>>,
     /// A remote gpu-host. Absent: the gateway starts a local one (`[local_gpu_host]`).
     pub upstream: Option<UpstreamFile>,
+    /// Several remote gpu-hosts (`[[gpu_hosts]]`), each shaped like
+    /// `[upstream]` plus a `name`; instead of `[upstream]`.
+    #[serde(default)]
+    pub gpu_hosts: Vec<UpstreamFile>,
     /// The local gpu-host child started when no `[upstream]` is configured.
     pub local_gpu_host: Option<LocalGpuHostFile>,
     /// Tenant plugins (`[plugins]`).
@@ -159,10 +163,13 @@ pub struct PluginsGatewayFile {
     pub max_concurrent_calls: Option<Spanned<u64>>,
 }
 
-/// `[upstream]` in `gateway.toml`.
+/// `[upstream]` (or one `[[gpu_hosts]]`) in `gateway.toml`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamFile {
+    /// The host's name in the admin API, logs and metrics (required in
+    /// `[[gpu_hosts]]`; `[upstream]`'s is `upstream`).
+    pub name: Option<Spanned<String>>,
     /// `unix:PATH`, `tcp:IP:PORT` or `tcp:NAME:PORT` (looked up at every
     /// connection).
     pub target: Spanned<String>,

@@ -251,21 +251,34 @@ impl Default for GatewayPlugins {
     }
 }
 
-/// How the gateway reaches its gpu-host.
+/// How the gateway reaches its gpu-hosts.
 #[derive(Clone, Debug)]
 pub enum UpstreamSettings {
-    /// A gpu-host someone else runs.
-    Remote {
-        target: Target,
-        /// The bearer secret (read from `secret_file`).
-        secret: Option<String>,
-        /// TLS to a `tcp:` host (`tls_ca`, and `tls_cert`/`tls_key` for
-        /// mutual TLS); `None` on a Unix socket or with `allow_plaintext`.
-        tls: Option<bulkhead_protocol::ClientTls>,
-    },
+    /// gpu-hosts someone else runs: `[upstream]` (one, named `upstream`)
+    /// or `[[gpu_hosts]]`.
+    Remote(Vec<RemoteHost>),
     /// A child process the gateway starts and restarts.
     Local(LocalGpuHost),
 }
+
+/// One remote gpu-host.
+#[derive(Clone, Debug)]
+pub struct RemoteHost {
+    /// Its name in the admin API, logs and metrics.
+    pub name: String,
+    pub target: Target,
+    /// The bearer secret (read from `secret_file`).
+    pub secret: Option<String>,
+    /// TLS to a `tcp:` host (`tls_ca`, and `tls_cert`/`tls_key` for
+    /// mutual TLS); `None` on a Unix socket or with `allow_plaintext`.
+    pub tls: Option<bulkhead_protocol::ClientTls>,
+    /// The configured models it loads (`[[gpu_hosts.models]]`); models
+    /// registered through the API go to every host.
+    pub models: BTreeSet<String>,
+}
+
+/// Most `[[gpu_hosts]]` one gateway reaches.
+pub const MAX_GPU_HOSTS: usize = 64;
 
 /// One tenant, with its limits resolved (tenant over class over defaults).
 #[derive(Clone, Debug)]

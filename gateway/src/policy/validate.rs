@@ -20,15 +20,16 @@ use toml::Spanned;
 
 use super::files::{
     AdminFile, AuditGatewayFile, ConnectionsFile, Folder, GatewayFile, LimitStoreFile, LimitsFile,
-    LocalGpuHostFile, ModelsGatewayFile, Parsed, PluginsGatewayFile, UpstreamFile, io_reason,
+    LocalGpuHostFile, ModelFile, ModelsGatewayFile, Parsed, PluginsGatewayFile, UpstreamFile,
+    io_reason,
 };
 use super::models::{HostKind, check_models};
 use super::names::{NAME_RULE, is_valid_name};
 use super::trust::check_trust;
 use super::{
     ClassFile, ConnectionLimits, DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, GatewayPlugins,
-    GatewaySettings, Limits, ListenAddr, LocalGpuHost, OperatorPolicy, Policy, PolicyError,
-    SourceFile, TenantFile, TenantPolicy, UpstreamSettings,
+    GatewaySettings, Limits, ListenAddr, LocalGpuHost, MAX_GPU_HOSTS, OperatorPolicy, Policy,
+    PolicyError, RemoteHost, SourceFile, TenantFile, TenantPolicy, UpstreamSettings,
 };
 use crate::registration::Trust;
 use crate::registration::{MODEL_NAME_RULE, Registration, valid_model_name};

@@ -61,6 +61,9 @@ pub enum RegistrationError {
     },
     #[error(transparent)]
     Audit(#[from] AuditError),
+    /// One of several gpu-hosts refused or failed the load.
+    #[error("gpu-host `{0}`: {1}")]
+    OnHost(String, Box<RegistrationError>),
 }
 
 impl RegistrationError {

@@ -122,11 +122,33 @@ pub enum Event {
 #[derive(Debug)]
 pub struct Events {
     stream: Streaming<GenerateEvent>,
+    /// Kept as long as the stream (the host pool's count of the
+    /// generations each host runs).
+    held: Option<Held>,
+}
+
+/// Something an [`Events`] keeps alive until it is dropped.
+pub struct Held {
+    _value: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Held")
+    }
 }
 
 impl Events {
     pub(super) fn new(stream: Streaming<GenerateEvent>) -> Events {
-        Events { stream }
+        Events { stream, held: None }
+    }
+
+    /// The same events, keeping `value` alive until they are dropped.
+    pub fn holding(mut self, value: impl std::any::Any + Send + Sync) -> Events {
+        self.held = Some(Held {
+            _value: Box::new(value),
+        });
+        self
     }
 
     /// The next event; `None` when the stream ended.

@@ -102,7 +102,14 @@ impl ModelStates {
 }
 
 /// Polls the host's models every [`MODEL_POLL`] until the task is aborted.
-pub fn watch_models(upstream: Upstream, metrics: Arc<Metrics>, audit: Audit) -> JoinHandle<()> {
+/// Without `metrics` (one of several hosts: the model gauges have no host
+/// label) only quarantines are logged and recorded.
+pub fn watch_models(
+    upstream: Upstream,
+    metrics: Option<Arc<Metrics>>,
+    audit: Audit,
+) -> JoinHandle<()> {
+    let metrics = metrics.unwrap_or_default();
     tokio::spawn(async move {
         let mut states = ModelStates::default();
         let mut tick = tokio::time::interval(MODEL_POLL);

@@ -147,11 +147,14 @@ fn advance(counter: &Counter, before: Option<u64>, now: u64) {
 /// Reads the host's partitions every [`PARTITION_POLL`], and at once after
 /// this gateway changed the layout, into the metrics and `on_report`
 /// (connection lanes), until the task is aborted.
+/// Without `metrics` (one of several hosts: the partition gauges have no
+/// host label) only `on_report` hears of it.
 pub fn watch_partitions(
     upstream: Upstream,
-    metrics: Arc<Metrics>,
+    metrics: Option<Arc<Metrics>>,
     mut on_report: impl FnMut(&PartitionsReport) + Send + 'static,
 ) -> JoinHandle<()> {
+    let metrics = metrics.unwrap_or_default();
     tokio::spawn(async move {
         let mut counters = PartitionCounters::default();
         let mut tick = tokio::time::interval(PARTITION_POLL);

@@ -549,11 +549,15 @@ fn with_a_model_registry_any_valid_model_name_is_accepted() {
         ACME.replace(r#"["tiny"]"#, r#"["anything-at-all"]"#),
     );
     let policy = load_ok(&folder);
-    let UpstreamSettings::Remote { target, secret, .. } = &policy.gateway.upstream else {
+    let UpstreamSettings::Remote(hosts) = &policy.gateway.upstream else {
         panic!("expected a remote upstream");
     };
-    assert_eq!(target.to_string(), "tcp:10.0.0.5:50051");
-    assert_eq!(secret.as_deref(), Some("0123456789abcdef0123"));
+    let [host] = &hosts[..] else {
+        panic!("expected one host, got {hosts:?}");
+    };
+    assert_eq!(host.name, "upstream");
+    assert_eq!(host.target.to_string(), "tcp:10.0.0.5:50051");
+    assert_eq!(host.secret.as_deref(), Some("0123456789abcdef0123"));
     assert_eq!(
         policy.files.len(),
         5,
@@ -1196,10 +1200,10 @@ fn a_tcp_upstream_needs_tls_or_plaintext_asked_for_and_its_files_must_parse() {
         tls("client.key")
     );
     let policy = check(&mutual).unwrap();
-    let UpstreamSettings::Remote {
-        tls: Some(client), ..
-    } = &policy.gateway.upstream
-    else {
+    let UpstreamSettings::Remote(hosts) = &policy.gateway.upstream else {
+        panic!("expected a remote upstream");
+    };
+    let Some(client) = &hosts[0].tls else {
         panic!("expected TLS to the upstream");
     };
     assert!(client.identity.is_some() && client.server_name.is_none());
@@ -1371,4 +1375,109 @@ fn a_broken_limit_store_names_each_problem() {
             line(2)
         )]
     );
+}
+
+#[test]
+fn gpu_hosts_are_named_and_each_loads_its_models() {
+    let folder = valid_folder();
+    let root = folder.path().display().to_string();
+    let model = |name: &str, dir: &str| {
+        format!(
+            "[[gpu_hosts.models]]\nname = \"{name}\"\ndir = \"{root}/models/{dir}\"\n\
+             signature = \"models/{dir}.sig\"\n"
+        )
+    };
+    let host = |name: &str, socket: &str| {
+        let name = if name.is_empty() {
+            String::new()
+        } else {
+            format!("name = \"{name}\"\n")
+        };
+        format!("[[gpu_hosts]]\n{name}target = \"unix:/run/{socket}.sock\"\n")
+    };
+    let gateway = format!(
+        "{}{}{}{}{}",
+        host("gpu-a", "a"),
+        model("tiny", "tiny"),
+        model("small", "small"),
+        host("gpu-b", "b"),
+        model("tiny", "tiny")
+    );
+    folder.write("gateway.toml", &gateway);
+    let policy = load_ok(&folder);
+    let UpstreamSettings::Remote(hosts) = &policy.gateway.upstream else {
+        panic!("expected remote hosts");
+    };
+    let names: Vec<(&str, Vec<&str>)> = hosts
+        .iter()
+        .map(|h| {
+            (
+                h.name.as_str(),
+                h.models.iter().map(String::as_str).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [("gpu-a", vec!["small", "tiny"]), ("gpu-b", vec!["tiny"])]
+    );
+    let mut models: Vec<&str> = policy.models.iter().map(|m| m.name.as_str()).collect();
+    models.sort_unstable();
+    assert_eq!(models, ["small", "tiny"], "each model once");
+
+    // One name, other weights on another host.
+    let clash = format!(
+        "{}{}{}{}",
+        host("gpu-a", "a"),
+        model("tiny", "tiny"),
+        host("gpu-b", "b"),
+        model("tiny", "small")
+    );
+    folder.write("gateway.toml", &clash);
+    let found = errors(&folder);
+    assert!(
+        found[0]
+            .starts_with("gateway.toml:12:8: model `tiny` on gpu-host `gpu-b` is other weights")
+            && found[0].contains("than on `gpu-a`"),
+        "{found:?}"
+    );
+
+    // A host without a name, two with one name, and `[upstream]` as well.
+    for (gateway, expected) in [
+        (
+            format!("{}{}", host("gpu-a", "a"), host("", "b")),
+            "every `[[gpu_hosts]]` needs a `name`",
+        ),
+        (
+            format!("{}{}", host("gpu-a", "a"), host("gpu-a", "b")),
+            "gpu-host `gpu-a` is named twice",
+        ),
+        (
+            format!(
+                "[upstream]\ntarget = \"unix:/run/u.sock\"\n\n{}",
+                host("gpu-a", "a")
+            ),
+            "`[upstream]` and `[[gpu_hosts]]` are both set",
+        ),
+        (
+            "[upstream]\nname = \"x\"\ntarget = \"unix:/run/u.sock\"\n".to_string(),
+            "`[upstream]` takes no `name`",
+        ),
+        (
+            host("not a name", "a"),
+            "gpu-host name `not a name` is not valid",
+        ),
+    ] {
+        folder.write("gateway.toml", &gateway);
+        folder.write("tenants/acme.toml", ACME.replace(r#"["tiny"]"#, "[]"));
+        folder.write(
+            "tenants/beta.toml",
+            plain_tenant("beta").replace(r#"["small"]"#, "[]"),
+        );
+        let found = errors(&folder);
+        assert!(
+            found.iter().any(|e| e.contains(expected)),
+            "{gateway}\nexpected `{expected}` in {found:?}"
+        );
+    }
 }

@@ -96,24 +96,13 @@ pub(super) fn check_gateway(
 
     let local_defaults = LocalGpuHostFile::default();
     let mut device = None;
-    let (upstream, models) = match (&file.upstream, &file.local_gpu_host) {
-        (Some(remote), local) => {
-            if local.is_some() {
-                errors.push(source.error_at(
-                    remote.target.span(),
-                    "`[upstream]` and `[local_gpu_host]` are both set: \
-                     use a remote gpu-host or a local one, not both",
-                ));
-            }
-            let models = check_models(dir, source, &remote.models, trust, HostKind::Remote, errors);
-            (check_upstream(dir, source, remote, errors), models)
-        }
-        (None, local) => {
+    let (upstream, models) = match (&file.upstream, &file.gpu_hosts[..], &file.local_gpu_host) {
+        (remote, [], None | Some(_)) if remote.is_none() => {
             let before = errors.len();
             let (local, models) = check_local(
                 dir,
                 source,
-                local.as_ref().unwrap_or(&local_defaults),
+                file.local_gpu_host.as_ref().unwrap_or(&local_defaults),
                 trust,
                 errors,
             );
@@ -122,16 +111,51 @@ pub(super) fn check_gateway(
             }
             (UpstreamSettings::Local(local), models)
         }
+        (upstream, hosts, local) => {
+            let span = upstream
+                .as_ref()
+                .map_or_else(|| hosts[0].target.span(), |u| u.target.span());
+            if local.is_some() {
+                let remote = if upstream.is_some() {
+                    "`[upstream]`"
+                } else {
+                    "`[[gpu_hosts]]`"
+                };
+                errors.push(source.error_at(
+                    span.clone(),
+                    format!(
+                        "{remote} and `[local_gpu_host]` are both set: \
+                         use a remote gpu-host or a local one, not both"
+                    ),
+                ));
+            }
+            if upstream.is_some() && !hosts.is_empty() {
+                errors.push(source.error_at(
+                    span,
+                    "`[upstream]` and `[[gpu_hosts]]` are both set: name one host in \
+                     `[upstream]`, or every host in `[[gpu_hosts]]`",
+                ));
+            }
+            let listed: Vec<(&UpstreamFile, bool)> = match upstream {
+                Some(upstream) => vec![(upstream, false)],
+                None => hosts.iter().map(|h| (h, true)).collect(),
+            };
+            let (hosts, models) = check_remote_hosts(dir, source, &listed, trust, errors);
+            (UpstreamSettings::Remote(hosts), models)
+        }
     };
     let models_registry = check_registry(dir, source, file.models.as_ref(), errors);
     // With a registry, tenants may name models registered later through the
     // API; without one, only the configured models can ever be served.
     // Every configured name counts, verified or not: a model that failed
     // is reported once, where it is configured.
-    let configured = match (&file.upstream, &file.local_gpu_host) {
-        (Some(remote), _) => &remote.models,
-        (None, Some(local)) => &local.models,
-        (None, None) => &local_defaults.models,
+    let configured: Vec<&ModelFile> = match (&file.upstream, &file.local_gpu_host) {
+        (Some(remote), _) => remote.models.iter().collect(),
+        (None, _) if !file.gpu_hosts.is_empty() => {
+            file.gpu_hosts.iter().flat_map(|h| &h.models).collect()
+        }
+        (None, Some(local)) => local.models.iter().collect(),
+        (None, None) => local_defaults.models.iter().collect(),
     };
     let served_models = match models_registry {
         Some(_) => None,
@@ -451,12 +475,107 @@ pub(super) fn lexically_normal(path: &Path) -> PathBuf {
     out
 }
 
+/// `[upstream]` or every `[[gpu_hosts]]` (`named`: a name is required):
+/// each host resolved, and the union of their models. A model configured
+/// on several hosts must be the same signed weights on each.
+fn check_remote_hosts(
+    dir: &Path,
+    source: &SourceFile,
+    hosts: &[(&UpstreamFile, bool)],
+    trust: &Trust,
+    errors: &mut Vec<PolicyError>,
+) -> (Vec<RemoteHost>, Vec<Arc<Registration>>) {
+    if hosts.len() > MAX_GPU_HOSTS {
+        errors.push(source.error(format!(
+            "{} `[[gpu_hosts]]` are configured; at most {MAX_GPU_HOSTS} may be",
+            hosts.len()
+        )));
+        return (Vec::new(), Vec::new());
+    }
+    let mut resolved = Vec::new();
+    let mut models: Vec<Arc<Registration>> = Vec::new();
+    let mut where_from: BTreeMap<String, String> = BTreeMap::new();
+    for &(file, named) in hosts {
+        let name = match (&file.name, named) {
+            (Some(name), _) if !valid_model_name(name.get_ref()) => {
+                errors.push(source.error_at(
+                    name.span(),
+                    format!(
+                        "gpu-host name `{}` is not valid: {MODEL_NAME_RULE}",
+                        name.get_ref().escape_debug()
+                    ),
+                ));
+                continue;
+            }
+            (Some(name), true) => name.get_ref().clone(),
+            (Some(name), false) => {
+                errors.push(source.error_at(
+                    name.span(),
+                    "`[upstream]` takes no `name` (it is `upstream`); several named hosts go \
+                     in `[[gpu_hosts]]`",
+                ));
+                continue;
+            }
+            (None, true) => {
+                errors.push(source.error_at(
+                    file.target.span(),
+                    "every `[[gpu_hosts]]` needs a `name` (used by the admin API, logs and \
+                     metrics)",
+                ));
+                continue;
+            }
+            (None, false) => "upstream".to_string(),
+        };
+        if resolved.iter().any(|h: &RemoteHost| h.name == name) {
+            errors.push(source.error_at(
+                file.name.as_ref().map_or(file.target.span(), |n| n.span()),
+                format!("gpu-host `{name}` is named twice"),
+            ));
+            continue;
+        }
+        let mut host = check_upstream(dir, source, file, name, errors);
+        for model in check_models(dir, source, &file.models, trust, HostKind::Remote, errors) {
+            host.models.insert(model.name.clone());
+            match models.iter().find(|m| m.name == model.name) {
+                Some(first) if first.digest != model.digest => {
+                    let span = file
+                        .models
+                        .iter()
+                        .find(|m| *m.name.get_ref() == model.name)
+                        .map_or(file.target.span(), |m| m.name.span());
+                    errors.push(source.error_at(
+                        span,
+                        format!(
+                            "model `{}` on gpu-host `{}` is other weights ({}) than on `{}` \
+                             ({}): one name must be the same model on every host",
+                            model.name,
+                            host.name,
+                            model.digest,
+                            where_from[&model.name],
+                            first.digest
+                        ),
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    where_from.insert(model.name.clone(), host.name.clone());
+                    models.push(model);
+                }
+            }
+        }
+        resolved.push(host);
+    }
+    (resolved, models)
+}
+
+/// One remote host's connection (its models are added by the caller).
 pub(super) fn check_upstream(
     dir: &Path,
     source: &SourceFile,
     upstream: &UpstreamFile,
+    name: String,
     errors: &mut Vec<PolicyError>,
-) -> UpstreamSettings {
+) -> RemoteHost {
     let written = upstream.target.get_ref();
     let target = written.parse::<Target>().unwrap_or_else(|_| {
         errors.push(source.error_at(
@@ -477,10 +596,12 @@ pub(super) fn check_upstream(
         .as_ref()
         .and_then(|file| read_secret(dir, source, file, errors));
     let tls = check_upstream_tls(dir, source, upstream, &target, errors);
-    UpstreamSettings::Remote {
+    RemoteHost {
+        name,
         target,
         secret,
         tls,
+        models: BTreeSet::new(),
     }
 }
 

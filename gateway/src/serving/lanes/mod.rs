@@ -51,7 +51,7 @@ struct Inner {
     routes: ArcSwap<HashMap<String, mpsc::UnboundedSender<Command>>>,
     /// Every lane started, by tenant (the watcher and shutdown only).
     lanes: Mutex<BTreeMap<String, Lane>>,
-    /// What each lane's router is built from; its `upstream` is replaced
+    /// What each lane's router is built from; its `hosts` client is replaced
     /// by the lane's own.
     app: App,
     max_body_bytes: usize,
@@ -388,12 +388,12 @@ fn lane_router(
     target: &Target,
     owner: &Arc<str>,
 ) -> axum::Router {
-    let upstream = app.upstream.for_target(target).unwrap_or_else(|e| {
+    let hosts = app.hosts.with_lane(target).unwrap_or_else(|e| {
         tracing::warn!(?target, "a lane keeps the main gpu-host client: {e}");
-        app.upstream.clone()
+        app.hosts.clone()
     });
     let app = App {
-        upstream,
+        hosts,
         ..app.clone()
     };
     let guard = (app.clone(), Arc::clone(owner));

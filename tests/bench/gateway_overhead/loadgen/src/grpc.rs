@@ -118,6 +118,11 @@ pub async fn health(args: &HealthArgs) -> anyhow::Result<String> {
         "workers": health.workers,
         "running": health.running,
         "max_running": health.max_running,
+        "preemptions": health.preemptions,
+        "kv_refusals": health.kv_refusals,
+        "device_errors": health.device_errors,
+        "kv_bytes": health.kv_bytes,
+        "kv_bytes_used": health.kv_bytes_used,
     })
     .to_string())
 }

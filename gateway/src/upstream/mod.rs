@@ -81,8 +81,53 @@ const KV_BUDGET_EXCEEDED: &str = "kv_budget_exceeded:";
 /// step (followed by the kind and `:`), not the host going away.
 const DEVICE_ERROR: &str = "device_error: ";
 
+/// How tonic starts the message of a status it makes from an HTTP/2 error
+/// (`Status::from_h2_error`, and `from_hyper_error` for a hyper error an h2
+/// one caused). Its code is the h2 reason's: ENHANCE_YOUR_CALM, which h2
+/// sends (or raises on its own side) when it closes a connection for too
+/// many resets, becomes RESOURCE_EXHAUSTED, though it says nothing of the
+/// host's queue; INADEQUATE_SECURITY becomes PERMISSION_DENIED.
+const TONIC_H2_ERROR: &str = "h2 protocol error";
+
+/// Whether `status` is the connection to the host failing rather than an
+/// answer from the host. A status the host sends arrives in `grpc-status`
+/// and carries no source; one tonic makes from a transport error carries
+/// that error: a `hyper::Error`, or an `h2::Error` (this crate does not
+/// depend on h2), whose statuses start with [`TONIC_H2_ERROR`].
+fn is_transport_failure(status: &Status) -> bool {
+    status.message().starts_with(TONIC_H2_ERROR)
+        || causes(status).any(|cause| cause.is::<hyper::Error>())
+}
+
+/// The errors beneath `status`, outermost first.
+fn causes(status: &Status) -> impl Iterator<Item = &(dyn std::error::Error + 'static)> {
+    std::iter::successors(std::error::Error::source(status), |cause| cause.source())
+}
+
+/// The status's message and the causes it does not already say: for an h2
+/// failure, whether the host closed the connection ("connection error
+/// received") or this process's own h2 did ("... detected"), and why.
+fn with_causes(status: &Status) -> String {
+    let mut text = status.message().to_string();
+    for cause in causes(status) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
+}
+
 impl From<Status> for UpstreamError {
     fn from(status: Status) -> UpstreamError {
+        // Before the codes: tonic gives a broken connection whatever code
+        // its h2 reason maps to. It is the host being unavailable (the pool
+        // ejects it, a supervised host is retried after its restart, the
+        // client is told `upstream_unavailable`), not the host's refusal.
+        if is_transport_failure(&status) {
+            return UpstreamError::Unavailable(with_causes(&status));
+        }
         let message = status.message().to_string();
         match status.code() {
             Code::NotFound => UpstreamError::ModelNotFound(message),
@@ -312,47 +357,4 @@ impl Upstream {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn resource_exhausted_is_the_queue_unless_it_names_the_kv_budget() {
-        let kv = Status::resource_exhausted(
-            "kv_budget_exceeded: the request needs 900 tokens of KV cache, the tenant's share is 512",
-        );
-        assert!(
-            matches!(UpstreamError::from(kv), UpstreamError::KvBudgetExceeded(m) if m.contains("needs 900"))
-        );
-        let full =
-            Status::resource_exhausted("the request queue is full (64 waiting); retry later");
-        assert!(matches!(
-            UpstreamError::from(full),
-            UpstreamError::Overloaded(_)
-        ));
-        let out = Status::failed_precondition("model `m` is out of service: chunk 3");
-        assert!(matches!(
-            UpstreamError::from(out),
-            UpstreamError::ModelUnavailable(_)
-        ));
-    }
-
-    #[test]
-    fn unavailable_is_the_device_when_the_host_says_device_error() {
-        let oom = Status::unavailable(
-            "device_error: out_of_memory: alloc 4096 bytes: partition \"shared\" cannot allocate 4KiB",
-        );
-        match UpstreamError::from(oom) {
-            UpstreamError::DeviceError { kind, message } => {
-                assert_eq!(kind, "out_of_memory");
-                assert!(message.contains("cannot allocate"), "{message}");
-            }
-            other => panic!("{other:?}"),
-        }
-        // A stopping host is not a device error (and is retried).
-        let stopping = Status::unavailable("the host is shutting down");
-        assert!(matches!(
-            UpstreamError::from(stopping),
-            UpstreamError::Unavailable(_)
-        ));
-    }
-}
+mod tests;

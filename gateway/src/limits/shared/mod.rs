@@ -18,7 +18,10 @@
 //! and a prober pings with backoff (50 ms doubling to 5 s) until Redis
 //! answers again. What cannot reach Redis meanwhile errs on the tenant's
 //! side of caution: a refund that fails is lost (the tenant is charged its
-//! reservation), a lease that cannot be removed lapses with its TTL.
+//! reservation). A lease's removal is sent whatever the mark says, and one
+//! Redis does not confirm is sent again when it answers (or, past a bound,
+//! lapses with its TTL): a lease left behind would refuse the tenant's
+//! requests in its place.
 
 mod lease;
 mod script;
@@ -272,6 +275,18 @@ impl Inner {
 
     /// A call failed: count it and, if the store was up, mark it down and
     /// start probing.
+    ///
+    /// One failure is enough, a reply later than `store_timeout_ms`
+    /// included. A timeout cannot tell a Redis that is slow from one that
+    /// hangs, and waiting for several in a row would make every request in
+    /// flight meanwhile (hundreds, under load) pay the full timeout on each
+    /// outage before the mark spares the next ones. Where late replies come
+    /// from a starved machine rather than Redis, the calls in flight tend
+    /// to be late together (this process's own threads were late to read
+    /// them), so a count would spare few marks. A mark set by a late reply
+    /// is made cheap instead: the prober's first ping goes out at once and
+    /// lifts it within a round trip, and lease removals and the undoing of
+    /// late admissions go out whatever the mark says.
     fn failed(&self, why: impl Display) {
         self.errors.inc();
         if self.up.swap(false, Ordering::AcqRel) {
@@ -328,11 +343,9 @@ impl Inner {
     ) {
         let inner = Arc::clone(self);
         self.spawn(async move {
-            let mut conn = ConnectionManager::clone(&inner.conn.load());
-            let mut command = redis::cmd("ZREM");
-            command.arg(&*leases).arg(&*member);
-            let removed = command.query_async::<i64>(&mut conn);
-            if let Ok(Ok(1)) = tokio::time::timeout(BACKGROUND_TIMEOUT, removed).await {
+            // Sent again later if Redis does not confirm it now (the
+            // reservation is then lost: the tenant's side of caution).
+            if lease::release(&inner, leases, member).await == Some(1) {
                 tokens.settle_now(i128::from(reserved)).await;
             }
         });
@@ -375,6 +388,7 @@ async fn probe(inner: Weak<Inner>) {
             match strong.ping().await {
                 Ok(()) => {
                     strong.recovered(true);
+                    lease::release_unconfirmed(&strong).await;
                     break;
                 }
                 Err(why) => {

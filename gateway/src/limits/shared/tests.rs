@@ -451,6 +451,92 @@ async fn an_admission_answered_too_late_is_undone() {
         .expect("the late admission's 500 tokens were given back");
 }
 
+/// How many members the tenant `acme`'s lease set under `prefix` has, read
+/// straight from Redis.
+fn lease_members(prefix: &Prefix) -> i64 {
+    let leases = format!("{}:{{t:acme}}:leases", prefix.0);
+    let client = Client::open(format!("redis://{}/", redis_addr())).expect("url");
+    let mut conn = client.get_connection().expect("test Redis answers");
+    redis::cmd("ZCARD").arg(&leases).query(&mut conn).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_ended_while_the_store_is_marked_down_is_still_removed() {
+    // The soak's case: one late reply marked the store down (Redis itself
+    // answers) just as a request ended. Its lease must not hold the
+    // tenant's slot for the TTL (15 s) meanwhile.
+    let prefix = Prefix::new("marked");
+    let shared = replica(store(&redis_addr(), &prefix)).await;
+    let limits = limits(1000, 1000, 1_000_000, 1);
+    let held = admit(&shared, &limits, 1).await.expect("the only slot");
+    assert_eq!(lease_members(&prefix), 1);
+    // The mark as `failed` sets it, without waking the prober, so it stays
+    // while the lease ends.
+    shared.inner.up.store(false, Ordering::Release);
+    let ended = Instant::now();
+    drop(held);
+    eventually("the lease's removal", async || lease_members(&prefix) == 0).await;
+    assert!(
+        ended.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        ended.elapsed()
+    );
+    shared.inner.recovered(true);
+    admit(&shared, &limits, 1)
+        .await
+        .expect("the slot is free again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_removal_redis_missed_is_sent_again_when_it_answers() {
+    // Redis stops answering, a request ends (its removal is lost on the
+    // hung connection), Redis answers again: the lease goes at once, not a
+    // TTL (15 s) later.
+    let prefix = Prefix::new("resend");
+    let proxy = Proxy::start(&redis_addr()).await;
+    let errors = Counter::default();
+    let store = RedisStore {
+        timeout: Duration::from_millis(20),
+        ..store(&proxy.addr, &prefix)
+    };
+    let shared = SharedLimits::connect(store, errors.clone(), Gauge::default())
+        .await
+        .expect("valid");
+    let limits = limits(1000, 1000, 1_000_000, 1);
+    let held = admit(&shared, &limits, 1).await.expect("the only slot");
+    assert_eq!(lease_members(&prefix), 1);
+
+    proxy.hang();
+    let answer = shared.admit("acme", &limits, None, 1).await;
+    assert_eq!(answer.err(), Some(StoreUnavailable));
+    assert!(!shared.is_up());
+    let ended = Instant::now();
+    drop(held);
+    // The removal goes out on the hung connection and waits out its
+    // second there in vain.
+    tokio::time::sleep(BACKGROUND_TIMEOUT + Duration::from_millis(200)).await;
+    assert_eq!(
+        lease_members(&prefix),
+        1,
+        "the removal got through the hang"
+    );
+
+    proxy.heal();
+    eventually("the lease's removal", async || lease_members(&prefix) == 0).await;
+    assert!(
+        ended.elapsed() < Duration::from_secs(7),
+        "{:?}",
+        ended.elapsed()
+    );
+    eventually("the store's return", async || shared.is_up()).await;
+    admit(&shared, &limits, 1)
+        .await
+        .expect("the slot is free again");
+    // Counted: the admission's timeout, the lost removal and the late
+    // admission's undo, lost the same way.
+    assert!(errors.get() >= 3, "{}", errors.get());
+}
+
 /// A TCP proxy to Redis that can be made to swallow traffic (a store that
 /// hangs) and to pass it again.
 struct Proxy {

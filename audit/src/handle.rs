@@ -23,14 +23,24 @@ impl Audit {
         self.0.as_ref()
     }
 
-    /// Ok when an action may proceed: no log, or a log that still writes.
-    /// Checked before a change, so a failing log stops changes rather than
-    /// letting them happen unrecorded.
-    pub fn ready(&self) -> Result<(), AuditError> {
-        match self.0.as_ref().and_then(AuditLog::failure) {
-            Some(why) => Err(AuditError::Failed(why)),
-            None => Ok(()),
+    /// Ok when an action may proceed: no log, or a log that still writes
+    /// (a shared store is asked: one round trip). Checked before a change,
+    /// so a failing log stops changes rather than letting them happen
+    /// unrecorded.
+    pub async fn ready(&self) -> Result<(), AuditError> {
+        let Some(log) = &self.0 else {
+            return Ok(());
+        };
+        if let Some(why) = log.failure() {
+            return Err(AuditError::Failed(why));
         }
+        if log.is_shared() {
+            let log = log.clone();
+            tokio::task::spawn_blocking(move || log.sync())
+                .await
+                .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
+        }
+        Ok(())
     }
 
     /// Appends an entry (blocking: fsync); its index, or `None` without a

@@ -76,6 +76,20 @@ pub(crate) fn load_or_create(
     Ok(LoadedKey { key, path, created })
 }
 
+/// The audit key in `path` (an Ed25519 PKCS#8 PEM file, which must
+/// exist): how every gateway writing a shared log loads the one key they
+/// all hold.
+pub fn read_signing_key(path: &Path) -> Result<SigningKey, AuditError> {
+    let bytes = read_small(path, MAX_KEY_FILE_BYTES)?.ok_or_else(|| AuditError::Key {
+        path: path.to_path_buf(),
+        why: "it does not exist (`openssl genpkey -algorithm ed25519 -out FILE` makes one; \
+              every gateway sharing the log needs the same file)"
+            .into(),
+    })?;
+    warn_if_open(path);
+    parse_private(path, &bytes)
+}
+
 fn parse_private(path: &Path, bytes: &[u8]) -> Result<SigningKey, AuditError> {
     let text = std::str::from_utf8(bytes).map_err(|_| AuditError::Key {
         path: path.to_path_buf(),

@@ -3,9 +3,12 @@
 //! into an RFC 9162 Merkle tree, with signed checkpoints in the C2SP
 //! signed-note format and inclusion and consistency proofs.
 //!
-//! - [`AuditLog`] (`log.rs`): open (scan, cut a torn tail, check the stored
-//!   checkpoint), append (group commit: one fsync per batch, acknowledged
-//!   only after it), checkpoints, entries and proofs for the API.
+//! - [`AuditLog`] (`log.rs`): open (scan, check the stored checkpoint),
+//!   append (group commit: one durable write per batch, acknowledged only
+//!   after it), checkpoints, entries and proofs for the API.
+//! - [`store`]: where entries and checkpoints are kept: [`FileStore`] (a
+//!   folder; cuts a torn tail at open), or a shared database through the
+//!   [`Store`] trait (`bulkhead-state`).
 //! - [`entry`]: the JSON schema of entries; [`frame`]: the record format;
 //!   [`merkle`]: tree and proofs; [`note`]: checkpoints and keys;
 //!   [`verify`]: the offline check behind `bulkhead audit verify`.
@@ -22,6 +25,7 @@ mod key;
 mod log;
 pub mod merkle;
 pub mod note;
+pub mod store;
 pub mod time;
 pub mod verify;
 
@@ -30,13 +34,14 @@ use std::path::{Path, PathBuf};
 
 pub use entry::{Actor, Entry, Event, FileDigest, Outcome, file_digests, sha256_text};
 pub use handle::Audit;
-pub use key::{KEY_FILE, PUBLIC_KEY_FILE, VKEY_FILE, read_verifier};
+pub use key::{KEY_FILE, PUBLIC_KEY_FILE, VKEY_FILE, read_signing_key, read_verifier};
 pub use log::{
     AuditLog, AuditSettings, CHECKPOINT_FILE, DEFAULT_ORIGIN, ENTRIES_FILE, MAX_BATCH_ENTRIES,
     OpenReport, valid_origin,
 };
 pub use merkle::{Hash, ProofError};
 pub use note::{Checkpoint, NoteError, NoteVerifier};
+pub use store::{FileStore, Store, Stored};
 
 /// Why the audit log could not be opened, written or read.
 #[derive(Debug, thiserror::Error)]
@@ -58,26 +63,32 @@ pub enum AuditError {
     Config(String),
     #[error("the audit log {} is open in another process (its `lock` is held)", dir.display())]
     InUse { dir: PathBuf },
-    #[error("the stored checkpoint {}: {why}", path.display())]
-    Checkpoint { path: PathBuf, why: String },
+    #[error("the stored checkpoint of the audit log in {place}: {why}")]
+    Checkpoint { place: String, why: String },
     #[error(
-        "the audit log in {} has {log_size} entries but its signed checkpoint covers \
-         {checkpoint_size}: entries were removed (a truncated, rolled-back or replaced file); \
-         refusing to start. Restore the file from a backup; `bulkhead audit verify` names \
-         what is missing",
-        dir.display()
+        "the audit log in {place} has {log_size} entries but its signed checkpoint covers \
+         {checkpoint_size}: entries were removed (a truncated, rolled-back or replaced log); \
+         refusing to start. Restore it from a backup; `bulkhead audit verify` names what is \
+         missing"
     )]
     RolledBack {
-        dir: PathBuf,
+        place: String,
         checkpoint_size: u64,
         log_size: u64,
     },
     #[error(
-        "the first {size} entries of the audit log in {} do not hash to its signed \
-         checkpoint's root: the file was altered; refusing to start",
-        dir.display()
+        "the first {size} entries of the audit log in {place} do not hash to its signed \
+         checkpoint's root: the log was altered; refusing to start"
     )]
-    Diverged { dir: PathBuf, size: u64 },
+    Diverged { place: String, size: u64 },
+    #[error("the audit log in {place}, entry {index}: {why}")]
+    Damaged {
+        place: String,
+        index: u64,
+        why: String,
+    },
+    #[error("the audit log's store is unavailable ({0}); try again when it is back")]
+    Unavailable(String),
     #[error("an audit entry of {bytes} bytes is larger than the {max} bytes allowed")]
     EntryTooLarge { bytes: usize, max: usize },
     #[error(

@@ -1,8 +1,9 @@
-//! The audit log folder and its one writer.
+//! The audit log: entries in a [`Store`], the Merkle tree in memory,
+//! checkpoints signed here.
 //!
 //! ```text
-//! DIR/entries.log     the records (frame.rs), append-only
-//! DIR/checkpoint      the latest signed checkpoint (a signed note)
+//! DIR/entries.log     the records (frame.rs), append-only      } the file
+//! DIR/checkpoint      the latest signed checkpoint             } store
 //! DIR/audit.key.pem   the signing key (default location), 0600
 //! DIR/audit.pub.pem   its public key, SPKI PEM
 //! DIR/audit.vkey      its public key, signed-note verifier key
@@ -10,32 +11,35 @@
 //! ```
 //!
 //! Appends are group-committed: concurrent callers queue their events; one
-//! of them (the leader) writes the whole queue as consecutive records and
-//! calls `sync_data` once, then every caller in the batch returns its
-//! index. **An entry is acknowledged only after fsync**, and only then does
-//! its leaf enter the in-memory tree, so proofs and checkpoints never cover
-//! an entry a crash could lose. **The log never signs two inconsistent
-//! checkpoints**: a new checkpoint is signed only for a tree whose prefix of
-//! the last signed size hashes to the last signed root, and at open a log
-//! that no longer matches its stored checkpoint is refused.
+//! of them (the leader) hands the whole queue to the store as consecutive
+//! entries, written durably at once (one fsync, or one database
+//! transaction), then every caller in the batch returns its index. **An
+//! entry is acknowledged only after the store made it durable**, and only
+//! then does its leaf enter the in-memory tree, so proofs and checkpoints
+//! never cover an entry a crash could lose. **The log never signs two
+//! inconsistent checkpoints**: a new checkpoint is signed only for a tree
+//! whose prefix of the last signed size hashes to the last signed root, and
+//! at open a log that no longer matches its stored checkpoint is refused.
+//!
+//! A shared store has other writers: their entries join the tree when an
+//! append or a [`sync`](AuditLog::sync) finds them, in the store's order.
 
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
-use std::io::{BufReader, Write};
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
 
 use bulkhead_durable::{DirLock, LockError};
+use ed25519_dalek::SigningKey;
 
 use super::AuditError;
 use super::entry::{Actor, Entry, Event};
-use super::files::{make_dir, read_small, write_atomic};
-use super::frame::{self, MAGIC, MAX_ENTRY_BYTES};
+use super::files::make_dir;
+use super::frame::MAX_ENTRY_BYTES;
 use super::key;
 use super::merkle::{Hash, Tree, leaf_hash};
 use super::note::{Checkpoint, NoteSigner, NoteVerifier, valid_key_name};
+use super::store::{FileStore, Store, Stored};
 use super::time::Timestamp;
 
 /// The records.
@@ -44,7 +48,8 @@ pub const ENTRIES_FILE: &str = "entries.log";
 pub const CHECKPOINT_FILE: &str = "checkpoint";
 /// The checkpoint origin (and key name) when `[audit] origin` is unset.
 pub const DEFAULT_ORIGIN: &str = "bulkhead.local/audit";
-/// Most entries one fsync covers: bounds a batch's latency and memory.
+/// Most entries one durable write covers: bounds a batch's latency and
+/// memory.
 pub const MAX_BATCH_ENTRIES: usize = 256;
 /// Longest origin line.
 const MAX_ORIGIN_BYTES: usize = 256;
@@ -53,17 +58,17 @@ const MAX_ORIGIN_BYTES: usize = 256;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AuditSettings {
     /// The log folder (created 0700).
-    pub dir: PathBuf,
+    pub dir: std::path::PathBuf,
     /// The Ed25519 PKCS#8 PEM key; `None`: `DIR/audit.key.pem`, generated
     /// at first start.
-    pub key: Option<PathBuf>,
+    pub key: Option<std::path::PathBuf>,
     /// The checkpoints' origin line, also the key's name.
     pub origin: String,
 }
 
 impl AuditSettings {
     /// Settings for `dir` with the default key and origin.
-    pub fn new(dir: impl Into<PathBuf>) -> AuditSettings {
+    pub fn new(dir: impl Into<std::path::PathBuf>) -> AuditSettings {
         AuditSettings {
             dir: dir.into(),
             key: None,
@@ -77,6 +82,17 @@ pub fn valid_origin(origin: &str) -> bool {
     origin.len() <= MAX_ORIGIN_BYTES && valid_key_name(origin)
 }
 
+fn check_origin(origin: &str) -> Result<(), AuditError> {
+    if valid_origin(origin) {
+        return Ok(());
+    }
+    Err(AuditError::Config(format!(
+        "origin `{}` is invalid: it must be 1 to {MAX_ORIGIN_BYTES} bytes without spaces or \
+         `+`, e.g. \"{DEFAULT_ORIGIN}\"",
+        origin.escape_debug()
+    )))
+}
+
 /// What opening the log found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OpenReport {
@@ -86,7 +102,7 @@ pub struct OpenReport {
     pub torn_tail: Option<(u64, String)>,
     /// The key was generated by this open.
     pub key_created: bool,
-    /// Size of the checkpoint found on disk (`None`: the first open).
+    /// Size of the checkpoint found in the store (`None`: the first open).
     pub stored_checkpoint: Option<u64>,
 }
 
@@ -98,24 +114,18 @@ pub struct AuditLog {
 
 #[derive(Debug)]
 struct Inner {
-    dir: PathBuf,
+    store: Box<dyn Store>,
     signer: NoteSigner,
     queue: Mutex<Queue>,
     /// Signalled when a batch is done.
     committed: Condvar,
-    /// Only the batch leader takes it.
-    writer: Mutex<Writer>,
+    /// Held while entries move from the store into the tree (a batch, or a
+    /// sync), so they join it in order and once.
+    writer: Mutex<()>,
     state: RwLock<State>,
-    /// For reads of stored entries (`pread`, never moves a cursor).
-    reader: File,
     signed: Mutex<Signed>,
-    /// A copy of `Writer::failed`, readable without waiting for a batch's
-    /// fsync (the writer lock is held across it).
-    failure: Mutex<Option<String>>,
-    /// Batches whose write or fsync failed.
+    /// Batches the store failed to write.
     append_failures: AtomicU64,
-    /// Holds the folder's `flock` while open.
-    _lock: DirLock,
 }
 
 #[derive(Debug, Default)]
@@ -127,11 +137,12 @@ struct Queue {
 }
 
 /// Why a queued entry was not written (cloneable, unlike `AuditError`:
-/// one failed fsync fails a whole batch).
+/// one failed write fails a whole batch).
 #[derive(Clone, Debug)]
 enum Refused {
     TooLarge(usize),
     Failed(String),
+    Unavailable(String),
 }
 
 impl From<Refused> for AuditError {
@@ -142,6 +153,7 @@ impl From<Refused> for AuditError {
                 max: MAX_ENTRY_BYTES,
             },
             Refused::Failed(why) => AuditError::Failed(why),
+            Refused::Unavailable(why) => AuditError::Unavailable(why),
         }
     }
 }
@@ -153,31 +165,25 @@ struct Pending {
     event: Event,
 }
 
-#[derive(Debug)]
-struct Writer {
-    file: File,
-    /// Where the next record goes.
-    end: u64,
-    /// Set by a failed write or fsync: the file's tail is unknown.
-    failed: Option<String>,
-    /// Test hook ([`AuditLog::split_writes`]): write batches in pieces of
-    /// this many bytes, one syscall each.
-    split_writes: Option<usize>,
-}
-
 /// What proofs and reads see: acknowledged entries only.
 #[derive(Debug, Default)]
 struct State {
     tree: Tree,
-    /// Where each record starts; `end` is where the last one ends.
-    offsets: Vec<u64>,
-    end: u64,
     /// The indexes of the entries each tenant's own tokens caused (actor
     /// `tenant`), ascending: what `GET /v1/audit/entries` shows it.
     by_tenant: HashMap<String, Vec<u64>>,
 }
 
 impl State {
+    fn push(&mut self, stored: &Stored) {
+        self.tree.push(stored.leaf);
+        // Intact entries were written by a gateway; one whose actor does
+        // not parse (a newer schema) is simply not indexed.
+        if let Ok(of) = serde_json::from_slice::<ActorOf>(&stored.entry) {
+            self.index_actor(stored.index, &of.actor);
+        }
+    }
+
     fn index_actor(&mut self, index: u64, actor: &Actor) {
         if let Actor::Tenant { tenant, .. } = actor {
             self.by_tenant
@@ -211,132 +217,17 @@ impl AuditLog {
     /// generates the key, reads every record, cuts a torn tail (with a
     /// warning), and checks the stored checkpoint against the file.
     pub fn open(settings: &AuditSettings) -> Result<(AuditLog, OpenReport), AuditError> {
-        if !valid_origin(&settings.origin) {
-            return Err(AuditError::Config(format!(
-                "origin `{}` is invalid: it must be 1 to {MAX_ORIGIN_BYTES} bytes without \
-                 spaces or `+`, e.g. \"{DEFAULT_ORIGIN}\"",
-                settings.origin.escape_debug()
-            )));
-        }
+        check_origin(&settings.origin)?;
         let dir = &settings.dir;
         make_dir(dir)?;
         let lock_file = take_lock(dir)?;
         let loaded = key::load_or_create(dir, settings.key.as_deref(), &settings.origin)?;
-        let signer = NoteSigner::new(&settings.origin, loaded.key)
-            .map_err(|e| AuditError::Config(e.to_string()))?;
-
-        let path = dir.join(ENTRIES_FILE);
-        if !path.exists() {
-            write_atomic(&path, MAGIC)?;
-        }
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .open(&path)
-            .map_err(AuditError::io("opening", &path))?;
-        let len = file
-            .metadata()
-            .map_err(AuditError::io("reading", &path))?
-            .len();
         let mut state = State::default();
-        let scanned = frame::scan::<frame::FrameError>(
-            &mut BufReader::with_capacity(1 << 20, &mut file),
-            len,
-            |record| {
-                state.tree.push(record.leaf);
-                state.offsets.push(record.offset);
-                // Intact records were written by a gateway; one whose actor
-                // does not parse (a newer schema) is simply not indexed.
-                if let Ok(of) = serde_json::from_slice::<ActorOf>(record.entry) {
-                    state.index_actor(record.index, &of.actor);
-                }
-                Ok(())
-            },
-        )
-        .map_err(|source| match source {
-            frame::FrameError::Io(e) => AuditError::io("reading", &path)(e),
-            source => AuditError::Frame {
-                path: path.clone(),
-                source,
-            },
+        let (store, torn_tail) = FileStore::open(dir, lock_file, &mut |stored| {
+            state.push(&stored);
         })?;
-        state.end = scanned.end;
-
-        let stored = read_checkpoint(dir, signer.verifier())?;
-        match &stored {
-            Some((checkpoint, _)) => check_against(dir, checkpoint, &state.tree)?,
-            None if state.tree.size() > 0 => {
-                return Err(AuditError::Checkpoint {
-                    path: dir.join(CHECKPOINT_FILE),
-                    why: "it is missing while the log holds entries; without it a rolled-back \
-                          log cannot be told from an intact one. Restore it from a backup"
-                        .into(),
-                });
-            }
-            None => {}
-        }
-
-        let mut torn_tail = None;
-        if let Some(torn) = &scanned.torn {
-            tracing::warn!(
-                log = %path.display(),
-                bytes = torn.bytes,
-                entries = scanned.count,
-                why = %torn.why,
-                "the audit log ends in a torn record (a crash during an append that was never \
-                 acknowledged); cutting it off"
-            );
-            file.set_len(scanned.end)
-                .and_then(|()| file.sync_all())
-                .map_err(AuditError::io("truncating", &path))?;
-            if scanned.end == 0 {
-                file.write_all(MAGIC)
-                    .and_then(|()| file.sync_all())
-                    .map_err(AuditError::io("writing", &path))?;
-                state.end = MAGIC.len() as u64;
-            }
-            torn_tail = Some((torn.bytes, torn.why.clone()));
-        }
-
-        let reader = File::open(&path).map_err(AuditError::io("opening", &path))?;
-        let size = state.tree.size();
-        let signed = match stored {
-            Some((checkpoint, note)) => Signed { checkpoint, note },
-            None => Signed {
-                // Stands for "nothing signed yet": every tree extends it.
-                checkpoint: Checkpoint {
-                    origin: settings.origin.clone(),
-                    size: 0,
-                    root: state.tree.root(0)?,
-                },
-                note: String::new(),
-            },
-        };
-        let stored_checkpoint = (!signed.note.is_empty()).then_some(signed.checkpoint.size);
-        let log = AuditLog {
-            inner: Arc::new(Inner {
-                dir: dir.clone(),
-                signer,
-                queue: Mutex::new(Queue::default()),
-                committed: Condvar::new(),
-                writer: Mutex::new(Writer {
-                    file,
-                    end: state.end,
-                    failed: None,
-                    split_writes: None,
-                }),
-                state: RwLock::new(state),
-                reader,
-                signed: Mutex::new(signed),
-                failure: Mutex::new(None),
-                append_failures: AtomicU64::new(0),
-                _lock: lock_file,
-            }),
-        };
-        // Sign at once (the empty tree on a new log, before its first entry),
-        // so a later rollback of the file is caught even if no one ever asks
-        // for a checkpoint.
-        log.checkpoint()?;
+        let (log, stored_checkpoint) =
+            AuditLog::assemble(Box::new(store), loaded.key, &settings.origin, state)?;
         if loaded.created {
             log.append(
                 Actor::Gateway,
@@ -356,16 +247,100 @@ impl AuditLog {
         };
         tracing::info!(
             dir = %dir.display(),
-            entries = size,
+            entries = report.entries,
             key = %loaded.path.display(),
             "audit log open"
         );
         Ok((log, report))
     }
 
-    /// The folder.
-    pub fn dir(&self) -> &Path {
-        &self.inner.dir
+    /// Opens the log kept in `store`, signed with `key` under `origin`:
+    /// reads every entry and checks the latest stored checkpoint (which
+    /// must verify with `key`: every writer of a shared log holds the same
+    /// one).
+    pub fn open_store(
+        store: Box<dyn Store>,
+        key: SigningKey,
+        origin: &str,
+    ) -> Result<(AuditLog, OpenReport), AuditError> {
+        check_origin(origin)?;
+        let mut state = State::default();
+        store.scan(0, &mut |stored| state.push(&stored))?;
+        let (log, stored_checkpoint) = AuditLog::assemble(store, key, origin, state)?;
+        let report = OpenReport {
+            entries: log.size(),
+            torn_tail: None,
+            key_created: false,
+            stored_checkpoint,
+        };
+        tracing::info!(
+            store = log.place(),
+            entries = report.entries,
+            "audit log open"
+        );
+        Ok((log, report))
+    }
+
+    /// The log over `store` whose entries are in `state`: its stored
+    /// checkpoint checked, and signed at once (the empty tree on a new log,
+    /// before its first entry), so a later rollback of the store is caught
+    /// even if no one ever asks for a checkpoint.
+    fn assemble(
+        store: Box<dyn Store>,
+        key: SigningKey,
+        origin: &str,
+        state: State,
+    ) -> Result<(AuditLog, Option<u64>), AuditError> {
+        let signer = NoteSigner::new(origin, key).map_err(|e| AuditError::Config(e.to_string()))?;
+        let stored = read_checkpoint(store.as_ref(), signer.verifier())?;
+        let signed = match stored {
+            Some((checkpoint, note)) => {
+                check_against(store.place(), &checkpoint, &state.tree)?;
+                Signed { checkpoint, note }
+            }
+            None if state.tree.size() > 0 => {
+                return Err(AuditError::Checkpoint {
+                    place: store.place().to_string(),
+                    why: "it is missing while the log holds entries; without it a rolled-back \
+                          log cannot be told from an intact one. Restore it from a backup"
+                        .into(),
+                });
+            }
+            None => Signed {
+                // Stands for "nothing signed yet": every tree extends it.
+                checkpoint: Checkpoint {
+                    origin: origin.to_string(),
+                    size: 0,
+                    root: state.tree.root(0)?,
+                },
+                note: String::new(),
+            },
+        };
+        let stored_checkpoint = (!signed.note.is_empty()).then_some(signed.checkpoint.size);
+        let log = AuditLog {
+            inner: Arc::new(Inner {
+                store,
+                signer,
+                queue: Mutex::new(Queue::default()),
+                committed: Condvar::new(),
+                writer: Mutex::new(()),
+                state: RwLock::new(state),
+                signed: Mutex::new(signed),
+                append_failures: AtomicU64::new(0),
+            }),
+        };
+        log.checkpoint()?;
+        Ok((log, stored_checkpoint))
+    }
+
+    /// Where the log is kept: its folder, or its database.
+    pub fn place(&self) -> &str {
+        self.inner.store.place()
+    }
+
+    /// Whether other gateways append to the same store.
+    pub fn is_shared(&self) -> bool {
+        self.inner.store.is_shared()
     }
 
     /// The key checkpoints are signed with.
@@ -378,16 +353,16 @@ impl AuditLog {
     /// SIGKILL then often lands between two pieces and leaves a torn record,
     /// which the crash test needs to see (a single large `write` into the
     /// page cache is rarely interrupted). Nothing else changes: the batch is
-    /// still acknowledged only after its fsync.
+    /// still acknowledged only after its fsync. File logs only.
     #[doc(hidden)]
     pub fn split_writes(&self, bytes: usize) {
-        lock(&self.inner.writer).split_writes = Some(bytes.max(1));
+        self.inner.store.split_writes(bytes);
     }
 
     /// Why the log stopped taking entries, if it did (a write failed and
     /// the file could not be cut back to its last entry).
     pub fn failure(&self) -> Option<String> {
-        lock(&self.inner.failure).clone()
+        self.inner.store.failure()
     }
 
     /// Appends (batches) that failed since the log was opened, whether or
@@ -396,18 +371,19 @@ impl AuditLog {
         self.inner.append_failures.load(Ordering::Relaxed)
     }
 
-    /// Bytes of the entries file that hold acknowledged entries.
+    /// Bytes of the entries file that hold acknowledged entries (0 for a
+    /// store that does not count them).
     pub fn bytes(&self) -> u64 {
-        self.read_state().end
+        self.inner.store.bytes().unwrap_or(0)
     }
 
-    /// Acknowledged entries.
+    /// Acknowledged entries known here.
     pub fn size(&self) -> u64 {
         self.read_state().tree.size()
     }
 
-    /// Appends an entry and returns its index once it is on disk (fsync'd).
-    /// Blocks: call it on a blocking thread. Concurrent calls share fsyncs.
+    /// Appends an entry and returns its index once it is durable. Blocks:
+    /// call it on a blocking thread. Concurrent calls share writes.
     pub fn append(&self, actor: Actor, event: Event) -> Result<u64, AuditError> {
         let inner = &self.inner;
         let mut queue = lock(&inner.queue);
@@ -444,103 +420,103 @@ impl AuditLog {
         }
     }
 
-    /// Writes one batch and fsyncs it; the result of every ticket in it.
+    /// Writes one batch; the result of every ticket in it.
     fn commit(&self, batch: Vec<Pending>) -> Vec<(u64, Result<u64, Refused>)> {
         let inner = &self.inner;
-        let mut writer = lock(&inner.writer);
+        let _writer = lock(&inner.writer);
         let mut results = Vec::with_capacity(batch.len());
-        if let Some(why) = &writer.failed {
-            return batch
-                .into_iter()
-                .map(|p| (p.ticket, Err(Refused::Failed(why.clone()))))
-                .collect();
-        }
-        let mut next = self.size();
-        let mut buffer = Vec::new();
-        let mut staged = Vec::with_capacity(batch.len());
-        for pending in batch {
-            let entry = Entry {
-                index: next,
-                time: Timestamp::now(),
-                // A caller-chosen `sub` is kept bounded (see `Actor::bounded`).
-                actor: pending.actor.bounded(),
-                event: pending.event,
-            };
-            let bytes = entry.to_bytes();
-            if bytes.len() > MAX_ENTRY_BYTES {
-                results.push((pending.ticket, Err(Refused::TooLarge(bytes.len()))));
-                continue;
-            }
-            let leaf = leaf_hash(&bytes);
-            staged.push((
-                pending.ticket,
-                next,
-                leaf,
-                writer.end + buffer.len() as u64,
-                entry.actor,
-            ));
-            frame::encode(&bytes, &leaf, &mut buffer);
-            next += 1;
-        }
-        if staged.is_empty() {
-            return results;
-        }
-        let written = match writer.split_writes {
-            None => writer.file.write_all(&buffer),
-            Some(piece) => buffer
-                .chunks(piece)
-                .try_for_each(|chunk| writer.file.write_all(chunk)),
-        }
-        .and_then(|()| writer.file.sync_data());
-        if let Err(e) = written {
-            let why = format!("{}: {e}", inner.dir.join(ENTRIES_FILE).display());
-            inner.append_failures.fetch_add(1, Ordering::Relaxed);
-            // Cut the file back to its last acknowledged record, so what
-            // follows is known again and later appends may succeed (a
-            // disk that was full gets room). Only if that fails too does
-            // the log stop taking entries.
-            let end = writer.end;
-            match writer
-                .file
-                .set_len(end)
-                .and_then(|()| writer.file.sync_data())
-            {
-                Ok(()) => {
-                    tracing::error!(error = %why, "audit append failed; its entries were not written");
+        let mut staged = Vec::new();
+        let mut batch = Some(batch);
+        let mut others = Vec::new();
+        let known = self.size();
+        let written = inner
+            .store
+            .append(known, &mut |stored| others.push(stored), &mut |first| {
+                // Called once, when the store knows where the batch goes.
+                let mut next = first;
+                let mut records = Vec::new();
+                for pending in batch.take().into_iter().flatten() {
+                    let entry = Entry {
+                        index: next,
+                        time: Timestamp::now(),
+                        // A caller-chosen `sub` is kept bounded (see `Actor::bounded`).
+                        actor: pending.actor.bounded(),
+                        event: pending.event,
+                    };
+                    let bytes = entry.to_bytes();
+                    if bytes.len() > MAX_ENTRY_BYTES {
+                        results.push((pending.ticket, Err(Refused::TooLarge(bytes.len()))));
+                        continue;
+                    }
+                    let leaf = leaf_hash(&bytes);
+                    staged.push((pending.ticket, next, leaf, entry.actor));
+                    records.push((bytes, leaf));
+                    next += 1;
                 }
-                Err(cut) => {
-                    tracing::error!(
-                        error = %why,
-                        cut_back = %cut,
-                        "audit append failed and the file could not be cut back to its last \
-                         entry; the log takes no more entries"
-                    );
-                    writer.failed = Some(why.clone());
-                    *lock(&inner.failure) = Some(why.clone());
-                }
-            }
-            results.extend(
-                staged
-                    .into_iter()
-                    .map(|(t, ..)| (t, Err(Refused::Failed(why.clone())))),
-            );
-            return results;
-        }
-        writer.end += buffer.len() as u64;
+                records
+            });
         let mut state = inner.state.write().unwrap_or_else(PoisonError::into_inner);
-        for (ticket, index, leaf, offset, actor) in staged {
-            state.tree.push(leaf);
-            state.offsets.push(offset);
-            state.index_actor(index, &actor);
-            results.push((ticket, Ok(index)));
+        // Entries other writers made before this batch are the store's
+        // whatever became of the batch: they join the tree either way.
+        for stored in &others {
+            state.push(stored);
         }
-        state.end = writer.end;
+        match written {
+            Ok(_) => {
+                for (ticket, index, leaf, actor) in staged {
+                    state.tree.push(leaf);
+                    state.index_actor(index, &actor);
+                    results.push((ticket, Ok(index)));
+                }
+            }
+            Err(error) => {
+                inner.append_failures.fetch_add(1, Ordering::Relaxed);
+                let refused = match &error {
+                    AuditError::Unavailable(why) => Refused::Unavailable(why.clone()),
+                    other => Refused::Failed(other.to_string()),
+                };
+                if !matches!(error, AuditError::Failed(_)) {
+                    tracing::error!(error = %error, "audit append failed; its entries were not written");
+                }
+                // A batch the store never asked for (it failed first) is
+                // refused as a whole, too-large entries included.
+                let unbuilt = batch.take().into_iter().flatten().map(|p| p.ticket);
+                results.extend(
+                    staged
+                        .iter()
+                        .map(|s| s.0)
+                        .chain(unbuilt)
+                        .map(|ticket| (ticket, Err(refused.clone()))),
+                );
+            }
+        }
         results
     }
 
-    /// The signed checkpoint of the whole log: the stored one when nothing
-    /// was appended since, otherwise a new one, signed and stored first.
+    /// Brings in entries other writers of a shared store appended. Blocks.
+    pub fn sync(&self) -> Result<u64, AuditError> {
+        let _writer = lock(&self.inner.writer);
+        let known = self.size();
+        let mut found = Vec::new();
+        self.inner
+            .store
+            .scan(known, &mut |stored| found.push(stored))?;
+        let mut state = self
+            .inner
+            .state
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        for stored in &found {
+            state.push(stored);
+        }
+        Ok(state.tree.size())
+    }
+
+    /// The signed checkpoint of the whole log (after a [`sync`](Self::sync)):
+    /// the stored one when nothing was appended since, otherwise a new one,
+    /// signed and stored first. Blocks.
     pub fn checkpoint(&self) -> Result<String, AuditError> {
+        self.sync()?;
         let inner = &self.inner;
         let mut signed = lock(&inner.signed);
         let (size, root) = {
@@ -563,7 +539,7 @@ impl AuditLog {
             root,
         };
         let note = inner.signer.sign(&checkpoint.body());
-        write_atomic(&inner.dir.join(CHECKPOINT_FILE), note.as_bytes())?;
+        inner.store.keep_checkpoint(size, &note)?;
         *signed = Signed { checkpoint, note };
         Ok(signed.note.clone())
     }
@@ -601,9 +577,10 @@ impl AuditLog {
     }
 
     /// The stored bytes of entries `from..to` (each checked against its
-    /// leaf hash, so a file changed under a running gateway is noticed).
+    /// leaf hash, so a store changed under a running gateway is noticed).
+    /// Blocks.
     pub fn entries(&self, from: u64, to: u64) -> Result<Vec<Vec<u8>>, AuditError> {
-        let (spans, leaves) = {
+        let leaves: Vec<Hash> = {
             let state = self.read_state();
             let size = state.tree.size();
             if from > to || to > size {
@@ -612,38 +589,25 @@ impl AuditLog {
                     log_size: size,
                 }));
             }
-            let spans: Vec<(u64, u64)> = (from..to)
-                .map(|i| {
-                    let start = state.offsets[i as usize];
-                    let end = state
-                        .offsets
-                        .get(i as usize + 1)
-                        .copied()
-                        .unwrap_or(state.end);
-                    (start, end)
-                })
-                .collect();
-            let leaves: Vec<Hash> = (from..to).filter_map(|i| state.tree.leaf(i)).collect();
-            (spans, leaves)
+            (from..to).filter_map(|i| state.tree.leaf(i)).collect()
         };
-        let path = self.inner.dir.join(ENTRIES_FILE);
-        let mut out = Vec::with_capacity(spans.len());
-        for ((index, (start, end)), leaf) in (from..).zip(spans).zip(leaves) {
-            let mut record = vec![0; (end - start) as usize];
-            self.inner
-                .reader
-                .read_exact_at(&mut record, start)
-                .map_err(AuditError::io("reading", &path))?;
-            let entry = record[frame::HEADER_BYTES..record.len() - frame::TRAILER_BYTES].to_vec();
-            if leaf_hash(&entry) != leaf {
+        let read = self.inner.store.read(from, to)?;
+        for ((index, entry), leaf) in (from..).zip(&read).zip(&leaves) {
+            if leaf_hash(entry) != *leaf {
                 return Err(AuditError::Failed(format!(
-                    "entry {index} in {} changed on disk while the gateway runs",
-                    path.display()
+                    "entry {index} in {} changed while the gateway runs",
+                    self.place()
                 )));
             }
-            out.push(entry);
         }
-        Ok(out)
+        if read.len() != leaves.len() {
+            return Err(AuditError::Failed(format!(
+                "{} returned {} of entries {from}..{to}",
+                self.place(),
+                read.len()
+            )));
+        }
+        Ok(read)
     }
 
     fn read_state(&self) -> std::sync::RwLockReadGuard<'_, State> {
@@ -670,23 +634,22 @@ fn take_lock(dir: &Path) -> Result<DirLock, AuditError> {
 
 /// The stored checkpoint, its signature checked with this log's key.
 fn read_checkpoint(
-    dir: &Path,
+    store: &dyn Store,
     verifier: &NoteVerifier,
 ) -> Result<Option<(Checkpoint, String)>, AuditError> {
-    let path = dir.join(CHECKPOINT_FILE);
-    let Some(bytes) = read_small(&path, super::note::MAX_NOTE_BYTES as u64)? else {
+    let Some(note) = store.latest_checkpoint()? else {
         return Ok(None);
     };
     let bad = |why: String| AuditError::Checkpoint {
-        path: path.clone(),
+        place: store.place().to_string(),
         why,
     };
-    let note = String::from_utf8(bytes).map_err(|_| bad("not UTF-8 text".into()))?;
     let checkpoint = super::note::open_checkpoint(&note, verifier).map_err(|e| {
         bad(format!(
             "{e}. If the audit key or origin was changed on purpose, the old checkpoint \
              cannot vouch for the log under the new key: check the log with \
-             `bulkhead audit verify` and the old key, then move the checkpoint aside"
+             `bulkhead audit verify` and the old key, then move the checkpoint aside. \
+             Every gateway writing one shared log must hold the same audit key"
         ))
     })?;
     if checkpoint.origin != verifier.name() {
@@ -700,17 +663,17 @@ fn read_checkpoint(
 }
 
 /// Refuses a log that does not extend its stored checkpoint.
-fn check_against(dir: &Path, stored: &Checkpoint, tree: &Tree) -> Result<(), AuditError> {
+fn check_against(place: &str, stored: &Checkpoint, tree: &Tree) -> Result<(), AuditError> {
     if stored.size > tree.size() {
         return Err(AuditError::RolledBack {
-            dir: dir.to_path_buf(),
+            place: place.to_string(),
             checkpoint_size: stored.size,
             log_size: tree.size(),
         });
     }
     if tree.root(stored.size)? != stored.root {
         return Err(AuditError::Diverged {
-            dir: dir.to_path_buf(),
+            place: place.to_string(),
             size: stored.size,
         });
     }

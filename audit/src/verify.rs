@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 use super::entry::Entry;
 use super::frame::{self, FrameError};
 use super::merkle::Tree;
-use super::note::{Checkpoint, MAX_NOTE_BYTES, open_checkpoint, unverified_checkpoint};
+use super::note::{
+    Checkpoint, MAX_NOTE_BYTES, NoteVerifier, open_checkpoint, unverified_checkpoint,
+};
 use super::{CHECKPOINT_FILE, ENTRIES_FILE, VKEY_FILE, read_verifier};
 
 /// What to check a log folder against.
@@ -64,20 +66,7 @@ pub fn verify_log(dir: &Path, options: &VerifyOptions) -> Result<Verified, Verif
         &mut BufReader::with_capacity(1 << 20, file),
         len,
         |record| {
-            let entry = Entry::from_bytes(record.entry).map_err(|why| VerifyError::Entry {
-                index: record.index,
-                why: format!("not a valid audit entry: {why}"),
-            })?;
-            if entry.index != record.index {
-                return Err(VerifyError::Entry {
-                    index: record.index,
-                    why: format!(
-                        "the entry in position {} says it is entry {}: an entry was deleted, \
-                         inserted or moved",
-                        record.index, entry.index
-                    ),
-                });
-            }
+            check_entry(record.index, record.entry)?;
             tree.push(record.leaf);
             Ok(())
         },
@@ -107,11 +96,55 @@ pub fn verify_log(dir: &Path, options: &VerifyOptions) -> Result<Verified, Verif
     };
     let verifier =
         read_verifier(&key_path, &claimed.origin).map_err(|e| VerifyError::Log(e.to_string()))?;
-    let checkpoint = open_checkpoint(&note, &verifier).map_err(|e| {
+    let checkpoint = check_tree(
+        &tree,
+        &note,
+        &checkpoint_path.display().to_string(),
+        &verifier,
+        &key_path.display().to_string(),
+    )?;
+    Ok(Verified {
+        entries: tree.size(),
+        checkpoint,
+        key: key_path,
+        key_from_log_dir,
+    })
+}
+
+/// Checks one entry as stored at position `index`: it parses, is canonical
+/// and carries its own index (so a deleted, inserted or moved entry shows).
+pub fn check_entry(index: u64, bytes: &[u8]) -> Result<(), VerifyError> {
+    let entry = Entry::from_bytes(bytes).map_err(|why| VerifyError::Entry {
+        index,
+        why: format!("not a valid audit entry: {why}"),
+    })?;
+    if entry.index != index {
+        return Err(VerifyError::Entry {
+            index,
+            why: format!(
+                "the entry in position {index} says it is entry {}: an entry was deleted, \
+                 inserted or moved",
+                entry.index
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Checks the tree of every entry against a signed checkpoint (`note`,
+/// read from `note_place`): its signature under `verifier` (from
+/// `key_place`), that the log has every entry it covers, and that those
+/// hash to its root.
+pub fn check_tree(
+    tree: &Tree,
+    note: &str,
+    note_place: &str,
+    verifier: &NoteVerifier,
+    key_place: &str,
+) -> Result<Checkpoint, VerifyError> {
+    let checkpoint = open_checkpoint(note, verifier).map_err(|e| {
         VerifyError::Log(format!(
-            "the checkpoint {} does not verify with {}: {e}",
-            checkpoint_path.display(),
-            key_path.display()
+            "the checkpoint {note_place} does not verify with {key_place}: {e}"
         ))
     })?;
     if checkpoint.size > tree.size() {
@@ -119,7 +152,7 @@ pub fn verify_log(dir: &Path, options: &VerifyOptions) -> Result<Verified, Verif
             index: tree.size(),
             why: format!(
                 "missing: the checkpoint covers {} entries and the log holds {} (entries were \
-                 removed from its end, or the file was rolled back)",
+                 removed from its end, or the log was rolled back)",
                 checkpoint.size,
                 tree.size()
             ),
@@ -131,16 +164,11 @@ pub fn verify_log(dir: &Path, options: &VerifyOptions) -> Result<Verified, Verif
     if root != checkpoint.root {
         return Err(VerifyError::Log(format!(
             "the first {} entries do not hash to the checkpoint's root: an entry was altered \
-             and its record checksum recomputed (checking older checkpoints narrows down which)",
+             and its checksum recomputed (checking older checkpoints narrows down which)",
             checkpoint.size
         )));
     }
-    Ok(Verified {
-        entries: tree.size(),
-        checkpoint,
-        key: key_path,
-        key_from_log_dir,
-    })
+    Ok(checkpoint)
 }
 
 impl From<FrameError> for VerifyError {
@@ -155,7 +183,8 @@ impl From<FrameError> for VerifyError {
     }
 }
 
-fn read_text(path: &Path) -> Result<String, VerifyError> {
+/// A checkpoint file's text (bounded).
+pub fn read_text(path: &Path) -> Result<String, VerifyError> {
     let bytes = std::fs::read(path)
         .map_err(|e| VerifyError::Log(format!("reading the checkpoint {}: {e}", path.display())))?;
     if bytes.len() > MAX_NOTE_BYTES {

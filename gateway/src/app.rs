@@ -120,7 +120,7 @@ pub async fn serve(
     }
     let metrics = Arc::new(Metrics::new());
     let snapshot = Arc::new(ArcSwap::from_pointee(first));
-    let audit = open_audit(gateway.audit.as_ref()).await?;
+    let audit = open_audit(gateway.audit.as_ref(), gateway.state.as_ref()).await?;
     audit
         .record_async(
             Actor::Gateway,
@@ -355,19 +355,35 @@ fn dedicated_tenants(
         .collect()
 }
 
-/// The audit log, opened (its file scanned, a torn tail cut, its checkpoint
-/// checked) on a blocking thread, or none when `[audit]` is unset.
-async fn open_audit(settings: Option<&AuditSettings>) -> Result<Audit, ServeError> {
+/// The audit log, opened on a blocking thread (its entries read, its
+/// checkpoint checked; a file log's torn tail cut), in the state database
+/// when `[state]` names one; none when `[audit]` is unset.
+async fn open_audit(
+    settings: Option<&AuditSettings>,
+    state: Option<&bulkhead_state::PgSettings>,
+) -> Result<Audit, ServeError> {
     let Some(settings) = settings.cloned() else {
         tracing::info!("the audit log is off: no `[audit]` in gateway.toml");
         return Ok(Audit::disabled());
     };
-    let (log, report) = tokio::task::spawn_blocking(move || AuditLog::open(&settings))
-        .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
+    let state = state.cloned();
+    let (log, report) = tokio::task::spawn_blocking(move || match state {
+        None => AuditLog::open(&settings),
+        Some(state) => {
+            let key = settings.key.as_deref().ok_or_else(|| {
+                AuditError::Config("a log in the state database needs `[audit] key`".into())
+            })?;
+            let key = crate::audit::read_signing_key(key)?;
+            let store = bulkhead_state::PgAuditStore::open(&state)
+                .map_err(|e| AuditError::Unavailable(e.to_string()))?;
+            AuditLog::open_store(Box::new(store), key, &settings.origin)
+        }
+    })
+    .await
+    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
     if report.key_created {
         tracing::warn!(
-            dir = %log.dir().display(),
+            log = log.place(),
             "a new audit key was generated; give its public key (audit.pub.pem or \
              audit.vkey in the log folder) to whoever verifies checkpoints"
         );

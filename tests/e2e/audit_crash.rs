@@ -237,3 +237,168 @@ fn verify_with_cli(dir: &Path) {
     );
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("ok: "));
 }
+
+/// Trials of the PostgreSQL log: fewer, each a process start and a reopen.
+const PG_TRIALS: u64 = 100;
+
+/// The same for a log in the state database that two replicas append to:
+/// replica B appends throughout while each trial starts replica A and
+/// SIGKILLs it at a random point, often inside its append transaction.
+/// Afterwards every entry either acknowledged is there with its content,
+/// the log reopens (checkpoints consistent), and `bulkhead audit verify
+/// --state` passes.
+#[test]
+fn no_acknowledged_entry_is_lost_when_a_replica_writing_to_postgres_is_killed() {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    eprintln!("postgres audit crash test: seed {seed}");
+    let mut rng = Rng(seed);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (settings, schema) = runtime.block_on(bulkhead_state::testing::TestSchema::new());
+    let scratch = std::env::temp_dir().join(format!("bulkhead-audit-pg-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    // A file log generates a key: the one both replicas sign with.
+    drop(AuditLog::open(&AuditSettings::new(&scratch)).expect("a key"));
+    let key = scratch.join(bulkhead_gateway::audit::KEY_FILE);
+    let writer = |threads: &str| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_audit-crash-writer"))
+            .args(["--postgres", &settings.url, &settings.schema])
+            .arg(&key)
+            .arg(threads)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the writer starts");
+        let lines = Arc::new(Lines::default());
+        let stdout = child.stdout.take().unwrap();
+        let reader = {
+            let lines = Arc::clone(&lines);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    lines.lines.lock().unwrap().push(line);
+                    lines.changed.notify_all();
+                }
+            })
+        };
+        (child, lines, reader)
+    };
+    let (mut replica_b, b_lines, b_reader) = writer("1");
+    b_lines.wait_for_acks(1, Duration::from_secs(30));
+
+    let started = Instant::now();
+    let mut acked = Vec::new();
+    for trial in 0..PG_TRIALS {
+        let (mut replica_a, lines, reader) = writer("2");
+        if rng.below(2) == 0 {
+            lines.wait_for_acks(rng.below(20) as usize, Duration::from_secs(10));
+        } else {
+            std::thread::sleep(Duration::from_micros(rng.below(60_000)));
+        }
+        replica_a.kill().unwrap();
+        let status = replica_a.wait().unwrap();
+        reader.join().unwrap();
+        assert!(
+            status.code().is_none(),
+            "trial {trial}: replica A exited by itself ({status})"
+        );
+        acked.extend(acks(&lines));
+        check_acked(&settings, &key, &acked)
+            .unwrap_or_else(|e| panic!("trial {trial} (seed {seed}): {e}"));
+    }
+    replica_b.kill().unwrap();
+    replica_b.wait().unwrap();
+    b_reader.join().unwrap();
+    let from_b = acks(&b_lines);
+    assert!(!from_b.is_empty(), "replica B never appended");
+    acked.extend(from_b);
+    let size = check_acked(&settings, &key, &acked).unwrap_or_else(|e| panic!("at the end: {e}"));
+
+    let public = scratch.join(bulkhead_gateway::audit::PUBLIC_KEY_FILE);
+    let out = Command::new(bulkhead_tests::bin("bulkhead"))
+        .args([
+            "audit",
+            "verify",
+            "--state",
+            &settings.url,
+            "--schema",
+            &settings.schema,
+        ])
+        .arg("--key")
+        .arg(&public)
+        .output()
+        .expect("bulkhead runs");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).starts_with("ok: "),
+        "bulkhead audit verify --state failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!(
+        "{PG_TRIALS} trials in {:.1?}: {} acknowledged entries (both replicas) all present in a \
+         log of {size}",
+        started.elapsed(),
+        acked.len()
+    );
+    drop(schema);
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// `ack INDEX TAG` lines.
+fn acks(lines: &Lines) -> Vec<(u64, String)> {
+    lines
+        .lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.strip_prefix("ack "))
+        .map(|rest| {
+            let (index, tag) = rest.split_once(' ').expect("ack INDEX TAG");
+            (index.parse().expect("an index"), tag.to_string())
+        })
+        .collect()
+}
+
+/// Opens the PostgreSQL log as a gateway would and checks every
+/// acknowledged entry is at its index with its tag; the log's size.
+fn check_acked(
+    settings: &bulkhead_state::PgSettings,
+    key: &Path,
+    acked: &[(u64, String)],
+) -> Result<u64, String> {
+    let store = bulkhead_state::PgAuditStore::open(settings).map_err(|e| e.to_string())?;
+    let key = bulkhead_gateway::audit::read_signing_key(key).map_err(|e| e.to_string())?;
+    let (log, _) = AuditLog::open_store(
+        Box::new(store),
+        key,
+        bulkhead_gateway::audit::DEFAULT_ORIGIN,
+    )
+    .map_err(|e| format!("reopening: {e}"))?;
+    let size = log.size();
+    for (index, tag) in acked {
+        if *index >= size {
+            return Err(format!(
+                "acknowledged entry {index} is gone: the log has {size}"
+            ));
+        }
+        let bytes = log
+            .entries(*index, index + 1)
+            .map_err(|e| format!("reading entry {index}: {e}"))?;
+        let entry = Entry::from_bytes(&bytes[0]).map_err(|e| format!("entry {index}: {e}"))?;
+        match &entry.event {
+            Event::AdminAction { target, .. } if target == tag => {}
+            other => {
+                return Err(format!(
+                    "entry {index} holds {other:?} but {tag} was acknowledged at that index"
+                ));
+            }
+        }
+    }
+    Ok(size)
+}

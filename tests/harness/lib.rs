@@ -4,6 +4,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod proxy;
 pub mod redis;
 
 use std::collections::VecDeque;
@@ -51,6 +52,7 @@ pub fn bin(name: &str) -> PathBuf {
             "durable/src",
             "model-signing/src",
             "plugin-host/src",
+            "state/src",
         ],
         _ => &[
             "gateway/src",
@@ -62,6 +64,7 @@ pub fn bin(name: &str) -> PathBuf {
             "durable/src",
             "model-signing/src",
             "plugin-host/src",
+            "state/src",
         ],
     };
     let newest_source = sources

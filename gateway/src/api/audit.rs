@@ -52,7 +52,7 @@ pub async fn entries(
     params: Params,
 ) -> Response {
     let result = async {
-        let log = audit_log(&app)?;
+        let log = synced_log(&app).await?;
         let params = QueryParams::new(params, &["from", "to"])?;
         let size = log.size();
         let from = params.number("from")?.unwrap_or(0);
@@ -114,8 +114,11 @@ pub async fn inclusion(
     Extension(_): Extension<OperatorCall>,
     params: Params,
 ) -> Response {
+    let log = match synced_log(&app).await {
+        Ok(log) => log,
+        Err(error) => return error.into_response(),
+    };
     let result = (|| {
-        let log = audit_log(&app)?;
         let params = QueryParams::new(params, &["index", "size"])?;
         let Some(index) = params.number("index")? else {
             return Err(range_error("index", "`index` is required".into()));
@@ -145,8 +148,11 @@ pub async fn consistency(
     Extension(_): Extension<OperatorCall>,
     params: Params,
 ) -> Response {
+    let log = match synced_log(&app).await {
+        Ok(log) => log,
+        Err(error) => return error.into_response(),
+    };
     let result = (|| {
-        let log = audit_log(&app)?;
         let params = QueryParams::new(params, &["from", "to"])?;
         let Some(from) = params.number("from")? else {
             return Err(range_error("from", "`from` is required".into()));
@@ -170,6 +176,20 @@ pub async fn consistency(
         Ok(body) => Json(body).into_response(),
         Err(error) => error.into_response(),
     }
+}
+
+/// The audit log with the entries other replicas appended to a shared
+/// store brought in (best effort: without the store, proofs still answer
+/// for what this replica knows).
+pub async fn synced_log(app: &App) -> Result<AuditLog, ApiError> {
+    let log = audit_log(app)?;
+    let syncing = log.clone();
+    match tokio::task::spawn_blocking(move || syncing.sync()).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "the audit log could not catch up"),
+        Err(e) => return Err(ApiError::internal(e)),
+    }
+    Ok(log)
 }
 
 /// The audit log, or 501 on a gateway without one.
@@ -242,7 +262,9 @@ pub fn audit_error(e: AuditError) -> ApiError {
             };
             range_error(param, proof.to_string())
         }
-        AuditError::Failed(_) => ApiError::unavailable("audit_unavailable", e.to_string()),
+        AuditError::Failed(_) | AuditError::Unavailable(_) => {
+            ApiError::unavailable("audit_unavailable", e.to_string())
+        }
         other => ApiError::internal(other),
     }
 }

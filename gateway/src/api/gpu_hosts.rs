@@ -70,6 +70,10 @@ pub async fn drain(
     Extension(call): Extension<OperatorCall>,
     name: Result<Path<String>, PathRejection>,
 ) -> Response {
+    // Not done at all unless it can be recorded.
+    if let Err(e) = app.audit.ready().await {
+        return super::audit::unrecorded(e).into_response();
+    }
     let started = std::time::Instant::now();
     let mut target = String::new();
     let result = async {
@@ -103,6 +107,9 @@ pub async fn resume(
     Extension(call): Extension<OperatorCall>,
     name: Result<Path<String>, PathRejection>,
 ) -> Response {
+    if let Err(e) = app.audit.ready().await {
+        return super::audit::unrecorded(e).into_response();
+    }
     let mut target = String::new();
     let result = find(&app, name, &mut target).map(|host| {
         host.resume(&app.metrics);

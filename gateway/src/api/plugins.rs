@@ -76,7 +76,7 @@ async fn upload(
     take_change(app, &call)?;
     let bytes = read_body(headers, body).await?;
     let version = check_signature(app, &identity.tenant, &name, headers, &bytes)?;
-    app.audit.ready().map_err(super::audit::unrecorded)?;
+    app.audit.ready().await.map_err(super::audit::unrecorded)?;
     let registry = app.plugins.clone();
     let audit = app.audit.clone();
     let uploaded = tokio::task::spawn_blocking(move || {
@@ -252,7 +252,7 @@ pub async fn delete(
         let identity = store_enabled(&app, call.clone())?;
         let name = plugin_name(name)?;
         take_change(&app, &call)?;
-        app.audit.ready().map_err(super::audit::unrecorded)?;
+        app.audit.ready().await.map_err(super::audit::unrecorded)?;
         let registry = app.plugins.clone();
         let audit = app.audit.clone();
         let who = identity.clone();

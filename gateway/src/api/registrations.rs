@@ -85,7 +85,7 @@ pub async fn register(
         let body = read_body(&headers, body).await?;
         let request = RegisterRequest::parse(&body)?;
         target.clone_from(&request.name);
-        app.audit.ready().map_err(super::audit::unrecorded)?;
+        app.audit.ready().await.map_err(super::audit::unrecorded)?;
         let registered = app
             .models
             .register(
@@ -131,7 +131,7 @@ pub async fn unregister(
         let Path(name) =
             name.map_err(|e| invalid_request(format!("the model name in the path: {e}")))?;
         target.clone_from(&name);
-        app.audit.ready().map_err(super::audit::unrecorded)?;
+        app.audit.ready().await.map_err(super::audit::unrecorded)?;
         let digest = app
             .models
             .unregister(&name, actor(&identity))

@@ -27,11 +27,27 @@ enum AuditCommand {
     /// Every record's framing and checksum, every entry's schema and index
     /// (consecutive from 0), the tree head against the checkpoint, and the
     /// checkpoint's signature. Names the first bad entry; exit 0 only when
-    /// everything holds. Reads only: safe on a running gateway's folder.
+    /// everything holds. Reads only: safe on a running gateway's folder or
+    /// database.
     Verify {
-        /// The log folder (`[audit] dir`).
-        logdir: PathBuf,
-        /// A signed checkpoint to check against (default: LOGDIR/checkpoint).
+        /// The log folder (`[audit] dir`); or --state for a log in PostgreSQL.
+        #[arg(required_unless_present = "state", conflicts_with = "state")]
+        logdir: Option<PathBuf>,
+        /// The state database holding the log (`[state] store`,
+        /// postgres://USER@HOST:PORT/DATABASE, no password: --password-file
+        /// or PGPASSWORD). Every row is rehashed here; nothing the database
+        /// says is trusted. Needs --key.
+        #[arg(long, value_name = "URL", requires = "key")]
+        state: Option<String>,
+        /// The schema of the log's tables (`[state] schema`).
+        #[arg(long, default_value = bulkhead_state::DEFAULT_SCHEMA, requires = "state")]
+        schema: String,
+        /// The database password, in a file.
+        #[arg(long, value_name = "FILE", requires = "state")]
+        password_file: Option<PathBuf>,
+        /// A signed checkpoint to check against (default: LOGDIR/checkpoint,
+        /// or the database's latest, which only shows the log agrees with
+        /// itself: pass one you kept).
         #[arg(long, value_name = "FILE")]
         checkpoint: Option<PathBuf>,
         /// The audit public key, SPKI PEM or vkey (default: LOGDIR/audit.vkey,
@@ -119,10 +135,25 @@ struct Remote {
 pub fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         AuditCommand::Verify {
-            logdir,
+            logdir: Some(logdir),
             checkpoint,
             key,
+            ..
         } => verify(&logdir, VerifyOptions { checkpoint, key }),
+        AuditCommand::Verify {
+            state: Some(url),
+            schema,
+            password_file,
+            checkpoint,
+            key: Some(key),
+            ..
+        } => {
+            let mut settings = bulkhead_state::PgSettings::new(url);
+            settings.schema = schema;
+            settings.password_file = password_file;
+            runtime()?.block_on(verify_db(&settings, checkpoint.as_deref(), &key))
+        }
+        AuditCommand::Verify { .. } => bail!("give a log folder, or --state with --key"),
         AuditCommand::Proof(command) => runtime()?.block_on(proof(command)),
         AuditCommand::Mine {
             url,
@@ -236,6 +267,50 @@ fn verify(dir: &Path, options: VerifyOptions) -> anyhow::Result<ExitCode> {
         }
         Err(error) => {
             eprintln!("audit log {} FAILED: {error}", dir.display());
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// `audit verify --state`: the log in PostgreSQL, rehashed row by row.
+async fn verify_db(
+    settings: &bulkhead_state::PgSettings,
+    checkpoint: Option<&Path>,
+    key: &Path,
+) -> anyhow::Result<ExitCode> {
+    let note = match checkpoint {
+        Some(path) => Some(bulkhead_gateway::audit::verify::read_text(path)?),
+        None => None,
+    };
+    let verifier = |origin: &str| read_verifier(key, origin).map_err(|e| e.to_string());
+    let place = format!("in schema `{}`", settings.schema);
+    match bulkhead_state::verify_db(settings, note.as_deref(), &verifier).await {
+        Ok(verified) => {
+            let c = &verified.checkpoint;
+            println!(
+                "ok: {} entries; checkpoint `{}` size {} root {} verifies with {}",
+                verified.entries,
+                c.origin,
+                c.size,
+                BASE64.encode(c.root),
+                key.display()
+            );
+            if verified.entries > c.size {
+                println!(
+                    "note: the last {} entries are not yet covered by this checkpoint",
+                    verified.entries - c.size
+                );
+            }
+            if verified.checkpoint_from_db {
+                println!(
+                    "note: the checkpoint came from the database itself; pass --checkpoint \
+                     with one kept elsewhere to rule out a replaced log"
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(error) => {
+            eprintln!("audit log {place} FAILED: {error}");
             Ok(ExitCode::FAILURE)
         }
     }

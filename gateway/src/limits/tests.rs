@@ -388,6 +388,7 @@ fn builds_from_a_policy() {
             }),
             plugins: Default::default(),
             audit: None,
+            state: None,
             models_registry: None,
         },
         tenants: BTreeMap::from([("acme".to_owned(), tenant)]),

@@ -49,6 +49,30 @@ pub struct GatewayFile {
     pub connections: Option<ConnectionsFile>,
     /// Where tenants' limits are kept (`[limits]`).
     pub limits: Option<LimitStoreFile>,
+    /// Where the control-plane state shared by replicas is kept (`[state]`).
+    pub state: Option<StateFile>,
+}
+
+/// `[state]` in `gateway.toml`: where the control-plane state lives. Read
+/// at start only.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateFile {
+    /// `"files"` (default: each store its own folder) or
+    /// `postgres://USER@HOST:PORT/DATABASE?sslmode=MODE`.
+    pub store: Option<Spanned<String>>,
+    /// The database password, never in the URL.
+    pub password_file: Option<Spanned<PathBuf>>,
+    /// PEM roots for `sslmode=verify-full` instead of the system's.
+    pub tls_ca: Option<Spanned<PathBuf>>,
+    /// The schema holding Bulkhead's tables (default `bulkhead`).
+    pub schema: Option<Spanned<String>>,
+    /// Most connections of this replica (default 8).
+    pub pool_size: Option<Spanned<usize>>,
+    /// Longest wait for a connection (default 5000).
+    pub connect_timeout_ms: Option<Spanned<u64>>,
+    /// Longest a statement may run (default 10000).
+    pub statement_timeout_ms: Option<Spanned<u64>>,
 }
 
 /// `[limits]` in `gateway.toml`: where tenants' limit state lives. Read at

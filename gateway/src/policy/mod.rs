@@ -224,6 +224,8 @@ pub struct GatewaySettings {
     pub plugins: GatewayPlugins,
     /// `[audit]`, paths resolved; `None`: no audit log.
     pub audit: Option<crate::audit::AuditSettings>,
+    /// `[state]`: the PostgreSQL store replicas share; `None`: files.
+    pub state: Option<bulkhead_state::PgSettings>,
     /// `[models] registry` (absolute): where API registrations are kept;
     /// `None`: registering through the API is off.
     pub models_registry: Option<PathBuf>,

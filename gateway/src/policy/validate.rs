@@ -20,8 +20,8 @@ use toml::Spanned;
 
 use super::files::{
     AdminFile, AuditGatewayFile, ConnectionsFile, Folder, GatewayFile, LimitStoreFile, LimitsFile,
-    LocalGpuHostFile, ModelFile, ModelsGatewayFile, Parsed, PluginsGatewayFile, UpstreamFile,
-    io_reason,
+    LocalGpuHostFile, ModelFile, ModelsGatewayFile, Parsed, PluginsGatewayFile, StateFile,
+    UpstreamFile, io_reason,
 };
 use super::models::{HostKind, check_models};
 use super::names::{NAME_RULE, is_valid_name};
@@ -37,6 +37,7 @@ use crate::registration::{MODEL_NAME_RULE, Registration, valid_model_name};
 mod gateway;
 mod limit_store;
 mod secrets;
+mod state;
 use gateway::{Gateway, check_gateway};
 
 const DEFAULT_MAX_BODY_BYTES: u64 = 1 << 20;
@@ -389,6 +390,22 @@ fn quoted_list(names: &BTreeSet<String>) -> String {
         list.push_str(&format!(" and {} more", names.len() - MAX_LISTED_NAMES));
     }
     list
+}
+
+/// `path` with `.` and `..` resolved by name (symlinks are not followed).
+fn lexically_normal(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 #[cfg(test)]

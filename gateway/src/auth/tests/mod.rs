@@ -250,6 +250,7 @@ fn policy_with_operator(dir: &TempDir, tenants: Vec<TenantPolicy>, gateway_text:
             }),
             plugins: Default::default(),
             audit: None,
+            state: None,
             models_registry: None,
         },
         tenants: tenants

@@ -168,10 +168,11 @@ pub(super) fn check_gateway(
     };
 
     let plugins = check_plugins(dir, source, file.plugins.as_ref(), errors);
+    let state = super::state::check_state(dir, source, file.state.as_ref(), errors);
     let audit = file
         .audit
         .as_ref()
-        .map(|audit| check_audit(dir, source, audit, errors));
+        .map(|audit| super::state::check_audit(dir, source, audit, state.is_some(), errors));
 
     Gateway {
         settings: GatewaySettings {
@@ -185,6 +186,7 @@ pub(super) fn check_gateway(
             upstream,
             plugins,
             audit,
+            state,
             models_registry,
         },
         served_models: served_models.filter(|_| known),
@@ -378,59 +380,6 @@ pub(super) fn check_plugins(
     }
 }
 
-/// `[audit]`: the log folder (required, outside the watched policy folder,
-/// like the plugin store), the key path and the origin.
-pub(super) fn check_audit(
-    dir: &Path,
-    source: &SourceFile,
-    audit: &AuditGatewayFile,
-    errors: &mut Vec<PolicyError>,
-) -> crate::audit::AuditSettings {
-    let mut settings = crate::audit::AuditSettings::new(PathBuf::new());
-    match &audit.dir {
-        None => errors
-            .push(source.error(
-                "`[audit]` needs `dir`: the folder of the audit log, e.g. \"../var/audit\"",
-            )),
-        Some(log) if log.get_ref().as_os_str().is_empty() => errors.push(source.error_at(
-            log.span(),
-            "`dir` is empty: name a folder for the audit log, e.g. \"../var/audit\"",
-        )),
-        Some(log) => {
-            let path = lexically_normal(&dir.join(log.get_ref()));
-            if path.starts_with(lexically_normal(dir)) {
-                errors.push(source.error_at(
-                    log.span(),
-                    format!(
-                        "the audit log {} is inside the policy folder, which is watched for \
-                         changes: put it outside, e.g. \"../var/audit\"",
-                        path.display()
-                    ),
-                ));
-            }
-            settings.dir = path;
-        }
-    }
-    if let Some(key) = &audit.key {
-        settings.key = Some(lexically_normal(&dir.join(key.get_ref())));
-    }
-    if let Some(origin) = &audit.origin {
-        if crate::audit::valid_origin(origin.get_ref()) {
-            settings.origin = origin.get_ref().clone();
-        } else {
-            errors.push(source.error_at(
-                origin.span(),
-                format!(
-                    "`origin` \"{}\" is not a checkpoint origin: 1 to 256 bytes, no spaces, \
-                     no `+`, e.g. \"example.com/bulkhead/audit\"",
-                    origin.get_ref().escape_debug()
-                ),
-            ));
-        }
-    }
-    settings
-}
-
 /// `[models] registry`: the folder API registrations are kept in, outside
 /// the watched policy folder (like the plugin store).
 pub(super) fn check_registry(
@@ -457,22 +406,6 @@ pub(super) fn check_registry(
         ));
     }
     Some(path)
-}
-
-/// `path` with `.` and `..` resolved by name (symlinks are not followed).
-pub(super) fn lexically_normal(path: &Path) -> PathBuf {
-    use std::path::Component;
-    let mut out = PathBuf::new();
-    for part in path.components() {
-        match part {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop();
-            }
-            other => out.push(other),
-        }
-    }
-    out
 }
 
 /// `[upstream]` or every `[[gpu_hosts]]` (`named`: a name is required):

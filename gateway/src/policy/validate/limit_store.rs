@@ -229,7 +229,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 
 /// `text` for an error message: at most 80 characters, control characters
 /// escaped.
-fn printable(text: &str) -> String {
+pub(super) fn printable(text: &str) -> String {
     let mut shown: String = text.chars().take(80).flat_map(char::escape_debug).collect();
     if text.chars().count() > 80 {
         shown.push('…');

@@ -1,0 +1,40 @@
+//! The gateway's connection to PostgreSQL, where gateway replicas share
+//! their control-plane state (audit log, plugins, model registrations).
+//!
+//! - [`PgSettings`]: the `[state]` settings, validated (URL without a
+//!   password, `password_file`, libpq environment, `sslmode`, schema).
+//! - [`Db`]: a bounded pool whose connections all use one schema
+//!   (`search_path`), so every query is unqualified; connecting migrates
+//!   the schema once across replicas and refuses a newer one.
+//! - [`Dedicated`]: a connection outside the pool for `LISTEN`.
+//! - [`PgAuditStore`]: the audit log's tables, one log for all replicas;
+//!   [`verify_db`]: the offline check of it.
+//!
+//! Why tokio-postgres and deadpool-postgres rather than sqlx: no macros and
+//! no database at build time, a small dependency tree, and a plain
+//! connection whose `NOTIFY`s we read ourselves (LISTEN must stay on one
+//! connection, which a pool does not give).
+
+#![forbid(unsafe_code)]
+
+mod audit;
+mod error;
+mod migrate;
+mod pool;
+mod settings;
+mod tls;
+
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
+pub mod testing;
+
+pub use audit::{DbVerified, PgAuditStore, verify_db};
+pub use error::StateError;
+pub use migrate::{Migrated, SCHEMA_VERSION};
+pub use pool::{Db, Dedicated, NOTIFICATION_BUFFER};
+pub use settings::{DEFAULT_SCHEMA, PgSettings};
+
+/// The pool's handle on a connection ([`Db::client`]).
+pub use deadpool_postgres::Object as PooledClient;
+/// The tokio-postgres the pool hands out (its `Client`, `Row`, types).
+pub use deadpool_postgres::tokio_postgres;

@@ -1,0 +1,276 @@
+//! Two gateway replicas keeping their audit log in the machine's
+//! PostgreSQL (`[state] store = "postgres://..."`): actions on both land
+//! in one log whose checkpoint both serve; inclusion and consistency
+//! proofs served by one check out against the other's checkpoint; with the
+//! database cut off (a proxy) a replica keeps serving inference while its
+//! audited actions answer 503, and takes them again once it is back; after
+//! they stop, `bulkhead audit verify --state` passes against a checkpoint
+//! kept aside, and a row edited with `psql` is named by it and refused by
+//! a replica starting.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bulkhead_gateway::audit::{AuditLog, AuditSettings, KEY_FILE, PUBLIC_KEY_FILE};
+use bulkhead_state::testing::TestSchema;
+use bulkhead_tests::proxy::Proxy;
+use bulkhead_tests::{ALL_OPERATOR_SCOPES, Gateway, PolicyDir, bin, gateway_toml};
+use serde_json::Value;
+
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn cli(args: &[&str]) -> (bool, String) {
+    let out = Command::new(bin("bulkhead")).args(args).output().unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// `host:port` of a `postgres://user@host:port/db` URL.
+fn address(url: &str) -> String {
+    let rest = url.split_once('@').map_or(url, |(_, rest)| rest);
+    rest.split('/').next().unwrap().to_string()
+}
+
+fn gateway_file(url: &str, schema: &str, key: &Path, policies: &PolicyDir) -> String {
+    format!(
+        "{}{}\n[state]\nstore = \"{url}\"\nschema = \"{schema}\"\nconnect_timeout_ms = 1000\n\
+         statement_timeout_ms = 5000\n\n[audit]\nkey = \"{}\"\n",
+        gateway_toml(""),
+        policies.state_tables(),
+        key.display()
+    )
+}
+
+fn actions(gateway: &Gateway, token: &str) -> Vec<Value> {
+    let r = gateway
+        .admin
+        .request("GET", "/admin/v1/audit/entries", Some(token), None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()["data"].as_array().unwrap().clone()
+}
+
+fn checkpoint(gateway: &Gateway, token: &str) -> String {
+    let r = gateway
+        .admin
+        .request("GET", "/admin/v1/audit/checkpoint", Some(token), None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.body
+}
+
+/// An audited operator action: draining the local gpu-host, then resuming.
+fn drain_and_resume(gateway: &Gateway, token: &str) -> (u16, String) {
+    let r = gateway
+        .admin
+        .request("POST", "/admin/v1/gpu-hosts/local/drain", Some(token), None);
+    if r.status != 200 {
+        return (r.status, r.error_code());
+    }
+    let r = gateway.admin.request(
+        "POST",
+        "/admin/v1/gpu-hosts/local/resume",
+        Some(token),
+        None,
+    );
+    (r.status, r.body)
+}
+
+#[test]
+fn two_replicas_keep_one_audit_log_in_postgres() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (settings, _schema) = runtime.block_on(TestSchema::new());
+    let scratch = Scratch(
+        std::env::temp_dir().join(format!("bulkhead-e2e-state-{}-keys", std::process::id())),
+    );
+    // A file log makes a key: the one both replicas sign with.
+    drop(AuditLog::open(&AuditSettings::new(&scratch.0)).unwrap());
+    let key = scratch.0.join(KEY_FILE);
+    let public = scratch.0.join(PUBLIC_KEY_FILE);
+    let public = public.to_str().unwrap();
+
+    // Replica B reaches the database through a proxy that can cut it off.
+    let proxy = Proxy::start(&address(&settings.url));
+    let url_b = settings
+        .url
+        .replacen(&address(&settings.url), &proxy.addr, 1);
+    let pa = PolicyDir::new("state-a");
+    let pb = PolicyDir::new("state-b");
+    pa.write(
+        "gateway.toml",
+        &gateway_file(&settings.url, &settings.schema, &key, &pa),
+    );
+    pb.write(
+        "gateway.toml",
+        &gateway_file(&url_b, &settings.schema, &key, &pb),
+    );
+    let a = Gateway::start(&pa);
+    let b = Gateway::start(&pb);
+    let ta = pa.operator_token(&ALL_OPERATOR_SCOPES, &["--sub", "ops-a"]);
+    let tb = pb.operator_token(&ALL_OPERATOR_SCOPES, &["--sub", "ops-b"]);
+
+    // Actions on both replicas land in one log, seen alike from both.
+    assert_eq!(drain_and_resume(&a, &ta).0, 200);
+    assert_eq!(drain_and_resume(&b, &tb).0, 200);
+    let from_a = actions(&a, &ta);
+    assert_eq!(from_a, actions(&b, &tb), "one log, read through either");
+    let starts = from_a
+        .iter()
+        .filter(|e| e["action"] == "gateway.start")
+        .count();
+    let subs: Vec<&str> = from_a
+        .iter()
+        .filter(|e| e["action"] == "admin.action")
+        .filter_map(|e| e["actor"]["sub"].as_str())
+        .collect();
+    assert_eq!(starts, 2, "{from_a:#?}");
+    assert_eq!(subs, ["ops-a", "ops-a", "ops-b", "ops-b"], "{from_a:#?}");
+    let note = checkpoint(&a, &ta);
+    assert_eq!(
+        note,
+        checkpoint(&b, &tb),
+        "both replicas serve one checkpoint"
+    );
+
+    // Proofs from A against the checkpoint B serves, for an entry B wrote.
+    let kept = scratch.0.join("kept-checkpoint");
+    std::fs::write(&kept, &note).unwrap();
+    let last = from_a.len() - 1;
+    let url_a = format!("http://{}", a.admin.addr);
+    let (ok, out) = cli(&[
+        "audit",
+        "proof",
+        "inclusion",
+        "--url",
+        &url_a,
+        "--token",
+        &ta,
+        "--key",
+        public,
+        "--index",
+        &last.to_string(),
+        "--checkpoint",
+        kept.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+
+    // B cut off from the database: inference goes on; audited actions are
+    // refused (nothing unrecorded happens) until it is back.
+    proxy.cut();
+    let tenant = pb.token("demo", &[]);
+    let body = r#"{"model":"bulkhead-demo-tiny","messages":[{"role":"user","content":"Hi"}],"max_tokens":4}"#;
+    let r = b.request("POST", "/v1/chat/completions", Some(&tenant), Some(body));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        drain_and_resume(&b, &tb),
+        (503, "audit_unavailable".to_string())
+    );
+    proxy.heal();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match drain_and_resume(&b, &tb) {
+            (200, _) => break,
+            (503, _) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
+            other => panic!("after the database came back: {other:?}\n{}", b.log.text()),
+        }
+    }
+    // A consistency proof from the kept checkpoint to the grown log.
+    let url_b_admin = format!("http://{}", b.admin.addr);
+    let (ok, out) = cli(&[
+        "audit",
+        "proof",
+        "consistency",
+        "--url",
+        &url_b_admin,
+        "--token",
+        &tb,
+        "--key",
+        public,
+        "--old",
+        kept.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+    let size = actions(&a, &ta).len();
+    assert!(size > from_a.len() + 1, "the retried action was recorded");
+    drop((a, b));
+
+    // Offline: the whole log verifies against the kept checkpoint...
+    let verify = || {
+        cli(&[
+            "audit",
+            "verify",
+            "--state",
+            &settings.url,
+            "--schema",
+            &settings.schema,
+            "--key",
+            public,
+            "--checkpoint",
+            kept.to_str().unwrap(),
+        ])
+    };
+    let (ok, out) = verify();
+    assert!(ok && out.starts_with("ok: "), "{out}");
+
+    // ...and a row edited with psql is named, and refused by a replica.
+    let edit = format!(
+        "UPDATE {}.audit_entries SET entry = convert_to(replace(convert_from(entry, 'UTF8'), \
+         'ops-b', 'ops-x'), 'UTF8') WHERE idx = {last}",
+        settings.schema
+    );
+    let out = Command::new("psql")
+        .args([settings.url.as_str(), "-v", "ON_ERROR_STOP=1", "-c", &edit])
+        .output()
+        .expect("psql runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (ok, out) = verify();
+    assert!(!ok && out.contains(&format!("entry {last}")), "{out}");
+    let refused = start_expecting_failure(&pa);
+    assert!(
+        refused.contains(&format!("entry {last}")) && refused.contains("edited"),
+        "{refused}"
+    );
+}
+
+/// Runs `bulkhead serve` on `policies`, which must exit with an error
+/// within 30 s; its stderr.
+fn start_expecting_failure(policies: &PolicyDir) -> String {
+    let mut child = Command::new(bin("bulkhead"))
+        .args(["serve", "--policies"])
+        .arg(&policies.path)
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("the gateway started on an edited log");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}

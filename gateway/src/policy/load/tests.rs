@@ -1481,3 +1481,106 @@ fn gpu_hosts_are_named_and_each_loads_its_models() {
         );
     }
 }
+
+#[test]
+fn a_postgres_state_store_is_read_and_its_audit_log_needs_a_key() {
+    let folder = valid_folder();
+    assert_eq!(load_ok(&folder).gateway.state, None);
+    folder.write("secrets/pg-password", "s3cret\n");
+    folder.write(
+        "gateway.toml",
+        format!(
+            "{GATEWAY}\n[state]\nstore = \"postgres://bulkhead@db.internal:5432/bh\"\n\
+             schema = \"bh_one\"\npassword_file = \"secrets/pg-password\"\npool_size = 4\n\
+             \n[audit]\nkey = \"../keys/audit.pem\"\norigin = \"example.com/audit\"\n"
+        ),
+    );
+    let policy = load_ok(&folder);
+    let state = policy.gateway.state.expect("[state] is set");
+    assert_eq!(state.url, "postgres://bulkhead@db.internal:5432/bh");
+    assert_eq!(state.schema, "bh_one");
+    assert_eq!(state.pool_size, 4);
+    assert_eq!(
+        state.password_file.as_deref(),
+        Some(policy.dir.join("secrets/pg-password").as_path())
+    );
+    let audit = policy.gateway.audit.expect("[audit] is set");
+    assert_eq!(
+        audit.key.as_deref(),
+        Some(
+            policy
+                .dir
+                .parent()
+                .unwrap()
+                .join("keys/audit.pem")
+                .as_path()
+        )
+    );
+    assert_eq!(audit.origin, "example.com/audit");
+
+    // "files" is the default and takes no database keys.
+    folder.write(
+        "gateway.toml",
+        format!("{GATEWAY}\n[state]\nstore = \"files\"\nschema = \"x\"\n"),
+    );
+    let found = errors(&folder);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(
+        found[0].contains("`schema` applies to a PostgreSQL state store"),
+        "{found:#?}"
+    );
+
+    // Each broken setting is named.
+    for (table, wanted) in [
+        (
+            "store = \"mysql://db/bh\"",
+            "expected \"files\" or \"postgres://USER@HOST:PORT/DATABASE\"",
+        ),
+        (
+            "store = \"postgres://bulkhead:hunter2@db/bh\"",
+            "password_file",
+        ),
+        (
+            "store = \"postgres://bulkhead@db/bh\"\nschema = \"Robert'); DROP\"",
+            "`schema`",
+        ),
+        (
+            "store = \"postgres://bulkhead@db/bh\"\npassword_file = \"missing\"",
+            "`password_file`",
+        ),
+        (
+            "store = \"postgres://bulkhead@db/bh?sslmode=sometimes\"",
+            "sslmode",
+        ),
+    ] {
+        folder.write(
+            "gateway.toml",
+            format!("{GATEWAY}\n[state]\n{table}\n\n[audit]\nkey = \"k.pem\"\n"),
+        );
+        let found = errors(&folder);
+        assert_eq!(found.len(), 1, "{table}: {found:#?}");
+        assert!(found[0].contains(wanted), "{table}: {found:#?}");
+        assert!(
+            !found[0].contains("hunter2"),
+            "the password leaked: {found:#?}"
+        );
+    }
+
+    // A log in the database: one key for every replica, no folder.
+    folder.write(
+        "gateway.toml",
+        format!(
+            "{GATEWAY}\n[state]\nstore = \"postgres://bulkhead@db/bh\"\n\n[audit]\ndir = \"../a\"\n"
+        ),
+    );
+    let found = errors(&folder);
+    assert_eq!(found.len(), 2, "{found:#?}");
+    assert!(
+        found.iter().any(|e| e.contains("remove `dir`")),
+        "{found:#?}"
+    );
+    assert!(
+        found.iter().any(|e| e.contains("`[audit]` needs `key`")),
+        "{found:#?}"
+    );
+}

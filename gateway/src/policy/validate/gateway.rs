@@ -169,10 +169,17 @@ pub(super) fn check_gateway(
 
     let plugins = check_plugins(dir, source, file.plugins.as_ref(), errors);
     let state = super::state::check_state(dir, source, file.state.as_ref(), errors);
+    // A database meant, even when its settings are broken: its errors are
+    // enough, without the file log's on top.
+    let in_database = file
+        .state
+        .as_ref()
+        .and_then(|state| state.store.as_ref())
+        .is_some_and(|store| store.get_ref() != "files");
     let audit = file
         .audit
         .as_ref()
-        .map(|audit| super::state::check_audit(dir, source, audit, state.is_some(), errors));
+        .map(|audit| super::state::check_audit(dir, source, audit, in_database, errors));
 
     Gateway {
         settings: GatewaySettings {

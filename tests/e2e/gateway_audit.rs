@@ -9,10 +9,9 @@
 //! `BULKHEAD_REQUIRE` lists `wasm-guests`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
-use bulkhead_tests::{ALL_OPERATOR_SCOPES, Gateway, PolicyDir, Response, bin, gateway_toml};
+use bulkhead_tests::{ALL_OPERATOR_SCOPES, Gateway, PolicyDir, Response, cli, gateway_toml};
 use serde_json::Value;
 
 /// Removes the audit folder when the test ends.
@@ -66,18 +65,6 @@ fn wait_for_entry(gateway: &Gateway, token: &str, wanted: impl Fn(&Value) -> boo
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-fn cli(args: &[&str]) -> (bool, String) {
-    let out = Command::new(bin("bulkhead")).args(args).output().unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
 }
 
 fn assert_error(r: &Response, status: u16, code: &str) {

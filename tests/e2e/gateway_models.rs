@@ -9,11 +9,10 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use bulkhead_tests::{
-    ALL_OPERATOR_SCOPES, Gateway, OPERATOR_ISSUER, PolicyDir, Response, bin, demo_model,
+    ALL_OPERATOR_SCOPES, Gateway, OPERATOR_ISSUER, PolicyDir, Response, cli, demo_model,
     gateway_toml,
 };
 use serde_json::{Value, json};
@@ -40,17 +39,6 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-/// Runs `bulkhead ARGS`: (success, stdout + stderr).
-fn cli(args: &[&str]) -> (bool, String) {
-    let out = Command::new(bin("bulkhead")).args(args).output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
 }
 
 /// `bulkhead model keygen` into `dir/NAME.pem` (+ `.pub.pem`).

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use bulkhead_gateway::audit::{AuditLog, AuditSettings, KEY_FILE, PUBLIC_KEY_FILE};
 use bulkhead_state::testing::TestSchema;
 use bulkhead_tests::proxy::Proxy;
-use bulkhead_tests::{ALL_OPERATOR_SCOPES, Gateway, PolicyDir, bin, gateway_toml};
+use bulkhead_tests::{ALL_OPERATOR_SCOPES, Gateway, PolicyDir, bin, cli, gateway_toml};
 use serde_json::Value;
 
 struct Scratch(PathBuf);
@@ -24,18 +24,6 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-fn cli(args: &[&str]) -> (bool, String) {
-    let out = Command::new(bin("bulkhead")).args(args).output().unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
 }
 
 /// `host:port` of a `postgres://user@host:port/db` URL.

@@ -132,6 +132,19 @@ pub fn demo_model_entry(name: &str) -> String {
     )
 }
 
+/// Runs `bulkhead ARGS`: whether it succeeded, and its stdout then stderr.
+pub fn cli(args: &[&str]) -> (bool, String) {
+    let out = Command::new(bin("bulkhead")).args(args).output().unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
 /// A policy folder in a fresh temp dir, starting as a copy of `policies/`
 /// (whose trust.toml trusts the demo model's publisher) with a
 /// `gateway.toml` pointing at the signed demo model by absolute path, and a

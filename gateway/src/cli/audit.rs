@@ -242,21 +242,7 @@ async fn mine(
 fn verify(dir: &Path, options: VerifyOptions) -> anyhow::Result<ExitCode> {
     match verify_log(dir, &options) {
         Ok(verified) => {
-            let c = &verified.checkpoint;
-            println!(
-                "ok: {} entries; checkpoint `{}` size {} root {} verifies with {}",
-                verified.entries,
-                c.origin,
-                c.size,
-                BASE64.encode(c.root),
-                verified.key.display()
-            );
-            if verified.entries > c.size {
-                println!(
-                    "note: the last {} entries are not yet covered by this checkpoint",
-                    verified.entries - c.size
-                );
-            }
+            report_ok(verified.entries, &verified.checkpoint, &verified.key);
             if verified.key_from_log_dir {
                 println!(
                     "note: the key came from the log folder itself; pass --key with a copy kept \
@@ -283,24 +269,9 @@ async fn verify_db(
         None => None,
     };
     let verifier = |origin: &str| read_verifier(key, origin).map_err(|e| e.to_string());
-    let place = format!("in schema `{}`", settings.schema);
     match bulkhead_state::verify_db(settings, note.as_deref(), &verifier).await {
         Ok(verified) => {
-            let c = &verified.checkpoint;
-            println!(
-                "ok: {} entries; checkpoint `{}` size {} root {} verifies with {}",
-                verified.entries,
-                c.origin,
-                c.size,
-                BASE64.encode(c.root),
-                key.display()
-            );
-            if verified.entries > c.size {
-                println!(
-                    "note: the last {} entries are not yet covered by this checkpoint",
-                    verified.entries - c.size
-                );
-            }
+            report_ok(verified.entries, &verified.checkpoint, key);
             if verified.checkpoint_from_db {
                 println!(
                     "note: the checkpoint came from the database itself; pass --checkpoint \
@@ -310,9 +281,26 @@ async fn verify_db(
             Ok(ExitCode::SUCCESS)
         }
         Err(error) => {
-            eprintln!("audit log {place} FAILED: {error}");
+            eprintln!("audit log in schema `{}` FAILED: {error}", settings.schema);
             Ok(ExitCode::FAILURE)
         }
+    }
+}
+
+/// The first lines of a log that verified.
+fn report_ok(entries: u64, c: &Checkpoint, key: &Path) {
+    println!(
+        "ok: {entries} entries; checkpoint `{}` size {} root {} verifies with {}",
+        c.origin,
+        c.size,
+        BASE64.encode(c.root),
+        key.display()
+    );
+    if entries > c.size {
+        println!(
+            "note: the last {} entries are not yet covered by this checkpoint",
+            entries - c.size
+        );
     }
 }
 

@@ -11,7 +11,7 @@ use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 use super::entry::Entry;
-use super::frame::{self, FrameError};
+use super::frame::{self, FrameError, Record};
 use super::merkle::Tree;
 use super::note::{
     Checkpoint, MAX_NOTE_BYTES, NoteVerifier, open_checkpoint, unverified_checkpoint,
@@ -54,6 +54,17 @@ pub enum VerifyError {
 
 /// Verifies the log in `dir`.
 pub fn verify_log(dir: &Path, options: &VerifyOptions) -> Result<Verified, VerifyError> {
+    verify_log_each(dir, options, &mut |_| {})
+}
+
+/// [`verify_log`], handing every record to `each` as it is checked (framed,
+/// hashed, a valid entry carrying its own index): a copy of the log that
+/// counts only once this returns `Ok` (`bulkhead state migrate`).
+pub fn verify_log_each(
+    dir: &Path,
+    options: &VerifyOptions,
+    each: &mut dyn FnMut(&Record<'_>),
+) -> Result<Verified, VerifyError> {
     let path = dir.join(ENTRIES_FILE);
     let file = File::open(&path)
         .map_err(|e| VerifyError::Log(format!("opening {}: {e}", path.display())))?;
@@ -68,6 +79,7 @@ pub fn verify_log(dir: &Path, options: &VerifyOptions) -> Result<Verified, Verif
         |record| {
             check_entry(record.index, record.entry)?;
             tree.push(record.leaf);
+            each(&record);
             Ok(())
         },
     )?;

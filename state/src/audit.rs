@@ -30,8 +30,10 @@ use tokio::runtime::Runtime;
 
 use super::{Db, PgSettings, PooledClient, StateError};
 
+mod import;
 mod verify;
 
+pub use import::{import_log, stored_leaves};
 pub use verify::{DbVerified, verify_db};
 
 /// Rows read per query when scanning (bounds memory at open).

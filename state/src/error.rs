@@ -53,6 +53,15 @@ pub enum StateError {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// An audit log could not be imported into `schema` (it already holds
+    /// one, or the entries given are not a log); nothing was written.
+    #[error("importing the audit log into schema `{schema}`: {why}")]
+    Import {
+        /// The schema.
+        schema: String,
+        /// What is wrong and what to do.
+        why: String,
+    },
     /// A statement failed (see [`StateError::is_unavailable`] for whether
     /// the connection, not the statement, was at fault).
     #[error("PostgreSQL query failed: {}", error_text(.0))]
@@ -67,7 +76,9 @@ impl StateError {
         match self {
             StateError::Unavailable { .. } => true,
             StateError::Query(e) | StateError::Migration { source: e, .. } => transient(e),
-            StateError::Config { .. } | StateError::NewerSchema { .. } => false,
+            StateError::Config { .. }
+            | StateError::NewerSchema { .. }
+            | StateError::Import { .. } => false,
         }
     }
 

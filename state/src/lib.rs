@@ -8,7 +8,8 @@
 //!   the schema once across replicas and refuses a newer one.
 //! - [`Dedicated`]: a connection outside the pool for `LISTEN`.
 //! - [`PgAuditStore`]: the audit log's tables, one log for all replicas;
-//!   [`verify_db`]: the offline check of it.
+//!   [`verify_db`]: the offline check of it; [`import_log`]: a log
+//!   folder's entries copied in (`bulkhead state migrate`).
 //!
 //! Why tokio-postgres and deadpool-postgres rather than sqlx: no macros and
 //! no database at build time, a small dependency tree, and a plain
@@ -28,7 +29,7 @@ mod tls;
 #[doc(hidden)]
 pub mod testing;
 
-pub use audit::{DbVerified, PgAuditStore, verify_db};
+pub use audit::{DbVerified, PgAuditStore, import_log, stored_leaves, verify_db};
 pub use error::StateError;
 pub use migrate::{Migrated, SCHEMA_VERSION};
 pub use pool::{Db, Dedicated, NOTIFICATION_BUFFER};

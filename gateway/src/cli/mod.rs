@@ -7,6 +7,7 @@ mod model_api;
 mod plugin;
 mod policy;
 mod serve;
+mod state;
 mod token;
 
 use std::process::ExitCode;
@@ -40,6 +41,9 @@ enum Command {
     Token(token::TokenArgs),
     /// Check the audit log offline, or proofs from a running gateway
     Audit(audit::AuditArgs),
+    /// Move state into the database replicas share (today: the audit log
+    /// only; plugins and registrations are not in PostgreSQL yet)
+    State(state::StateArgs),
     /// Serve the OpenAI-compatible API until SIGINT/SIGTERM (starting a local
     /// gpu-host unless gateway.toml names an upstream).
     Serve(serve::ServeArgs),
@@ -53,6 +57,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Token(args) => token::run(args),
         Command::Serve(a) => serve::run(a),
         Command::Audit(args) => audit::run(args),
+        Command::State(args) => state::run(args),
     }
 }
 

@@ -11,8 +11,9 @@
 //!   store and instance with the call's [`PluginLimits`], then the hooks.
 //!
 //! Uploads are kept by [`PluginRegistry`] (`store/`): on disk by digest,
-//! compiled code cached under a MAC, and an in-memory index the request
-//! path reads with [`PluginRegistry::get`].
+//! or in a [`SharedPlugins`] store the gateway replicas share; compiled
+//! code cached under a MAC, and an in-memory index the request path reads
+//! with [`PluginRegistry::get`].
 //!
 //! The gateway sees only the plain types here ([`Request`],
 //! [`Response`], [`Rejection`], …); the generated bindings stay inside.
@@ -52,8 +53,10 @@ pub use gate::{GatePass, HookGate, MAX_GATE_SLOTS, default_gate_slots};
 pub use host::{LogStats, PluginConfig};
 pub use limits::*;
 pub use store::{
-    LoadFailure, LoadReport, MAX_PLUGINS_PER_TENANT, PLUGIN_NAME_RULE, PluginInfo, PluginName,
-    PluginRegistry, StoreError, UploadOutcome,
+    FileStoreContents, Listing, LoadFailure, LoadReport, MAX_PLUGINS_PER_TENANT,
+    MAX_VERSION_FLOORS_PER_TENANT, PLUGIN_NAME_RULE, PluginInfo, PluginName, PluginRegistry,
+    SharedEntry, SharedPlugins, SharedPut, StoreError, StoredBlob, UploadOutcome, VersionFloor,
+    read_file_store,
 };
 pub use types::{Message, Prompt, Rejection, Request, Response, Sampling};
 pub use validate::{ALLOWED_IMPORTS, AllowedImport, REQUIRED_EXPORTS};

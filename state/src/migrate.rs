@@ -30,6 +30,16 @@ const MIGRATIONS: &[Migration] = &[
         name: "plugins_registrations",
         sql: include_str!("../migrations/0002_plugins_registrations.sql"),
     },
+    Migration {
+        version: 3,
+        name: "registrations",
+        sql: include_str!("../migrations/0003_registrations.sql"),
+    },
+    Migration {
+        version: 4,
+        name: "plugins",
+        sql: include_str!("../migrations/0004_plugins.sql"),
+    },
 ];
 
 /// What connecting did to the schema.

@@ -7,7 +7,10 @@
 //! also lists them, and an inference-only token learns nothing about them.
 //! The tenant is the verified token's;
 //! names are per tenant, so one tenant never sees or touches another's.
-//! Compilation and disk writes run on a blocking thread.
+//! Compilation and disk (or state database) writes run on a blocking
+//! thread. With plugins in the state database, an upload or delete while
+//! it is unreachable is a 503 (`plugin_store_unavailable`, retry); reads
+//! answer from the replica's index, as inference does.
 
 use axum::Json;
 use axum::body::Body;
@@ -409,6 +412,19 @@ fn store_error(e: StoreError) -> ApiError {
             error
         }
         StoreError::Refused(e) => refused(e),
+        StoreError::Unavailable(_) => {
+            tracing::warn!("plugin change refused: {e}");
+            let mut error = ApiError::unavailable(
+                "plugin_store_unavailable",
+                "the plugin store is unavailable: retry later (repeating the same change is \
+                 safe)",
+            );
+            error
+                .headers
+                .get_or_insert_default()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+            error
+        }
         StoreError::InvalidTenant { .. } | StoreError::InUse { .. } | StoreError::Io { .. } => {
             ApiError::internal(e)
         }
@@ -436,5 +452,22 @@ fn refused(e: PluginError) -> ApiError {
             error.code = e.code();
             error
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unavailable_store_is_a_503_to_retry_that_names_no_database() {
+        let error = store_error(StoreError::Unavailable(
+            "PostgreSQL 10.0.0.5:5432 schema `bulkhead`: PostgreSQL query failed".into(),
+        ));
+        assert_eq!(error.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(error.code, "plugin_store_unavailable");
+        assert!(!error.message.contains("10.0.0.5"), "{}", error.message);
+        let headers = error.headers.expect("Retry-After");
+        assert_eq!(headers.get(header::RETRY_AFTER).unwrap(), "5");
     }
 }

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::artifact::{KEY_BYTES, StoreKey};
 use super::name::{PluginName, is_valid_tenant};
+use super::shared::VersionFloor;
 use super::{EntryMeta, LoadFailure, StoreError};
 use crate::{MAX_COMPONENT_BYTES, PluginDigest};
 use bulkhead_durable::{DirLock, LockError, TEMP_PREFIX, sync_dir, write_atomic};
@@ -78,17 +79,32 @@ impl StoreDir {
     /// Opens (creating, 0700) the store at `root`: takes its lock, reads or
     /// creates its key, removes temp files a crash left behind.
     pub(crate) fn open(root: &Path) -> Result<(StoreDir, Tidied), StoreError> {
+        StoreDir::open_with(root, &[BLOBS, ARTIFACTS, TENANTS, VERSIONS])
+    }
+
+    /// Opens (creating, 0700) `root` as a replica's compiled-code cache for
+    /// a shared store: its lock, its key and `artifacts/` only. Blobs and
+    /// entries live in the shared store; any a folder store left here are
+    /// neither read nor touched.
+    pub(crate) fn open_cache(root: &Path) -> Result<(StoreDir, Tidied), StoreError> {
+        StoreDir::open_with(root, &[ARTIFACTS])
+    }
+
+    fn open_with(root: &Path, subs: &[&str]) -> Result<(StoreDir, Tidied), StoreError> {
         let mut tidied = Tidied::default();
         make_dir(root)?;
         let lock = lock(root)?;
-        for sub in [BLOBS, ARTIFACTS, TENANTS, VERSIONS] {
+        for sub in subs {
             make_dir(&root.join(sub))?;
         }
         tidied.temp_files_removed += remove_temp_files(root)?;
-        for sub in [BLOBS, ARTIFACTS, TENANTS, VERSIONS] {
+        for sub in subs {
             tidied.temp_files_removed += remove_temp_files(&root.join(sub))?;
         }
         for per_tenant in [TENANTS, VERSIONS] {
+            if !subs.contains(&per_tenant) {
+                continue;
+            }
             for tenant in list_dir(&root.join(per_tenant))? {
                 let path = root.join(per_tenant).join(&tenant);
                 if path.is_dir() {
@@ -117,7 +133,7 @@ impl StoreDir {
     }
 
     fn blob_path(&self, digest: PluginDigest) -> PathBuf {
-        self.root.join(BLOBS).join(format!("{digest}.wasm"))
+        blob_path(&self.root, digest)
     }
 
     fn artifact_path(&self, digest: PluginDigest) -> PathBuf {
@@ -130,18 +146,7 @@ impl StoreDir {
 
     /// The uploaded bytes named `digest`, if they still hash to it.
     pub(crate) fn read_blob(&self, digest: PluginDigest) -> Result<Vec<u8>, String> {
-        let path = self.blob_path(digest);
-        let bytes = read_bounded(&path, MAX_COMPONENT_BYTES as u64)
-            .map_err(|e| format!("its blob {} cannot be read: {e}", path.display()))?
-            .ok_or_else(|| format!("its blob {} is missing", path.display()))?;
-        let actual = PluginDigest::of(&bytes);
-        if actual != digest {
-            return Err(format!(
-                "its blob {} does not hash to its name (sha256 {actual}): altered on disk",
-                path.display()
-            ));
-        }
-        Ok(bytes)
+        read_blob_in(&self.root, digest)
     }
 
     /// Stores an upload under its digest, unless a good copy is there.
@@ -171,6 +176,32 @@ impl StoreDir {
     ) -> Result<(), StoreError> {
         let path = self.artifact_path(digest);
         write_atomic(&path, sealed).map_err(io_error("writing", &path))
+    }
+
+    /// Removes an artifact (a cache's digest no entry refers to any more).
+    pub(crate) fn remove_artifact(&self, digest: PluginDigest) -> Result<(), StoreError> {
+        let path = self.artifact_path(digest);
+        remove_durably(&path).map_err(io_error("removing", &path))
+    }
+
+    /// Digests with an artifact in the folder.
+    pub(crate) fn artifact_digests(&self) -> Result<Vec<PluginDigest>, StoreError> {
+        let dir = self.root.join(ARTIFACTS);
+        let mut digests = Vec::new();
+        for file in list_dir(&dir)? {
+            match file.strip_suffix(".cwasm").and_then(PluginDigest::from_hex) {
+                Some(digest) => digests.push(digest),
+                None => {
+                    tracing::warn!(path = %dir.join(&file).display(), "not a store file; ignored")
+                }
+            }
+        }
+        Ok(digests)
+    }
+
+    /// Whether the folder holds a folder store's entries (`tenants/`).
+    pub(crate) fn holds_entries(&self) -> bool {
+        list_dir(&self.root.join(TENANTS)).is_ok_and(|tenants| !tenants.is_empty())
     }
 
     /// Removes a blob and its artifact (no entry refers to them any more).
@@ -274,36 +305,7 @@ impl StoreDir {
     pub(crate) fn read_entries(
         &self,
     ) -> Result<(Vec<(String, PluginName, EntryMeta)>, Vec<LoadFailure>), StoreError> {
-        let mut entries = Vec::new();
-        let mut failures = Vec::new();
-        let tenants_dir = self.root.join(TENANTS);
-        for tenant in list_dir(&tenants_dir)? {
-            let dir = tenants_dir.join(&tenant);
-            if !is_valid_tenant(&tenant) || !dir.is_dir() {
-                tracing::warn!(path = %dir.display(), "not a tenant folder; ignored");
-                continue;
-            }
-            for file in list_dir(&dir)? {
-                let path = dir.join(&file);
-                let name = file
-                    .strip_suffix(".json")
-                    .and_then(|stem| PluginName::parse(stem).ok());
-                let Some(name) = name else {
-                    tracing::warn!(path = %path.display(), "not a plugin entry; ignored");
-                    continue;
-                };
-                match read_entry(&path, &name) {
-                    Ok(meta) => entries.push((tenant.clone(), name, meta)),
-                    Err(reason) => failures.push(LoadFailure {
-                        tenant: tenant.clone(),
-                        name: name.to_string(),
-                        reason,
-                    }),
-                }
-            }
-        }
-        entries.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
-        Ok((entries, failures))
+        read_entries_in(&self.root)
     }
 
     /// Digests with a blob or an artifact on disk.
@@ -324,6 +326,111 @@ impl StoreDir {
         digests.dedup();
         Ok(digests)
     }
+}
+
+/// [`StoreDir::read_entries`] of the store folder at `root`.
+#[allow(clippy::type_complexity)]
+pub(crate) fn read_entries_in(
+    root: &Path,
+) -> Result<(Vec<(String, PluginName, EntryMeta)>, Vec<LoadFailure>), StoreError> {
+    let mut entries = Vec::new();
+    let mut failures = Vec::new();
+    let tenants_dir = root.join(TENANTS);
+    for tenant in list_dir(&tenants_dir)? {
+        let dir = tenants_dir.join(&tenant);
+        if !is_valid_tenant(&tenant) || !dir.is_dir() {
+            tracing::warn!(path = %dir.display(), "not a tenant folder; ignored");
+            continue;
+        }
+        for file in list_dir(&dir)? {
+            let path = dir.join(&file);
+            let name = file
+                .strip_suffix(".json")
+                .and_then(|stem| PluginName::parse(stem).ok());
+            let Some(name) = name else {
+                tracing::warn!(path = %path.display(), "not a plugin entry; ignored");
+                continue;
+            };
+            match read_entry(&path, &name) {
+                Ok(meta) => entries.push((tenant.clone(), name, meta)),
+                Err(reason) => failures.push(LoadFailure {
+                    tenant: tenant.clone(),
+                    name: name.to_string(),
+                    reason,
+                }),
+            }
+        }
+    }
+    entries.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+    Ok((entries, failures))
+}
+
+/// The uploaded bytes named `digest` in the store folder at `root`, if they
+/// still hash to it.
+pub(crate) fn read_blob_in(root: &Path, digest: PluginDigest) -> Result<Vec<u8>, String> {
+    let path = blob_path(root, digest);
+    let bytes = read_bounded(&path, MAX_COMPONENT_BYTES as u64)
+        .map_err(|e| format!("its blob {} cannot be read: {e}", path.display()))?
+        .ok_or_else(|| format!("its blob {} is missing", path.display()))?;
+    let actual = PluginDigest::of(&bytes);
+    if actual != digest {
+        return Err(format!(
+            "its blob {} does not hash to its name (sha256 {actual}): altered on disk",
+            path.display()
+        ));
+    }
+    Ok(bytes)
+}
+
+fn blob_path(root: &Path, digest: PluginDigest) -> PathBuf {
+    root.join(BLOBS).join(format!("{digest}.wasm"))
+}
+
+/// Every version floor in the store folder at `root` (`versions/TENANT/NAME`),
+/// and the files that are not readable floors (reported).
+pub(crate) fn read_version_floors_in(
+    root: &Path,
+) -> Result<(Vec<VersionFloor>, Vec<LoadFailure>), StoreError> {
+    let mut floors = Vec::new();
+    let mut failures = Vec::new();
+    let versions_dir = root.join(VERSIONS);
+    if !versions_dir.is_dir() {
+        return Ok((floors, failures));
+    }
+    for tenant in list_dir(&versions_dir)? {
+        let dir = versions_dir.join(&tenant);
+        if !is_valid_tenant(&tenant) || !dir.is_dir() {
+            tracing::warn!(path = %dir.display(), "not a tenant folder; ignored");
+            continue;
+        }
+        for file in list_dir(&dir)? {
+            let path = dir.join(&file);
+            let Ok(name) = PluginName::parse(&file) else {
+                tracing::warn!(path = %path.display(), "not a version floor; ignored");
+                continue;
+            };
+            let version = read_bounded(&path, 32)
+                .ok()
+                .flatten()
+                .and_then(|bytes| String::from_utf8_lossy(&bytes).trim().parse::<u64>().ok());
+            match version {
+                Some(version) => floors.push(VersionFloor {
+                    tenant: tenant.clone(),
+                    name,
+                    version,
+                }),
+                None => failures.push(LoadFailure {
+                    tenant: tenant.clone(),
+                    name: name.to_string(),
+                    reason: format!(
+                        "its version floor {} is not a version number",
+                        path.display()
+                    ),
+                }),
+            }
+        }
+    }
+    Ok((floors, failures))
 }
 
 fn read_entry(path: &Path, name: &PluginName) -> Result<EntryMeta, String> {
@@ -379,6 +486,11 @@ fn check_tenant(tenant: &str) -> Result<(), StoreError> {
             tenant: tenant.escape_debug().take(80).collect(),
         })
     }
+}
+
+/// The lock of an existing store folder, held while it is read whole.
+pub(crate) fn lock_existing(root: &Path) -> Result<DirLock, StoreError> {
+    lock(root)
 }
 
 /// Takes the store's exclusive lock, or says another process holds it.

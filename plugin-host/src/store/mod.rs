@@ -30,10 +30,20 @@
 //! Mutations (upload, delete) take one lock for their disk writes and
 //! publish a new index through `ArcSwap`; compilation happens before that
 //! lock. Readers never take it.
+//!
+//! Replicas share their plugins through a [`SharedPlugins`] store instead
+//! ([`PluginRegistry::open_shared`], `replica.rs`): entries, blobs and
+//! version floors live there, and the folder, when given, is only this
+//! replica's cache of compiled code (its key and `artifacts/`). A change is
+//! committed there first, then published here; other replicas publish it
+//! when told ([`PluginRegistry::refresh`]).
 
 mod artifact;
 mod disk;
+mod export;
 mod name;
+mod replica;
+mod shared;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -45,9 +55,12 @@ use arc_swap::ArcSwap;
 
 use super::{CompiledPlugin, Compiler, PluginDigest, PluginEngine, PluginError};
 use disk::StoreDir;
+use replica::SharedStore;
 
 pub(crate) use artifact::VerifiedArtifact;
+pub use export::{FileStoreContents, read_file_store};
 pub use name::{PLUGIN_NAME_RULE, PluginName};
+pub use shared::{Listing, SharedEntry, SharedPlugins, SharedPut, StoredBlob, VersionFloor};
 
 /// Most plugins one tenant may keep. A tenant's chain names a handful;
 /// 64 bounds the disk, memory and compile work one tenant can claim.
@@ -110,6 +123,12 @@ pub enum StoreError {
         path: PathBuf,
         source: std::io::Error,
     },
+
+    /// The shared store cannot be reached (or failed a statement): the
+    /// change was not made (unless the connection broke as it committed),
+    /// and retrying it is safe.
+    #[error("the shared plugin store is unavailable: {0}")]
+    Unavailable(String),
 }
 
 /// An entry's record, as on disk.
@@ -209,8 +228,17 @@ pub struct PluginRegistry {
 
 struct RegistryInner {
     index: ArcSwap<Index>,
-    /// `None`: no store configured, uploads are off.
-    store: Option<Store>,
+    backend: Backend,
+}
+
+/// Where the plugins are kept.
+enum Backend {
+    /// No store configured: uploads are off.
+    Off,
+    /// A store folder of this gateway's own.
+    Files(Store),
+    /// A store the replicas share.
+    Shared(SharedStore),
 }
 
 struct Store {
@@ -224,15 +252,13 @@ struct Store {
 impl fmt::Debug for PluginRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let index = self.inner.index.load();
+        let store = match &self.inner.backend {
+            Backend::Off => None,
+            Backend::Files(store) => Some(store.dir.root().display().to_string()),
+            Backend::Shared(shared) => Some(shared.place().to_string()),
+        };
         f.debug_struct("PluginRegistry")
-            .field(
-                "store",
-                &self
-                    .inner
-                    .store
-                    .as_ref()
-                    .map(|s| s.dir.root().to_path_buf()),
-            )
+            .field("store", &store)
             .field("tenants", &index.len())
             .finish_non_exhaustive()
     }
@@ -244,7 +270,7 @@ impl PluginRegistry {
         PluginRegistry {
             inner: Arc::new(RegistryInner {
                 index: ArcSwap::from_pointee(Index::new()),
-                store: None,
+                backend: Backend::Off,
             }),
         }
     }
@@ -333,15 +359,63 @@ impl PluginRegistry {
         let registry = PluginRegistry {
             inner: Arc::new(RegistryInner {
                 index: ArcSwap::from_pointee(index),
-                store: Some(store),
+                backend: Backend::Files(store),
             }),
         };
         Ok((registry, report))
     }
 
+    /// Opens the plugins `shared` holds, as one replica of several: loads
+    /// every entry (each blob re-hashed against its digest: the store is
+    /// not trusted with the bytes), compiled code read from `cache` (this
+    /// replica's folder: key and sealed artifacts only) when its MAC
+    /// verifies, compiled otherwise. Entries that cannot be loaded are
+    /// reported and logged; an unreachable store is
+    /// [`StoreError::Unavailable`] (a replica does not start without the
+    /// plugins it should serve).
+    ///
+    /// Blocks on the store, disk and compilation: call it from a blocking
+    /// thread. Uploads and deletes then write through `shared`; call
+    /// [`refresh`](Self::refresh) when the store says another replica
+    /// changed something.
+    pub fn open_shared(
+        shared: Arc<dyn SharedPlugins>,
+        cache: Option<&Path>,
+        engine: PluginEngine,
+    ) -> Result<(Self, LoadReport), StoreError> {
+        let (store, index, report) = SharedStore::open(shared, cache, engine)?;
+        let registry = PluginRegistry {
+            inner: Arc::new(RegistryInner {
+                index: ArcSwap::from_pointee(index),
+                backend: Backend::Shared(store),
+            }),
+        };
+        Ok((registry, report))
+    }
+
+    /// Rereads `tenant`'s plugins (every tenant's with `None`) from the
+    /// shared store and publishes them: new digests are loaded (re-hashed,
+    /// then from the cache or compiled), those already served are kept,
+    /// and removed ones go. When the store is unavailable the index stays
+    /// as it was and the error says so. Nothing to do without a shared
+    /// store.
+    ///
+    /// Blocks: call it from a blocking thread.
+    pub fn refresh(&self, tenant: Option<&str>) -> Result<LoadReport, StoreError> {
+        match &self.inner.backend {
+            Backend::Shared(store) => store.refresh(&self.inner.index, tenant),
+            Backend::Off | Backend::Files(_) => Ok(LoadReport::default()),
+        }
+    }
+
     /// Whether a store is configured (uploads are on).
     pub fn enabled(&self) -> bool {
-        self.inner.store.is_some()
+        !matches!(self.inner.backend, Backend::Off)
+    }
+
+    /// Whether the plugins are kept in a store the replicas share.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.inner.backend, Backend::Shared(_))
     }
 
     /// The tenant's plugin `name`, ready to instantiate. Never blocks: one
@@ -400,6 +474,9 @@ impl PluginRegistry {
         uploaded_by: Option<&str>,
         version: Option<u64>,
     ) -> Result<(PluginInfo, UploadOutcome), StoreError> {
+        if let Backend::Shared(shared) = &self.inner.backend {
+            return shared.upload(&self.inner.index, tenant, name, bytes, uploaded_by, version);
+        }
         let store = self.store()?;
         if !name::is_valid_tenant(tenant) {
             return Err(StoreError::InvalidTenant {
@@ -498,6 +575,9 @@ impl PluginRegistry {
     /// and returns the digest it had. A request that already holds the
     /// plugin finishes with it.
     pub fn delete(&self, tenant: &str, name: &PluginName) -> Result<PluginDigest, StoreError> {
+        if let Backend::Shared(shared) = &self.inner.backend {
+            return shared.delete(&self.inner.index, tenant, name);
+        }
         let store = self.store()?;
         let mut entries = store.entries.lock().unwrap_or_else(PoisonError::into_inner);
         let key = (tenant.to_string(), name.clone());
@@ -523,32 +603,51 @@ impl PluginRegistry {
     /// How many tenants share the plugin instance pool (see
     /// [`PluginEngine::share_instances_among`]); nothing without a store.
     pub fn share_instances_among(&self, tenants: usize) {
-        if let Some(store) = &self.inner.store {
-            store.engine.share_instances_among(tenants);
+        match &self.inner.backend {
+            Backend::Off => {}
+            Backend::Files(store) => store.engine.share_instances_among(tenants),
+            Backend::Shared(shared) => shared.engine().share_instances_among(tenants),
         }
     }
 
     /// The engine the store compiles with (tests hold its compile slots).
     #[cfg(test)]
     pub(crate) fn engine(&self) -> &PluginEngine {
-        &self.inner.store.as_ref().expect("a store").engine
+        match &self.inner.backend {
+            Backend::Files(store) => &store.engine,
+            Backend::Shared(shared) => shared.engine(),
+            Backend::Off => panic!("a store"),
+        }
     }
 
     fn store(&self) -> Result<&Store, StoreError> {
-        self.inner.store.as_ref().ok_or(StoreError::Disabled)
+        match &self.inner.backend {
+            Backend::Files(store) => Ok(store),
+            Backend::Off | Backend::Shared(_) => Err(StoreError::Disabled),
+        }
     }
 
     /// Publishes a new index with `change` applied to `tenant`'s map.
     /// Called with the entries lock held, so changes never interleave.
     fn publish(&self, tenant: &str, change: impl FnOnce(&mut BTreeMap<String, Loaded>)) {
-        let mut index = Index::clone(&self.inner.index.load());
-        let plugins = index.entry(tenant.to_string()).or_default();
-        change(Arc::make_mut(plugins));
-        if plugins.is_empty() {
-            index.remove(tenant);
-        }
-        self.inner.index.store(Arc::new(index));
+        publish(&self.inner.index, tenant, change);
     }
+}
+
+/// Publishes a new `index` with `change` applied to `tenant`'s map; the
+/// caller holds the lock that orders its store's changes.
+fn publish(
+    index: &ArcSwap<Index>,
+    tenant: &str,
+    change: impl FnOnce(&mut BTreeMap<String, Loaded>),
+) {
+    let mut next = Index::clone(&index.load());
+    let plugins = next.entry(tenant.to_string()).or_default();
+    change(Arc::make_mut(plugins));
+    if plugins.is_empty() {
+        next.remove(tenant);
+    }
+    index.store(Arc::new(next));
 }
 
 impl Store {
@@ -560,17 +659,7 @@ impl Store {
         report: &mut LoadReport,
     ) -> Result<CompiledPlugin, String> {
         let bytes = self.dir.read_blob(digest)?;
-        let cached = match self.dir.read_artifact(digest) {
-            Ok(Some(file)) => artifact::open(self.dir.key(), digest, &self.compatibility, file)
-                .map_err(|e| e.to_string())
-                .and_then(|artifact| {
-                    self.engine
-                        .load_precompiled(&bytes, &artifact)
-                        .map_err(|e| e.to_string())
-                }),
-            Ok(None) => Err("no cached artifact".to_string()),
-            Err(e) => Err(e),
-        };
+        let cached = cached_plugin(&self.dir, &self.engine, &self.compatibility, digest, &bytes);
         match cached {
             Ok(plugin) => {
                 report.deserialized += 1;
@@ -606,6 +695,28 @@ impl Store {
             return Ok(());
         }
         self.dir.remove_blob(digest)
+    }
+}
+
+/// `digest`'s compiled code from `dir`'s artifacts, if one is there and
+/// sealed by this folder's key for this engine; else why not.
+fn cached_plugin(
+    dir: &StoreDir,
+    engine: &PluginEngine,
+    compatibility: &[u8; 32],
+    digest: PluginDigest,
+    bytes: &[u8],
+) -> Result<CompiledPlugin, String> {
+    match dir.read_artifact(digest) {
+        Ok(Some(file)) => artifact::open(dir.key(), digest, compatibility, file)
+            .map_err(|e| e.to_string())
+            .and_then(|artifact| {
+                engine
+                    .load_precompiled(bytes, &artifact)
+                    .map_err(|e| e.to_string())
+            }),
+        Ok(None) => Err("no cached artifact".to_string()),
+        Err(e) => Err(e),
     }
 }
 

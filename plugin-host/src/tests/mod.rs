@@ -17,6 +17,7 @@ mod bench;
 mod c_guest;
 mod calls;
 mod hostile;
+mod shared_store;
 mod store;
 mod upload;
 

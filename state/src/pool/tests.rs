@@ -73,9 +73,10 @@ async fn connect_creates_and_migrates_its_schema_and_queries_are_unqualified() {
             "audit_entries",
             "audit_head",
             "plugin_blobs",
-            "plugins",
+            "plugin_entries",
+            "plugin_version_floors",
             "registrations",
-            "schema_version"
+            "schema_version",
         ]
     );
     let version: i32 = client

@@ -19,7 +19,7 @@ use crate::plugins::{
 use crate::policy::{self, GatewayPlugins, ListenAddr, PolicyErrors, UpstreamSettings};
 use crate::pool::HostPool;
 use crate::reconcile::{HostSpec, Reconciler};
-use crate::registration::RegistrationError;
+use crate::registration::{RegistrationError, RegistrySource};
 use crate::serving::Lanes;
 use crate::serving::{AdminListener, ConnectionGate, serve_admin, serve_http};
 use crate::snapshot::{Snapshot, build_snapshot};
@@ -78,6 +78,8 @@ pub enum ServeError {
     Audit(#[from] AuditError),
     #[error("the model registry: {0}")]
     Registration(#[from] RegistrationError),
+    #[error("the state database: {0}")]
+    State(bulkhead_state::StateError),
 }
 
 /// Runs the gateway until `shutdown` resolves, then stops accepting, lets
@@ -130,7 +132,7 @@ pub async fn serve(
             },
         )
         .await?;
-    let plugins = open_plugins(&gateway.plugins).await?;
+    let plugins = open_plugins(&gateway.plugins, gateway.state.as_ref()).await?;
     plugins.share_instances_among(snapshot.load().policy.tenants_with_plugins());
 
     // Each host's readiness is its process's; requests get a handle that
@@ -220,7 +222,7 @@ pub async fn serve(
         hosts,
         reloads.subscribe(),
         audit.clone(),
-        gateway.models_registry.clone(),
+        registry_source(&gateway).await?,
     )
     .await?;
     let pool = HostPool::new(models.hosts(), targets, Arc::clone(&metrics));
@@ -477,10 +479,53 @@ fn only_restricts(previous: &Snapshot, next: &Snapshot) -> Result<(), String> {
         .try_for_each(|tenant| next.verifiers.narrows(&previous.verifiers, tenant))
 }
 
+/// Where API registrations live: the state database when `[state]` names
+/// one, else the `[models] registry` folder, else nowhere (registering is
+/// off).
+async fn registry_source(
+    gateway: &policy::GatewaySettings,
+) -> Result<Option<RegistrySource>, ServeError> {
+    match (&gateway.state, &gateway.models_registry) {
+        (Some(state), _) => {
+            let db = bulkhead_state::Db::connect(state)
+                .await
+                .map_err(ServeError::State)?;
+            Ok(Some(RegistrySource::Db(db)))
+        }
+        (None, Some(dir)) => Ok(Some(RegistrySource::Dir(dir.clone()))),
+        (None, None) => Ok(None),
+    }
+}
+
 /// The plugin registry: the store loaded (every plugin compiled or read
 /// from its cache, failures logged), or none when `[plugins] store` is
 /// unset. The engine is created here, once, and the registry owns it.
-async fn open_plugins(settings: &GatewayPlugins) -> Result<PluginRegistry, ServeError> {
+///
+/// With `[state]`, plugins are kept in the state database for every
+/// replica (uploads are on), `[plugins] store`, if set, is only this
+/// replica's cache of compiled code, and a task keeps the index in step
+/// with the database (notices, and a full reread every
+/// [`bulkhead_state::PLUGIN_RESYNC`]). A database that does not answer
+/// within its `connect_timeout_ms` fails the start, naming it.
+async fn open_plugins(
+    settings: &GatewayPlugins,
+    state: Option<&bulkhead_state::PgSettings>,
+) -> Result<PluginRegistry, ServeError> {
+    if let Some(state) = state.cloned() {
+        let cache = settings.store.clone();
+        let (registry, db) = tokio::task::spawn_blocking(move || {
+            let shared = bulkhead_state::PgPlugins::open(&state).map_err(ServeError::State)?;
+            let db = shared.db().clone();
+            let engine = PluginEngine::new(PluginEngineConfig::default())?;
+            let (registry, _) =
+                PluginRegistry::open_shared(Arc::new(shared), cache.as_deref(), engine)?;
+            Ok::<_, ServeError>((registry, db))
+        })
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
+        bulkhead_state::follow_plugins(db, registry.clone(), bulkhead_state::PLUGIN_RESYNC);
+        return Ok(registry);
+    }
     let Some(store) = settings.store.clone() else {
         tracing::info!("plugin uploads are off: no `[plugins] store` in gateway.toml");
         return Ok(PluginRegistry::disabled());
@@ -516,10 +561,11 @@ fn warn_restart_only_changes(running: &policy::GatewaySettings, new: &policy::Ga
         || running.audit != new.audit
         || running.models_registry != new.models_registry
         || running.limit_store != new.limit_store
+        || running.state != new.state
     {
         tracing::warn!(
             "gateway.toml changed listen, [admin] listen, max_body_bytes, the upstream, the plugin store or \
-             max_concurrent_calls, the audit log, the model registry or the [limits] store; \
+             max_concurrent_calls, the audit log, the model registry, the [limits] store or [state]; \
              those take effect at the next restart (the rest, models included, is live)"
         );
     }

@@ -8,12 +8,12 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use bulkhead_tests::{
-    ALL_OPERATOR_SCOPES, Gateway, OPERATOR_ISSUER, PolicyDir, Response, cli, demo_model,
-    gateway_toml,
+    ALL_OPERATOR_SCOPES, Gateway, OPERATOR_ISSUER, PolicyDir, Response, cli, gateway_toml,
+    model_keygen as keygen, register_body, signed_model_copy as signed_copy,
 };
 use serde_json::{Value, json};
 
@@ -41,56 +41,13 @@ impl Drop for Scratch {
     }
 }
 
-/// `bulkhead model keygen` into `dir/NAME.pem` (+ `.pub.pem`).
-fn keygen(dir: &Path, name: &str) -> PathBuf {
-    let key = dir.join(format!("{name}.pem"));
-    let (ok, out) = cli(&["model", "keygen", "--out", key.to_str().unwrap()]);
-    assert!(ok, "{out}");
-    key
-}
-
-/// A model folder `dir/NAME/` holding a copy of the demo GGUF, signed with
-/// `key` into `dir/NAME.sig`.
-fn signed_copy(dir: &Path, name: &str, key: &Path) -> (PathBuf, PathBuf) {
-    let folder = dir.join(name);
-    std::fs::create_dir_all(&folder).unwrap();
-    std::fs::copy(demo_model(), folder.join("model.gguf")).unwrap();
-    let signature = dir.join(format!("{name}.sig"));
-    let (ok, out) = cli(&[
-        "model",
-        "sign",
-        folder.to_str().unwrap(),
-        "--key",
-        key.to_str().unwrap(),
-        "--signature",
-        signature.to_str().unwrap(),
-    ]);
-    assert!(ok, "{out}");
-    (folder, signature)
-}
-
 /// A policy folder with an audit log, trusting `publisher.pub.pem` too
 /// (besides `bulkhead-dev`), whose demo tenant may use [`REGISTERED`].
 fn setup(name: &str) -> (PolicyDir, Scratch) {
     let policies = PolicyDir::new(name);
     let scratch = Scratch::new(&policies, "work");
     let publisher = keygen(&scratch.0, "publisher");
-    policies.write(
-        "trust/e2e.pub.pem",
-        &std::fs::read_to_string(publisher.with_extension("pub.pem")).unwrap(),
-    );
-    let trust = policies.read("trust.toml");
-    policies.write(
-        "trust.toml",
-        &format!(
-            "{trust}\n[[publishers]]\nname = \"e2e-publisher\"\npublic_key = \"trust/e2e.pub.pem\"\n"
-        ),
-    );
-    let demo = policies.read("tenants/demo.toml").replace(
-        "models = [\"bulkhead-demo-tiny\"]",
-        "models = [\"bulkhead-demo-tiny\", \"registered-tiny\"]",
-    );
-    policies.write("tenants/demo.toml", &demo);
+    policies.trust_publisher_for("e2e-publisher", &publisher, REGISTERED);
     policies.write(
         "gateway.toml",
         &format!(
@@ -130,11 +87,6 @@ fn registrations(gateway: &Gateway, admin: &str) -> Vec<Value> {
         .request("GET", "/admin/v1/models", Some(admin), None);
     assert_eq!(r.status, 200, "{}", r.body);
     r.json()["data"].as_array().unwrap().clone()
-}
-
-fn register_body(name: &str, dir: &Path, signature: &Path) -> String {
-    let bundle: Value = serde_json::from_slice(&std::fs::read(signature).unwrap()).unwrap();
-    json!({"name": name, "dir": dir, "signature": bundle}).to_string()
 }
 
 #[test]

@@ -6,7 +6,10 @@
 //! audited actions answer 503, and takes them again once it is back; after
 //! they stop, `bulkhead audit verify --state` passes against a checkpoint
 //! kept aside, and a row edited with `psql` is named by it and refused by
-//! a replica starting.
+//! a replica starting. A model registered on one replica serves on the
+//! other, and stops there when unregistered on the first; a plugin
+//! uploaded on one runs on the other, and a replica that was down finds
+//! the uploads made meanwhile.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -15,7 +18,10 @@ use std::time::{Duration, Instant};
 use bulkhead_gateway::audit::{AuditLog, AuditSettings, KEY_FILE, PUBLIC_KEY_FILE};
 use bulkhead_state::testing::TestSchema;
 use bulkhead_tests::proxy::Proxy;
-use bulkhead_tests::{ALL_OPERATOR_SCOPES, Gateway, PolicyDir, bin, cli, gateway_toml};
+use bulkhead_tests::{
+    ALL_OPERATOR_SCOPES, Gateway, PolicyDir, bin, cli, gateway_toml, model_keygen, register_body,
+    signed_model_copy,
+};
 use serde_json::Value;
 
 struct Scratch(PathBuf);
@@ -32,12 +38,14 @@ fn address(url: &str) -> String {
     rest.split('/').next().unwrap().to_string()
 }
 
+/// A replica's gateway.toml: state in `schema`, the audit log signed with
+/// `key`, and a folder of its own for its compiled plugins.
 fn gateway_file(url: &str, schema: &str, key: &Path, policies: &PolicyDir) -> String {
     format!(
-        "{}{}\n[state]\nstore = \"{url}\"\nschema = \"{schema}\"\nconnect_timeout_ms = 1000\n\
-         statement_timeout_ms = 5000\n\n[audit]\nkey = \"{}\"\n",
+        "{}\n[plugins]\nstore = \"{}\"\n\n[state]\nstore = \"{url}\"\nschema = \"{schema}\"\n\
+         connect_timeout_ms = 1000\nstatement_timeout_ms = 5000\n\n[audit]\nkey = \"{}\"\n",
         gateway_toml(""),
-        policies.state_tables(),
+        policies.store.display(),
         key.display()
     )
 }
@@ -235,6 +243,227 @@ fn two_replicas_keep_one_audit_log_in_postgres() {
     assert!(
         refused.contains(&format!("entry {last}")) && refused.contains("edited"),
         "{refused}"
+    );
+}
+
+/// Polls `done` every 20 ms until it holds; how long that took. Panics
+/// after `within`, with `gateway`'s log.
+fn wait_until(
+    gateway: &Gateway,
+    what: &str,
+    within: Duration,
+    mut done: impl FnMut() -> bool,
+) -> Duration {
+    let started = Instant::now();
+    while !done() {
+        assert!(
+            started.elapsed() < within,
+            "{what}: not within {within:?}\n{}",
+            gateway.log.text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    started.elapsed()
+}
+
+#[test]
+fn a_model_registered_on_one_replica_serves_on_the_other() {
+    const MODEL: &str = "shared-tiny";
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (settings, _schema) = runtime.block_on(TestSchema::new());
+    let scratch = Scratch(
+        std::env::temp_dir().join(format!("bulkhead-e2e-state-{}-models", std::process::id())),
+    );
+    drop(AuditLog::open(&AuditSettings::new(scratch.0.join("keys"))).unwrap());
+    let key = scratch.0.join("keys").join(KEY_FILE);
+    let publisher = model_keygen(&scratch.0, "publisher");
+    let (folder, signature) = signed_model_copy(&scratch.0, MODEL, &publisher);
+    let replicas: Vec<PolicyDir> = ["models-a", "models-b"]
+        .into_iter()
+        .map(|name| {
+            let policies = PolicyDir::new(&format!("state-{name}"));
+            policies.trust_publisher_for("shared-publisher", &publisher, MODEL);
+            policies.write(
+                "gateway.toml",
+                &gateway_file(&settings.url, &settings.schema, &key, &policies),
+            );
+            policies
+        })
+        .collect();
+    let a = Gateway::start(&replicas[0]);
+    let b = Gateway::start(&replicas[1]);
+    let ta = replicas[0].operator_token(&ALL_OPERATOR_SCOPES, &["--sub", "ops-a"]);
+    let tb = replicas[1].operator_token(&ALL_OPERATOR_SCOPES, &["--sub", "ops-b"]);
+    let tenant = replicas[1].token("demo", &[]);
+    let body = format!(r#"{{"model":"{MODEL}","prompt":"Emma was","max_tokens":4}}"#);
+    let complete_on = |gateway: &Gateway| {
+        gateway
+            .request("POST", "/v1/completions", Some(&tenant), Some(&body))
+            .status
+    };
+    assert_eq!(complete_on(&b), 404, "not registered yet");
+
+    // Registered on A: B, with its own gpu-host, loads it (every byte
+    // verified against its own trust.toml) and serves it.
+    let register = register_body(MODEL, &folder, &signature);
+    let r = a
+        .admin
+        .request("POST", "/admin/v1/models", Some(&ta), Some(&register));
+    assert_eq!(r.status, 201, "{}", r.body);
+    let took = wait_until(&b, "served on B", Duration::from_secs(20), || {
+        complete_on(&b) == 200
+    });
+    eprintln!("a model registered on A served on B after {took:?}");
+    let listed = b
+        .admin
+        .request("GET", "/admin/v1/models", Some(&tb), None)
+        .json();
+    let shared = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == MODEL)
+        .unwrap()
+        .clone();
+    assert_eq!(shared["source"], "api", "{shared}");
+    assert_eq!(shared["registered_by"], "ops-a", "{shared}");
+    assert_eq!(shared["state"], "serving", "{shared}");
+
+    // The name is taken for every replica.
+    let r = b
+        .admin
+        .request("POST", "/admin/v1/models", Some(&tb), Some(&register));
+    assert_eq!((r.status, r.error_code().as_str()), (409, "model_exists"));
+
+    // Unregistered on B: A stops serving it.
+    let r = b.admin.request(
+        "DELETE",
+        &format!("/admin/v1/models/{MODEL}"),
+        Some(&tb),
+        None,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let took = wait_until(&a, "unserved on A", Duration::from_secs(5), || {
+        complete_on(&a) == 404
+    });
+    eprintln!("a model unregistered on B stopped on A after {took:?}");
+
+    // Both changes are in the one log, each by the replica that made it.
+    let changes: Vec<(String, String)> = actions(&a, &ta)
+        .iter()
+        .filter(|e| e["model"] == MODEL && e["outcome"]["result"] == "accepted")
+        .map(|e| {
+            (
+                e["action"].as_str().unwrap().to_string(),
+                e["actor"]["sub"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            ("model.register".to_string(), "ops-a".to_string()),
+            ("model.unregister".to_string(), "ops-b".to_string())
+        ],
+        "{:#?}",
+        actions(&a, &ta)
+    );
+}
+
+#[test]
+fn a_plugin_uploaded_on_one_replica_runs_on_the_other() {
+    if !bulkhead_testkit::wasm::require() {
+        return;
+    }
+    let guard = bulkhead_testkit::wasm::example("prompt-guard");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (settings, _schema) = runtime.block_on(TestSchema::new());
+    let scratch = Scratch(
+        std::env::temp_dir().join(format!("bulkhead-e2e-state-{}-plugins", std::process::id())),
+    );
+    drop(AuditLog::open(&AuditSettings::new(&scratch.0)).unwrap());
+    let key = scratch.0.join(KEY_FILE);
+    let replicas: Vec<PolicyDir> = ["plugins-a", "plugins-b"]
+        .into_iter()
+        .map(|name| {
+            let policies = PolicyDir::new(&format!("state-{name}"));
+            let demo = policies.read("tenants/demo.toml");
+            policies.write(
+                "tenants/demo.toml",
+                &format!(
+                    "{demo}\n[plugins]\non_request = [\"prompt-guard\"]\n\
+                     [plugins.config.prompt-guard]\nblocked = \"launch codes\"\n"
+                ),
+            );
+            policies.write(
+                "gateway.toml",
+                &gateway_file(&settings.url, &settings.schema, &key, &policies),
+            );
+            policies
+        })
+        .collect();
+    let a = Gateway::start(&replicas[0]);
+    let b = Gateway::start(&replicas[1]);
+    let writer = replicas[0].token("demo", &["--scope", "plugins:write", "--sub", "dev-a"]);
+    let user = replicas[1].token("demo", &[]);
+    let blocked = r#"{"model":"bulkhead-demo-tiny","messages":[{"role":"user","content":"the launch codes"}],"max_tokens":4}"#;
+    let ask = |gateway: &Gateway| {
+        let r = gateway.request("POST", "/v1/chat/completions", Some(&user), Some(blocked));
+        (r.status, r.error_code())
+    };
+    assert_eq!(ask(&b), (502, "plugin_not_found".to_string()));
+
+    // Uploaded on A: B runs it, compiled by itself from the bytes it read
+    // (and re-hashed) from the database.
+    let r = a.request_bytes(
+        "PUT",
+        "/v1/plugins/prompt-guard",
+        Some(&writer),
+        "application/wasm",
+        &guard,
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let digest = r.json()["digest"].clone();
+    let took = wait_until(
+        &b,
+        "the plugin running on B",
+        Duration::from_secs(5),
+        || ask(&b).0 == 400,
+    );
+    eprintln!("a plugin uploaded on A ran on B after {took:?}");
+    let listed = b.request("GET", "/v1/plugins/prompt-guard", Some(&writer), None);
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    assert_eq!(listed.json()["digest"], digest, "{}", listed.body);
+
+    // Deleted on B: A no longer has it.
+    let r = b.request("DELETE", "/v1/plugins/prompt-guard", Some(&writer), None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let took = wait_until(&a, "the plugin gone from A", Duration::from_secs(5), || {
+        ask(&a).0 == 502
+    });
+    eprintln!("a plugin deleted on B was gone from A after {took:?}");
+
+    // A stopped while B uploads again: A finds the upload at its start.
+    drop(a);
+    let r = b.request_bytes(
+        "PUT",
+        "/v1/plugins/prompt-guard",
+        Some(&writer),
+        "application/wasm",
+        &guard,
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let a = Gateway::start(&replicas[0]);
+    assert_eq!(
+        ask(&a).0,
+        400,
+        "a replica that was down catches up at start"
     );
 }
 

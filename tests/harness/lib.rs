@@ -132,6 +132,41 @@ pub fn demo_model_entry(name: &str) -> String {
     )
 }
 
+/// `bulkhead model keygen` into `dir/NAME.pem` (and `NAME.pub.pem`).
+pub fn model_keygen(dir: &Path, name: &str) -> PathBuf {
+    let key = dir.join(format!("{name}.pem"));
+    let (ok, out) = cli(&["model", "keygen", "--out", key.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    key
+}
+
+/// A model folder `dir/NAME/` holding a copy of the demo GGUF, signed with
+/// `key` into `dir/NAME.sig`: (folder, signature).
+pub fn signed_model_copy(dir: &Path, name: &str, key: &Path) -> (PathBuf, PathBuf) {
+    let folder = dir.join(name);
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::copy(demo_model(), folder.join("model.gguf")).unwrap();
+    let signature = dir.join(format!("{name}.sig"));
+    let (ok, out) = cli(&[
+        "model",
+        "sign",
+        folder.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+        "--signature",
+        signature.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+    (folder, signature)
+}
+
+/// The body of `POST /admin/v1/models` registering `dir` as `name`.
+pub fn register_body(name: &str, dir: &Path, signature: &Path) -> String {
+    let bundle: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(signature).unwrap()).unwrap();
+    serde_json::json!({"name": name, "dir": dir, "signature": bundle}).to_string()
+}
+
 /// Runs `bulkhead ARGS`: whether it succeeded, and its stdout then stderr.
 pub fn cli(args: &[&str]) -> (bool, String) {
     let out = Command::new(bin("bulkhead")).args(args).output().unwrap();
@@ -192,6 +227,26 @@ impl PolicyDir {
             self.store.display(),
             self.registry.display()
         )
+    }
+
+    /// Trusts the publisher whose key `bulkhead model keygen` wrote to
+    /// `key` (its `.pub.pem` beside it) as `name`, and lets the `demo`
+    /// tenant use `model` besides the demo model.
+    pub fn trust_publisher_for(&self, name: &str, key: &Path, model: &str) {
+        let public = std::fs::read_to_string(key.with_extension("pub.pem")).unwrap();
+        self.write(&format!("trust/{name}.pub.pem"), &public);
+        let trust = self.read("trust.toml");
+        self.write(
+            "trust.toml",
+            &format!(
+                "{trust}\n[[publishers]]\nname = \"{name}\"\npublic_key = \"trust/{name}.pub.pem\"\n"
+            ),
+        );
+        let demo = self.read("tenants/demo.toml").replace(
+            "models = [\"bulkhead-demo-tiny\"]",
+            &format!("models = [\"bulkhead-demo-tiny\", \"{model}\"]"),
+        );
+        self.write("tenants/demo.toml", &demo);
     }
 
     /// Writes (atomically: temp file + rename) a file of the folder.

@@ -369,6 +369,14 @@ fn registration_error(e: RegistrationError) -> ApiError {
         },
         RegistrationError::Upstream(e) => upstream_error(e),
         RegistrationError::Store { .. } => ApiError::internal(e),
+        RegistrationError::Unavailable(_) => {
+            let mut error = ApiError::unavailable("state_unavailable", message);
+            error
+                .headers
+                .get_or_insert_default()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            error
+        }
         RegistrationError::Audit(e) => super::audit::unrecorded(e),
         RegistrationError::OnHost(host, e) => {
             let mut error = registration_error(*e);

@@ -167,6 +167,11 @@ impl HostSync {
             .is_ok_and(|r| r.is_ok())
     }
 
+    /// Asks the control task for a pass (the registrations changed).
+    pub(super) fn nudge(&self) {
+        self.nudge.notify_one();
+    }
+
     /// The host holds fewer models than it was given: it restarted empty.
     /// It is not chosen for them until a pass (asked for now) loads them
     /// again.

@@ -25,6 +25,7 @@
 
 mod host;
 mod partitions;
+mod shared;
 
 #[cfg(test)]
 pub(crate) use partitions::tenant_set;
@@ -41,8 +42,8 @@ use tokio::sync::{Mutex, watch};
 use crate::audit::time::Timestamp;
 use crate::audit::{Actor, Audit, Event, Outcome};
 use crate::registration::{
-    Claim, MAX_API_REGISTRATIONS, Record, Registration, RegistrationError, RegistryDir, Source,
-    verify,
+    Claim, MAX_API_REGISTRATIONS, Record, Registration, RegistrationError, RegistrySource,
+    RegistryStore, Source, verify,
 };
 use crate::snapshot::Snapshot;
 use crate::upstream::{LoadError, UpstreamError};
@@ -59,7 +60,7 @@ struct Inner {
     table: ArcSwap<BTreeMap<String, Arc<Registration>>>,
     snapshot: Arc<ArcSwap<Snapshot>>,
     audit: Audit,
-    store: Option<RegistryDir>,
+    store: Option<RegistryStore>,
     /// Locked before any host's control (never the other way round).
     book: Mutex<Book>,
     /// Audit entries written by reconciles (so a crash loop or a periodic
@@ -137,24 +138,23 @@ pub enum ModelState {
 }
 
 impl Reconciler {
-    /// Opens the registry folder (when configured), publishes the
-    /// configured models and starts one task per host that loads them.
+    /// Opens the registry (a folder or the state database, when
+    /// configured), publishes the configured models and starts one task
+    /// per host that loads them, and with the database one that follows
+    /// the registrations other replicas make.
     /// Each host's [`HostSync::requests`] is ready once they are loaded.
     /// A host must be ready as soon as its process listens; `reloads`
     /// changes after each policy reload.
-    pub async fn start(
+    pub(crate) async fn start(
         snapshot: Arc<ArcSwap<Snapshot>>,
         hosts: Vec<HostSpec>,
         reloads: watch::Receiver<u64>,
         audit: Audit,
-        registry: Option<PathBuf>,
+        registry: Option<RegistrySource>,
     ) -> Result<Reconciler, RegistrationError> {
         let (store, records) = match registry {
-            Some(root) => {
-                let (store, records) =
-                    tokio::task::spawn_blocking(move || RegistryDir::open(&root))
-                        .await
-                        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
+            Some(source) => {
+                let (store, records) = RegistryStore::open(source).await?;
                 (Some(store), records)
             }
             None => (None, Vec::new()),
@@ -179,6 +179,14 @@ impl Reconciler {
             audited: Mutex::default(),
             hosts: syncs,
         });
+        if let Some(db) = inner.store.as_ref().and_then(RegistryStore::shared) {
+            let changes = bulkhead_state::listen(
+                db.db().clone(),
+                crate::registration::REGISTRATIONS_TOPIC,
+                shared::RESYNC_EVERY,
+            );
+            tokio::spawn(shared::follow(Arc::clone(&inner), db.clone(), changes));
+        }
         for (sync, state) in inner.hosts.iter().zip(states) {
             tokio::spawn(host::run(
                 Arc::clone(&inner),
@@ -264,6 +272,16 @@ impl Reconciler {
             let request = registration.load_request()?;
             Ok((registration, request))
         })();
+        // Another replica's registration of the name, not seen here yet:
+        // refused before any host is asked (the hosts may be shared).
+        let checked = match checked {
+            Ok(checked) => match store.taken_elsewhere(&name).await {
+                Ok(false) => Ok(checked),
+                Ok(true) => Err(RegistrationError::Exists(name.clone())),
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
         let (registration, request) = match checked {
             Ok(checked) => checked,
             Err(e) => {
@@ -326,11 +344,16 @@ impl Reconciler {
         };
         // Stored, then recorded; either failing undoes the loads, so a
         // registration exists only when both happened.
-        let committed = match store.write(&record) {
+        let committed = match store.insert(&record).await {
             Ok(()) => match self.inner.audit.record_async(actor, accepted).await {
                 Ok(_) => Ok(()),
                 Err(e) => {
-                    let _ = store.remove(&name);
+                    if let Err(undo) = store.remove(&name).await {
+                        tracing::error!(
+                            model = %name,
+                            "a registration the audit log could not take is still stored: {undo}"
+                        );
+                    }
                     Err(RegistrationError::Audit(e))
                 }
             },
@@ -399,7 +422,7 @@ impl Reconciler {
             return Err(RegistrationError::NotFound(name.to_string()));
         };
         let digest = record.digest.clone();
-        store.remove(name)?;
+        store.remove(name).await?;
         book.records.remove(name);
         book.refused.remove(name);
         self.inner.table.rcu(|table| {

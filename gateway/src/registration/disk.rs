@@ -25,9 +25,9 @@ use bulkhead_durable::{DirLock, LOCK_FILE, LockError, TEMP_PREFIX, sync_dir, wri
 /// Most models registered through the API: each is loaded at every restart.
 pub const MAX_API_REGISTRATIONS: usize = 256;
 /// Largest record file: the bundle plus a few short fields.
-const MAX_RECORD_BYTES: u64 = MAX_REGISTRATION_BUNDLE_BYTES as u64 + (16 << 10);
+pub(super) const MAX_RECORD_BYTES: u64 = MAX_REGISTRATION_BUNDLE_BYTES as u64 + (16 << 10);
 const SUFFIX: &str = ".json";
-const VERSION: u32 = 1;
+pub(super) const VERSION: u32 = 1;
 
 /// One API registration as stored: the claim, not a verified registration.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

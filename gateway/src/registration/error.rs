@@ -44,8 +44,8 @@ pub enum RegistrationError {
     #[error("at most {0} models may be registered through the API")]
     TooMany(usize),
     #[error(
-        "model registration through the API is off: add `[models] registry = \"...\"` to \
-         gateway.toml"
+        "model registration through the API is off: add `[models] registry = \"...\"` (or a \
+         PostgreSQL `[state] store`) to gateway.toml"
     )]
     Disabled,
     /// The gpu-host refused or failed the load.
@@ -59,6 +59,9 @@ pub enum RegistrationError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The state database cannot take the change now (503; retry).
+    #[error("the state database: {0}")]
+    Unavailable(String),
     #[error(transparent)]
     Audit(#[from] AuditError),
     /// One of several gpu-hosts refused or failed the load.

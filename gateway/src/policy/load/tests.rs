@@ -1583,4 +1583,19 @@ fn a_postgres_state_store_is_read_and_its_audit_log_needs_a_key() {
         found.iter().any(|e| e.contains("`[audit]` needs `key`")),
         "{found:#?}"
     );
+
+    // Registrations live in the database too: no registry folder beside it.
+    folder.write(
+        "gateway.toml",
+        format!(
+            "{GATEWAY}\n[models]\nregistry = \"../models\"\n\n[state]\n\
+             store = \"postgres://bulkhead@db/bh\"\n"
+        ),
+    );
+    let found = errors(&folder);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(
+        found[0].contains("gateway.toml:") && found[0].contains("remove `registry`"),
+        "{found:#?}"
+    );
 }

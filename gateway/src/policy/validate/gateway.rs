@@ -144,9 +144,25 @@ pub(super) fn check_gateway(
             (UpstreamSettings::Remote(hosts), models)
         }
     };
+    // A database meant, even when its settings are broken: its errors are
+    // enough, without the file stores' on top.
+    let in_database = file
+        .state
+        .as_ref()
+        .and_then(|state| state.store.as_ref())
+        .is_some_and(|store| store.get_ref() != "files");
     let models_registry = check_registry(dir, source, file.models.as_ref(), errors);
-    // With a registry, tenants may name models registered later through the
-    // API; without one, only the configured models can ever be served.
+    if in_database && let Some(registry) = file.models.as_ref().and_then(|m| m.registry.as_ref()) {
+        errors.push(source.error_at(
+            registry.span(),
+            "with `[state] store = \"postgres://...\"` models registered through the API live \
+             in the database: remove `registry` (`bulkhead state migrate` copies a registry \
+             folder there)",
+        ));
+    }
+    // With a registry (a folder or the database), tenants may name models
+    // registered later through the API; without one, only the configured
+    // models can ever be served.
     // Every configured name counts, verified or not: a model that failed
     // is reported once, where it is configured.
     let configured: Vec<&ModelFile> = match (&file.upstream, &file.local_gpu_host) {
@@ -159,6 +175,7 @@ pub(super) fn check_gateway(
     };
     let served_models = match models_registry {
         Some(_) => None,
+        None if in_database => None,
         None => Some(
             configured
                 .iter()
@@ -169,13 +186,6 @@ pub(super) fn check_gateway(
 
     let plugins = check_plugins(dir, source, file.plugins.as_ref(), errors);
     let state = super::state::check_state(dir, source, file.state.as_ref(), errors);
-    // A database meant, even when its settings are broken: its errors are
-    // enough, without the file log's on top.
-    let in_database = file
-        .state
-        .as_ref()
-        .and_then(|state| state.store.as_ref())
-        .is_some_and(|store| store.get_ref() != "files");
     let audit = file
         .audit
         .as_ref()

@@ -3,7 +3,8 @@
 //! auditor would: `bulkhead audit verify --state` against a checkpoint kept
 //! before the move, every entry byte for byte, the same root, an old
 //! inclusion proof against the new log, appends going on at the next
-//! index; a rerun and a tampered folder refused.
+//! index; a model registry folder and a plugin store folder copied with
+//! it; a rerun and a tampered folder refused.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -13,6 +14,9 @@ use bulkhead_gateway::audit::merkle::{leaf_hash, verify_inclusion};
 use bulkhead_gateway::audit::{
     Actor, AuditLog, AuditSettings, DEFAULT_ORIGIN, ENTRIES_FILE, Event, FileDigest, KEY_FILE,
     Outcome, PUBLIC_KEY_FILE, read_signing_key,
+};
+use bulkhead_gateway::plugins::{
+    PluginDigest, PluginEngine, PluginEngineConfig, PluginName, PluginRegistry,
 };
 use bulkhead_state::PgAuditStore;
 use bulkhead_state::testing::TestSchema;
@@ -122,6 +126,51 @@ fn tampered_copy(dir: &Path, to: &Path, index: u64) {
     std::fs::write(&log, bytes).unwrap();
 }
 
+/// A plugin store folder at `root` with two example plugins for each of
+/// three tenants, made by the gateway's own store: (tenant, name, digest)
+/// of each, sorted; `None` (nothing made) when the guests cannot be built.
+fn plugin_store(root: &Path) -> Option<Vec<(String, String, String)>> {
+    if !bulkhead_testkit::wasm::available() {
+        return None;
+    }
+    let engine = PluginEngine::new(PluginEngineConfig::default()).unwrap();
+    let (store, _) = PluginRegistry::open(root, engine).unwrap();
+    let guard = bulkhead_testkit::wasm::example("prompt-guard");
+    let redact = bulkhead_testkit::wasm::example("pii-redact");
+    let mut uploaded = Vec::new();
+    for tenant in ["t1", "t2", "t3"] {
+        for (name, bytes) in [("guard", &guard), ("redact", &redact)] {
+            let name = PluginName::parse(name).unwrap();
+            let (info, _) = store.upload(tenant, &name, bytes, Some("ops")).unwrap();
+            uploaded.push((
+                tenant.to_string(),
+                name.to_string(),
+                info.digest.to_string(),
+            ));
+        }
+    }
+    Some(uploaded)
+}
+
+/// Writes record `i` of a model registry folder, as a gateway does; its
+/// text.
+fn registry_record(registry: &Path, i: u32) -> String {
+    let name = format!("model-{i}");
+    let record = serde_json::json!({
+        "version": 1,
+        "name": name,
+        "dir": format!("/models/{name}"),
+        "file": "model.gguf",
+        "digest": format!("sha256:{:064x}", i),
+        "signature": {"mediaType": "application/vnd.dev.sigstore.bundle.v0.3+json", "n": i},
+        "registered_at": "2026-12-01T00:00:00.000Z",
+        "registered_by": "ops",
+    })
+    .to_string();
+    std::fs::write(registry.join(format!("{name}.json")), &record).unwrap();
+    record
+}
+
 #[test]
 fn an_audit_log_folder_moves_into_postgres_with_its_root_and_checkpoints() {
     let scratch: PathBuf =
@@ -165,15 +214,74 @@ fn an_audit_log_folder_moves_into_postgres_with_its_root_and_checkpoints() {
     assert!(!out.status.success());
     assert!(text(&out).contains("files:DIR"), "{}", text(&out));
 
+    // A model registry folder of three records, copied alongside.
+    let registry = scratch.join("registry");
+    std::fs::create_dir_all(&registry).unwrap();
+    let records: Vec<String> = (0..3).map(|i| registry_record(&registry, i)).collect();
+
+    // A plugin store folder: three tenants, two plugins each, one bytes
+    // shared by all (when the guests can be built here).
+    let plugins = scratch.join("plugins");
+    let uploaded = plugin_store(&plugins);
+
     let public = dir.join(PUBLIC_KEY_FILE);
-    let out = migrate(
-        &dir,
-        &settings.url,
-        &settings.schema,
-        &["--key", path(&public)],
-    );
+    let mut extra = vec!["--key", path(&public), "--registry", path(&registry)];
+    if uploaded.is_some() {
+        extra.extend(["--plugins", path(&plugins)]);
+    }
+    let out = migrate(&dir, &settings.url, &settings.schema, &extra);
     let said = text(&out);
     assert!(out.status.success(), "{said}");
+    if let Some(uploaded) = &uploaded {
+        assert!(
+            said.contains(&format!(
+                "ok: 6 plugins (2 blobs, 0 version floors) copied in schema {}",
+                settings.schema
+            )),
+            "{said}"
+        );
+        let stored = runtime.block_on(async {
+            let db = bulkhead_state::Db::connect(&settings).await.unwrap();
+            let client = db.client().await.unwrap();
+            let rows = client
+                .query(
+                    "SELECT e.tenant, e.name, e.digest, b.bytes FROM plugin_entries e \
+                     JOIN plugin_blobs b USING (digest) ORDER BY e.tenant, e.name",
+                    &[],
+                )
+                .await
+                .unwrap();
+            rows.iter()
+                .map(|row| {
+                    let bytes: Vec<u8> = row.get(3);
+                    let digest: String = row.get(2);
+                    assert_eq!(PluginDigest::of(&bytes).to_string(), digest);
+                    (row.get::<_, String>(0), row.get::<_, String>(1), digest)
+                })
+                .collect::<Vec<_>>()
+        });
+        assert_eq!(&stored, uploaded, "every entry, with its bytes");
+    }
+    assert!(
+        said.contains("ok: 3 model registrations copied (0 already there)"),
+        "{said}"
+    );
+    let stored = runtime.block_on(async {
+        let db = bulkhead_state::Db::connect(&settings).await.unwrap();
+        let client = db.client().await.unwrap();
+        client
+            .query("SELECT record FROM registrations ORDER BY name", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| serde_json::from_str::<serde_json::Value>(row.get(0)).unwrap())
+            .collect::<Vec<_>>()
+    });
+    let expected: Vec<serde_json::Value> = records
+        .iter()
+        .map(|r| serde_json::from_str(r).unwrap())
+        .collect();
+    assert_eq!(stored, expected, "every record, field for field");
     assert!(
         said.contains(&format!(
             "ok: {size} entries copied; checkpoint size {covered} verifies in schema {}",
@@ -181,7 +289,6 @@ fn an_audit_log_folder_moves_into_postgres_with_its_root_and_checkpoints() {
         )),
         "{said}"
     );
-    assert!(said.contains("only the audit log is migrated"), "{said}");
 
     // An auditor's check against the checkpoint kept before the move.
     let out = bulkhead(&[
@@ -226,9 +333,20 @@ fn an_audit_log_folder_moves_into_postgres_with_its_root_and_checkpoints() {
     assert_eq!(new.append(actor, event).unwrap(), size, "appends go on");
     drop(new);
 
-    // A rerun into the same schema is refused, naming what it holds.
-    let out = migrate(&dir, &settings.url, &settings.schema, &[]);
+    // A rerun into the same schema finds the registrations there and
+    // refuses the log, naming what it holds.
+    let out = migrate(
+        &dir,
+        &settings.url,
+        &settings.schema,
+        &["--registry", path(&registry)],
+    );
     assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("ok: 0 model registrations copied (3 already there)"),
+        "{}",
+        text(&out)
+    );
     assert!(
         text(&out).contains(&format!(
             "schema `{}` already holds an audit log of {} entries",

@@ -1,7 +1,7 @@
 //! `bulkhead state migrate`: moving a gateway's state from its folders into
-//! the state database that replicas share. Today that is the audit log
-//! only; uploaded plugins and model registrations are not kept in
-//! PostgreSQL yet.
+//! the state database that replicas share: the audit log (re-verified
+//! entry by entry, its checkpoint kept), and optionally the model registry
+//! and the plugin store.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -13,11 +13,6 @@ use bulkhead_gateway::audit::{CHECKPOINT_FILE, read_verifier};
 use bulkhead_state::{Db, PgSettings};
 use clap::{Args, Subcommand};
 
-/// What `migrate` leaves behind, said in `--help` and in its output.
-const NOT_MIGRATED: &str = "only the audit log is migrated today: uploaded plugins and model \
-                            registrations are not kept in PostgreSQL yet and stay in each \
-                            replica's `[plugins] store` and `[models] registry` folders";
-
 #[derive(Debug, Args)]
 pub struct StateArgs {
     #[command(subcommand)]
@@ -26,7 +21,8 @@ pub struct StateArgs {
 
 #[derive(Debug, Subcommand)]
 enum StateCommand {
-    /// Copy a gateway's audit log folder into the state database
+    /// Copy a gateway's audit log folder (and its model registry and plugin
+    /// store) into the state database
     ///
     /// Verifies the folder first as `bulkhead audit verify` does (every
     /// record's framing and hash, every entry's schema and index, the tree
@@ -37,8 +33,11 @@ enum StateCommand {
     /// checkpoints and proofs still verify. Then re-verifies the copy. Stop
     /// the gateway first (the folder must not grow meanwhile), and point
     /// `[state] store` at the schema afterwards, with the same `[audit] key`.
-    /// Note: only the audit log is migrated today; uploaded plugins and model
-    /// registrations are not kept in PostgreSQL yet.
+    /// With --registry and --plugins, the model registry's records and the
+    /// plugin store's entries, blobs (hashed again) and version floors are
+    /// copied first (each replica verifies the registrations' signatures
+    /// against its own trust.toml, and re-hashes every blob, before serving
+    /// them).
     Migrate {
         /// The source: `files:DIR`, the log folder (`[audit] dir`).
         #[arg(long, value_name = "files:DIR")]
@@ -60,6 +59,12 @@ enum StateCommand {
         /// agrees with itself).
         #[arg(long, value_name = "PUB")]
         key: Option<PathBuf>,
+        /// The model registry folder (`[models] registry`) to copy too.
+        #[arg(long, value_name = "DIR")]
+        registry: Option<PathBuf>,
+        /// The plugin store folder (`[plugins] store`) to copy too.
+        #[arg(long, value_name = "DIR")]
+        plugins: Option<PathBuf>,
     },
 }
 
@@ -71,6 +76,8 @@ pub fn run(args: StateArgs) -> anyhow::Result<ExitCode> {
             schema,
             password_file,
             key,
+            registry,
+            plugins,
         } => {
             let dir = source_dir(&from)?;
             let mut settings = PgSettings::new(to);
@@ -79,6 +86,21 @@ pub fn run(args: StateArgs) -> anyhow::Result<ExitCode> {
             settings
                 .validate()
                 .context("checking --to, --schema and --password-file")?;
+            // The registry and plugins first: copying them again is
+            // harmless, copying the log again is refused, so a failed run
+            // can be rerun whole.
+            if let Some(registry) = registry {
+                let code = migrate_registry(&registry, &settings)?;
+                if code != ExitCode::SUCCESS {
+                    return Ok(code);
+                }
+            }
+            if let Some(plugins) = plugins {
+                let code = migrate_plugins(&plugins, &settings)?;
+                if code != ExitCode::SUCCESS {
+                    return Ok(code);
+                }
+            }
             migrate(&dir, &settings, key)
         }
     }
@@ -124,10 +146,7 @@ fn migrate(dir: &Path, settings: &PgSettings, key: Option<PathBuf>) -> anyhow::R
     let size = verified.checkpoint.size;
     let schema = &settings.schema;
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = runtime()?;
     let copied = runtime.block_on(async {
         let db = Db::connect(settings).await?;
         let copied = bulkhead_state::import_log(&db, &entries, &[(size, note.clone())]).await?;
@@ -174,6 +193,98 @@ fn migrate(dir: &Path, settings: &PgSettings, key: Option<PathBuf>) -> anyhow::R
              elsewhere to rule out a replaced folder"
         );
     }
-    println!("note: {NOT_MIGRATED}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Copies the registry folder's records (`--registry`).
+fn migrate_registry(registry: &Path, settings: &PgSettings) -> anyhow::Result<ExitCode> {
+    let runtime = runtime()?;
+    let copied = runtime.block_on(async {
+        let db = Db::connect(settings).await.map_err(|e| e.to_string())?;
+        bulkhead_gateway::registration::import_registry(registry, &db)
+            .await
+            .map_err(|e| e.to_string())
+    });
+    match copied {
+        Ok(copied) => {
+            println!(
+                "ok: {} model registrations copied ({} already there) into schema {}",
+                copied.copied, copied.present, settings.schema
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(error) => {
+            eprintln!(
+                "migrating the model registry {} FAILED: {error}; no registration was copied",
+                registry.display()
+            );
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// Copies the plugin store folder's entries, blobs and version floors
+/// (`--plugins`); a folder with an entry that cannot be read is refused
+/// whole, so nothing a tenant uploaded is left behind unnoticed.
+fn migrate_plugins(store: &Path, settings: &PgSettings) -> anyhow::Result<ExitCode> {
+    let contents = match bulkhead_gateway::plugins::read_file_store(store) {
+        Ok(contents) => contents,
+        Err(error) => {
+            eprintln!(
+                "migrating the plugin store {} FAILED: {error}; no plugin was copied",
+                store.display()
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    if !contents.failed.is_empty() {
+        for failure in &contents.failed {
+            eprintln!(
+                "plugin {}/{}: {}",
+                failure.tenant, failure.name, failure.reason
+            );
+        }
+        eprintln!(
+            "migrating the plugin store {} FAILED: {} entries cannot be read (above); no plugin \
+             was copied (re-upload or delete them, then run this again)",
+            store.display(),
+            contents.failed.len()
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    let runtime = runtime()?;
+    let copied = runtime.block_on(async {
+        let db = Db::connect(settings).await.map_err(|e| e.to_string())?;
+        bulkhead_state::import_plugins(&db, &contents)
+            .await
+            .map_err(|e| e.to_string())
+    });
+    match copied {
+        Ok(copied) => {
+            let verb = if copied.already_there {
+                "already there"
+            } else {
+                "copied"
+            };
+            println!(
+                "ok: {} plugins ({} blobs, {} version floors) {verb} in schema {}",
+                copied.entries, copied.blobs, copied.floors, settings.schema
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(error) => {
+            eprintln!(
+                "migrating the plugin store {} FAILED: {error}; no plugin was copied",
+                store.display()
+            );
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
 }

@@ -16,6 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bulkhead_gateway::audit::{AuditLog, AuditSettings, KEY_FILE, PUBLIC_KEY_FILE};
+use bulkhead_state::PgSettings;
 use bulkhead_state::testing::TestSchema;
 use bulkhead_tests::proxy::Proxy;
 use bulkhead_tests::{
@@ -29,6 +30,36 @@ struct Scratch(PathBuf);
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What every test here starts from: a fresh schema on the machine's
+/// PostgreSQL, a scratch folder, and in it an audit signing key (made by a
+/// file log) that every replica shares.
+struct Setup {
+    settings: PgSettings,
+    _schema: TestSchema,
+    scratch: Scratch,
+    /// The audit log's private key, `[audit] key` of every replica.
+    key: PathBuf,
+}
+
+fn setup(tag: &str) -> Setup {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (settings, schema) = runtime.block_on(TestSchema::new());
+    let scratch = Scratch(
+        std::env::temp_dir().join(format!("bulkhead-e2e-state-{}-{tag}", std::process::id())),
+    );
+    let keys = scratch.0.join("keys");
+    drop(AuditLog::open(&AuditSettings::new(&keys)).unwrap());
+    Setup {
+        settings,
+        _schema: schema,
+        key: keys.join(KEY_FILE),
+        scratch,
     }
 }
 
@@ -85,18 +116,13 @@ fn drain_and_resume(gateway: &Gateway, token: &str) -> (u16, String) {
 
 #[test]
 fn two_replicas_keep_one_audit_log_in_postgres() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let (settings, _schema) = runtime.block_on(TestSchema::new());
-    let scratch = Scratch(
-        std::env::temp_dir().join(format!("bulkhead-e2e-state-{}-keys", std::process::id())),
-    );
-    // A file log makes a key: the one both replicas sign with.
-    drop(AuditLog::open(&AuditSettings::new(&scratch.0)).unwrap());
-    let key = scratch.0.join(KEY_FILE);
-    let public = scratch.0.join(PUBLIC_KEY_FILE);
+    let Setup {
+        settings,
+        _schema,
+        scratch,
+        key,
+    } = setup("log");
+    let public = key.with_file_name(PUBLIC_KEY_FILE);
     let public = public.to_str().unwrap();
 
     // Replica B reaches the database through a proxy that can cut it off.
@@ -269,16 +295,12 @@ fn wait_until(
 #[test]
 fn a_model_registered_on_one_replica_serves_on_the_other() {
     const MODEL: &str = "shared-tiny";
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let (settings, _schema) = runtime.block_on(TestSchema::new());
-    let scratch = Scratch(
-        std::env::temp_dir().join(format!("bulkhead-e2e-state-{}-models", std::process::id())),
-    );
-    drop(AuditLog::open(&AuditSettings::new(scratch.0.join("keys"))).unwrap());
-    let key = scratch.0.join("keys").join(KEY_FILE);
+    let Setup {
+        settings,
+        _schema,
+        scratch,
+        key,
+    } = setup("models");
     let publisher = model_keygen(&scratch.0, "publisher");
     let (folder, signature) = signed_model_copy(&scratch.0, MODEL, &publisher);
     let replicas: Vec<PolicyDir> = ["models-a", "models-b"]
@@ -379,16 +401,12 @@ fn a_plugin_uploaded_on_one_replica_runs_on_the_other() {
         return;
     }
     let guard = bulkhead_testkit::wasm::example("prompt-guard");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let (settings, _schema) = runtime.block_on(TestSchema::new());
-    let scratch = Scratch(
-        std::env::temp_dir().join(format!("bulkhead-e2e-state-{}-plugins", std::process::id())),
-    );
-    drop(AuditLog::open(&AuditSettings::new(&scratch.0)).unwrap());
-    let key = scratch.0.join(KEY_FILE);
+    let Setup {
+        settings,
+        _schema,
+        scratch: _scratch,
+        key,
+    } = setup("plugins");
     let replicas: Vec<PolicyDir> = ["plugins-a", "plugins-b"]
         .into_iter()
         .map(|name| {

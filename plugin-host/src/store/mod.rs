@@ -478,27 +478,7 @@ impl PluginRegistry {
             return shared.upload(&self.inner.index, tenant, name, bytes, uploaded_by, version);
         }
         let store = self.store()?;
-        if !name::is_valid_tenant(tenant) {
-            return Err(StoreError::InvalidTenant {
-                tenant: tenant.escape_debug().take(80).collect(),
-            });
-        }
-        let digest = PluginDigest::of(bytes);
-        // The same bytes under one of this tenant's names: already
-        // validated and compiled. (Only this tenant's: reusing another
-        // tenant's would tell, by timing, that it holds these bytes.)
-        let reused = self.inner.index.load().get(tenant).and_then(|plugins| {
-            plugins
-                .values()
-                .find(|loaded| loaded.meta.digest == digest)
-                .map(|loaded| loaded.compiled.clone())
-        });
-        let compiled = match reused {
-            Some(compiled) => compiled,
-            None => store
-                .engine
-                .validate_and_compile_for(bytes, Compiler::Tenant(tenant))?,
-        };
+        let (digest, compiled) = compile_upload(&self.inner.index, &store.engine, tenant, bytes)?;
 
         let mut entries = store.entries.lock().unwrap_or_else(PoisonError::into_inner);
         let key = (tenant.to_string(), name.clone());
@@ -696,6 +676,35 @@ impl Store {
         }
         self.dir.remove_blob(digest)
     }
+}
+
+/// An upload's digest and code: the tenant id checked, then the bytes
+/// validated and compiled, unless one of this tenant's names already holds
+/// them. (Only this tenant's: reusing another tenant's would tell, by
+/// timing, that it holds these bytes.)
+fn compile_upload(
+    index: &ArcSwap<Index>,
+    engine: &PluginEngine,
+    tenant: &str,
+    bytes: &[u8],
+) -> Result<(PluginDigest, CompiledPlugin), StoreError> {
+    if !name::is_valid_tenant(tenant) {
+        return Err(StoreError::InvalidTenant {
+            tenant: tenant.escape_debug().take(80).collect(),
+        });
+    }
+    let digest = PluginDigest::of(bytes);
+    let reused = index.load().get(tenant).and_then(|plugins| {
+        plugins
+            .values()
+            .find(|loaded| loaded.meta.digest == digest)
+            .map(|loaded| loaded.compiled.clone())
+    });
+    let compiled = match reused {
+        Some(compiled) => compiled,
+        None => engine.validate_and_compile_for(bytes, Compiler::Tenant(tenant))?,
+    };
+    Ok((digest, compiled))
 }
 
 /// `digest`'s compiled code from `dir`'s artifacts, if one is there and

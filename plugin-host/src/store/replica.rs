@@ -30,9 +30,9 @@ use super::disk::{self, StoreDir, Tidied};
 use super::shared::{Listing, SharedEntry, SharedPlugins, SharedPut, StoredBlob};
 use super::{
     Index, LoadFailure, LoadReport, Loaded, PluginInfo, PluginName, StoreError, UploadOutcome,
-    artifact, info, name, publish, unix_now,
+    artifact, info, publish, unix_now,
 };
-use crate::{CompiledPlugin, Compiler, MAX_COMPONENT_BYTES, PluginDigest, PluginEngine};
+use crate::{CompiledPlugin, MAX_COMPONENT_BYTES, PluginDigest, PluginEngine};
 
 /// The registry's backend over a shared store.
 pub(super) struct SharedStore {
@@ -186,26 +186,7 @@ impl SharedStore {
         uploaded_by: Option<&str>,
         version: Option<u64>,
     ) -> Result<(PluginInfo, UploadOutcome), StoreError> {
-        if !name::is_valid_tenant(tenant) {
-            return Err(StoreError::InvalidTenant {
-                tenant: tenant.escape_debug().take(80).collect(),
-            });
-        }
-        let digest = PluginDigest::of(bytes);
-        // As the folder store: only this tenant's compiled plugins are
-        // reused (another tenant's would tell, by timing, what it holds).
-        let reused = index.load().get(tenant).and_then(|plugins| {
-            plugins
-                .values()
-                .find(|loaded| loaded.meta.digest == digest)
-                .map(|loaded| loaded.compiled.clone())
-        });
-        let compiled = match reused {
-            Some(compiled) => compiled,
-            None => self
-                .engine
-                .validate_and_compile_for(bytes, Compiler::Tenant(tenant))?,
-        };
+        let (digest, compiled) = super::compile_upload(index, &self.engine, tenant, bytes)?;
         let entry = SharedEntry {
             tenant: tenant.to_string(),
             name: name.clone(),

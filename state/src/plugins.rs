@@ -182,17 +182,21 @@ impl PgPlugins {
             }
         }
         let digest = new.digest.to_string();
-        // Written, or repaired: other bytes under this digest are replaced
-        // (the row was edited; replicas refused it and now load it again).
-        let blob_written = tx
-            .execute(
-                "INSERT INTO plugin_blobs (digest, bytes) VALUES ($1, $2) \
+        // Written every time, also over the same bytes another tenant
+        // stored: skipping the write would make this upload quicker, and
+        // tell the tenant that someone runs them. `blob_written`: the bytes
+        // were not there, or were others (the row was edited; replicas
+        // refused it and now load it again).
+        let blob_written: bool = tx
+            .query_one(
+                "WITH prior AS (SELECT bytes FROM plugin_blobs WHERE digest = $1) \
+                 INSERT INTO plugin_blobs (digest, bytes) VALUES ($1, $2) \
                  ON CONFLICT (digest) DO UPDATE SET bytes = EXCLUDED.bytes \
-                 WHERE plugin_blobs.bytes IS DISTINCT FROM EXCLUDED.bytes",
+                 RETURNING NOT EXISTS (SELECT 1 FROM prior WHERE prior.bytes = $2)",
                 &[&digest, &put.bytes],
             )
             .await?
-            > 0;
+            .get(0);
         if let Some(existing) = &existing
             && existing.digest == new.digest
             && new.version.is_none()

@@ -149,11 +149,8 @@ impl StoreDir {
         read_blob_in(&self.root, digest)
     }
 
-    /// Stores an upload under its digest, unless a good copy is there.
+    /// Stores an upload under its digest (replacing a copy already there).
     pub(crate) fn write_blob(&self, digest: PluginDigest, bytes: &[u8]) -> Result<(), StoreError> {
-        if self.read_blob(digest).is_ok() {
-            return Ok(());
-        }
         let path = self.blob_path(digest);
         write_atomic(&path, bytes).map_err(io_error("writing", &path))
     }
@@ -163,10 +160,6 @@ impl StoreDir {
         let path = self.artifact_path(digest);
         read_bounded(&path, MAX_ARTIFACT_FILE_BYTES)
             .map_err(|e| format!("its artifact {} cannot be read: {e}", path.display()))
-    }
-
-    pub(crate) fn has_artifact(&self, digest: PluginDigest) -> bool {
-        self.artifact_path(digest).is_file()
     }
 
     pub(crate) fn write_artifact(

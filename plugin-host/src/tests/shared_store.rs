@@ -227,9 +227,10 @@ fn a_refresh_publishes_what_other_replicas_changed() {
     assert_eq!((report.plugins, report.recompiled), (1, 1));
     assert!(!uppercases(&b.get("acme", "x").unwrap()));
     assert!(b.get("beta", "y").is_none());
-    // A full one the rest; a digest already served is not compiled again.
+    // A full one the rest. Beta's digest is compiled for beta, although
+    // acme's copy is served here (see the next test).
     let report = b.refresh(None).unwrap();
-    assert_eq!((report.plugins, report.recompiled), (2, 0));
+    assert_eq!((report.plugins, report.recompiled), (2, 1));
     assert!(b.get("beta", "y").is_some());
 
     // Replaced on A: B serves the new bytes after its refresh.
@@ -250,6 +251,58 @@ fn a_refresh_publishes_what_other_replicas_changed() {
         b.delete("acme", &name("x")),
         Err(StoreError::NotFound { .. })
     ));
+}
+
+#[test]
+fn a_refresh_reuses_only_the_tenants_own_code() {
+    // A tenant that uploads on A and times B must not learn whether some
+    // other tenant on B runs the same bytes: B compiles them for it, from
+    // neither the other tenant's code nor B's artifact of the digest.
+    require_guests!();
+    let scratch = Scratch::new();
+    let store = Arc::new(MemoryStore::default());
+    let (a, _) = replica(&store, Some(&scratch.cache("a")));
+    let (b, _) = replica(&store, Some(&scratch.cache("b")));
+    let echo = guests::test_guest("echo");
+    let (info, _) = a.upload("acme", &name("x"), &echo, None).unwrap();
+    let report = b.refresh(Some("acme")).unwrap();
+    assert_eq!((report.recompiled, report.deserialized), (1, 0));
+    assert_eq!(
+        scratch.files("b/artifacts"),
+        [format!("{}.cwasm", info.digest)]
+    );
+
+    // Another tenant's copy of the same bytes, by a tenant refresh and by
+    // the periodic full one.
+    a.upload("beta", &name("y"), &echo, None).unwrap();
+    let report = b.refresh(Some("beta")).unwrap();
+    assert_eq!(
+        (report.plugins, report.recompiled, report.deserialized),
+        (1, 1, 0)
+    );
+    a.upload("gamma", &name("z"), &echo, None).unwrap();
+    let report = b.refresh(None).unwrap();
+    assert_eq!(
+        (report.plugins, report.recompiled, report.deserialized),
+        (3, 1, 0)
+    );
+    assert!(!uppercases(&b.get("gamma", "z").unwrap()));
+
+    // A tenant's own code is reused: a second name for bytes it runs.
+    a.upload("acme", &name("x2"), &echo, None).unwrap();
+    let report = b.refresh(Some("acme")).unwrap();
+    assert_eq!(
+        (report.plugins, report.recompiled, report.deserialized),
+        (2, 0, 0)
+    );
+
+    // A start has no one timing a digest: it shares code and artifacts.
+    drop(b);
+    let (_, report) = replica(&store, Some(&scratch.cache("b")));
+    assert_eq!(
+        (report.plugins, report.recompiled, report.deserialized),
+        (4, 0, 1)
+    );
 }
 
 #[test]

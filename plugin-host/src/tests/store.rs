@@ -330,6 +330,38 @@ fn tenants_see_and_touch_only_their_own_plugins() {
 }
 
 #[test]
+fn an_upload_of_bytes_another_tenant_holds_does_the_same_work() {
+    // Skipping the writes for stored bytes would make the upload quicker
+    // and tell the tenant that someone else runs them: both files are
+    // written again (a new file, renamed over the old one).
+    require_guests!();
+    use std::os::unix::fs::MetadataExt;
+    let store = TempStore::new();
+    let (registry, _) = store.open();
+    let echo = guests::test_guest("echo");
+    let (info, _) = upload(&registry, "acme", "filter", &echo);
+    let files = [
+        store.path(&format!("blobs/{}.wasm", info.digest)),
+        store.path(&format!("artifacts/{}.cwasm", info.digest)),
+    ];
+    let inodes = |files: &[PathBuf]| -> Vec<u64> {
+        files
+            .iter()
+            .map(|f| fs::metadata(f).unwrap().ino())
+            .collect()
+    };
+    let before = inodes(&files);
+    upload(&registry, "beta", "other", &echo);
+    let after = inodes(&files);
+    assert!(
+        before.iter().zip(&after).all(|(b, a)| b != a),
+        "blob and artifact rewritten: {before:?} -> {after:?}"
+    );
+    assert_runs(&registry.get("acme", "filter").unwrap(), false);
+    assert_runs(&registry.get("beta", "other").unwrap(), false);
+}
+
+#[test]
 fn a_refused_upload_leaves_nothing_behind() {
     let store = TempStore::new();
     let (registry, _) = store.open();

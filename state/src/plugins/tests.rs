@@ -344,6 +344,47 @@ fn tenants_sharing_a_blob_never_lose_it_to_each_others_deletes() {
 }
 
 #[test]
+fn an_upload_of_bytes_another_tenant_stored_writes_them_again() {
+    // Skipping the write would make the upload quicker and tell the tenant
+    // that someone else runs the bytes: the row gets a new version anyway
+    // (its xmin, the writing transaction, changes).
+    if !guests::require() {
+        return;
+    }
+    let runtime = runtime();
+    let (settings, _schema) = runtime.block_on(TestSchema::new());
+    let (a, _, _) = replica(&settings);
+    let echo = guests::test_guest("echo");
+    let (info, _) = a.upload("acme", &name("p"), &echo, None).unwrap();
+    let digest = info.digest.to_string();
+    let writer = || -> String {
+        runtime.block_on(async {
+            let db = Db::connect(&settings).await.unwrap();
+            let client = db.client().await.unwrap();
+            client
+                .query_one(
+                    "SELECT xmin::text FROM plugin_blobs WHERE digest = $1",
+                    &[&digest],
+                )
+                .await
+                .unwrap()
+                .get(0)
+        })
+    };
+    let first = writer();
+    let (_, outcome) = a.upload("beta", &name("q"), &echo, None).unwrap();
+    assert_eq!(outcome, UploadOutcome::Created);
+    let second = writer();
+    assert_ne!(first, second, "the blob row was written again");
+    // The same tenant's same upload is still unchanged, and one row holds
+    // the bytes.
+    let (_, outcome) = a.upload("acme", &name("p"), &echo, None).unwrap();
+    assert_eq!(outcome, UploadOutcome::Unchanged);
+    assert_eq!(count(&runtime, &settings, "plugin_blobs"), 1);
+    assert_eq!(sql_blob(&runtime, &settings, &digest), echo);
+}
+
+#[test]
 fn a_blob_edited_with_sql_is_refused_at_load_and_refresh() {
     if !guests::require() {
         return;

@@ -89,7 +89,10 @@ pub(super) fn f16_row(w: &[u8], x: &[f32]) -> f32 {
     let (wc, wt) = w.as_chunks::<64>();
     let (xc, xt) = x.as_chunks::<32>();
     let mut acc = [_mm256_setzero_ps(); 4];
+    let ahead = prefetch_ahead();
     for (wb, xb) in wc.iter().zip(xc) {
+        // Rows are read in file order: the next ones follow this one.
+        prefetch(wb, ahead);
         let (ws, _) = wb.as_chunks::<16>();
         let (xs, _) = xb.as_chunks::<8>();
         for k in 0..4 {

@@ -28,39 +28,6 @@ use crate::packed::{
 };
 use crate::quantize::{BlockQ8_0, BlockQ8K};
 
-/// How many bytes ahead of the block it reads each kernel below asks the
-/// CPU to fetch, or 0 for none. Decode streams each matrix once, in order;
-/// on an Intel Xeon (2 vCPUs, AVX-512 VNNI, no AMX) asking 4 KiB ahead
-/// raised 110m Q4_0 decode by about 25% at one and at two threads (medians
-/// of 5: 76.6 to 95.6 tokens/s, 125.9 to 157.0), Q4_K_M by about 20% and
-/// Q8_0 by 7–9%; 2 and 8 KiB did no better. On an AMD Zen 5 a 1 KiB
-/// prefetch made decode slower (384 to 355 tokens/s), so other vendors'
-/// CPUs keep to the hardware's own prefetchers.
-fn prefetch_ahead() -> usize {
-    static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *AHEAD.get_or_init(|| {
-        let leaf = __cpuid(0);
-        let mut vendor = [0u8; 12];
-        for (at, word) in [leaf.ebx, leaf.edx, leaf.ecx].into_iter().enumerate() {
-            vendor[4 * at..4 * at + 4].copy_from_slice(&word.to_le_bytes());
-        }
-        if &vendor == b"GenuineIntel" { 4096 } else { 0 }
-    })
-}
-
-/// Prefetches the cache lines `ahead` bytes past each of `block`'s.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn prefetch(block: &[u8], ahead: usize) {
-    if ahead == 0 {
-        return;
-    }
-    for at in (0..block.len()).step_by(64) {
-        // A prefetch never faults, also past the end of the matrix.
-        _mm_prefetch::<_MM_HINT_T0>(block.as_ptr().wrapping_add(ahead + at).cast());
-    }
-}
-
 /// Tokens per call.
 pub const PACKED_TOKENS: usize = 4;
 

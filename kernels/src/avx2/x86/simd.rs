@@ -114,3 +114,37 @@ pub(super) fn hsum_epi32(v: __m256i) -> i32 {
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
     _mm_cvtsi128_si32(s)
 }
+
+/// How many bytes ahead of what it reads a decode kernel (the packed
+/// matvecs, the F16 row dot) asks the CPU to fetch, or 0 for none. Decode
+/// streams each matrix once, in order. On an Intel Xeon (2 vCPUs, AVX-512
+/// VNNI, no AMX) asking 4 KiB ahead raised 110m decode, medians of 3–5
+/// alternated runs: Q4_0 by about 25% at one and at two threads (76.6 to
+/// 95.6 tokens/s, 125.9 to 157.0), Q4_K_M by about 20%, Q8_0 by 7–9%, and
+/// F16 by 25% and 38% (32.4 to 40.5, 49.0 to 67.7); 2 and 8 KiB did no
+/// better. On an AMD Zen 5 a 1 KiB prefetch made decode slower (384 to 355
+/// tokens/s), so other vendors' CPUs keep to the hardware's prefetchers.
+pub(super) fn prefetch_ahead() -> usize {
+    static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *AHEAD.get_or_init(|| {
+        let leaf = __cpuid(0);
+        let mut vendor = [0u8; 12];
+        for (at, word) in [leaf.ebx, leaf.edx, leaf.ecx].into_iter().enumerate() {
+            vendor[4 * at..4 * at + 4].copy_from_slice(&word.to_le_bytes());
+        }
+        if &vendor == b"GenuineIntel" { 4096 } else { 0 }
+    })
+}
+
+/// Prefetches the cache lines `ahead` bytes past each of `block`'s.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn prefetch(block: &[u8], ahead: usize) {
+    if ahead == 0 {
+        return;
+    }
+    for at in (0..block.len()).step_by(64) {
+        // A prefetch never faults, also past the end of the matrix.
+        _mm_prefetch::<_MM_HINT_T0>(block.as_ptr().wrapping_add(ahead + at).cast());
+    }
+}

@@ -456,9 +456,12 @@ fn attention_matches_naive_f64() {
         },
     ];
     // (n_tokens, start_pos, n_heads, n_kv_heads, head_dim): decode, prefill,
-    // prefill after a cached prefix, GQA groups of 4 and 7, odd head_dim.
+    // prefill after a cached prefix, GQA groups of 4 and 7, odd head_dim,
+    // head sizes past one 64-float register chunk (96: 64 + 32; 128).
     let cases = [
         (1, 0, 4, 4, 64),
+        (2, 70, 4, 2, 96),
+        (1, 130, 2, 1, 128),
         (1, 37, 8, 2, 64),
         (5, 0, 4, 1, 32),
         (4, 9, 14, 2, 64),
@@ -508,6 +511,57 @@ fn attention_matches_naive_f64() {
                 _ => first = Some(out),
             }
         }
+    }
+}
+
+/// The AVX2 kernels that take a head's positions at once: a position's
+/// score does not depend on which positions share its call (nor its group
+/// of eight), and the weighted sum is one `axpy` per position, bit for bit.
+#[test]
+fn avx2_attention_kernels_match_per_position_ops() {
+    let Some(k) = Avx2::detect() else {
+        return;
+    };
+    let mut rng = Rng::new(17);
+    for d in [8, 64, 96, 128, 256] {
+        let n = 21;
+        let stride = d + 8;
+        let q = rng.vec(d, 2.0);
+        let cache = rng.vec(n * stride + d, 2.0);
+        // Rows out of order and with gaps, as a paged pool has them.
+        let rows: Vec<usize> = (0..n).map(|j| ((j * 7) % n) * stride + 3).collect();
+        let mut all = vec![0.0; n];
+        k.attention_scores(&q, &cache, &rows, &mut all);
+        for j in 0..n {
+            let row = &cache[rows[j]..rows[j] + d];
+            let exact: f64 = q
+                .iter()
+                .zip(row)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum();
+            assert!(
+                (f64::from(all[j]) - exact).abs() < 1e-4,
+                "d {d}, position {j}"
+            );
+            let mut alone = [0.0];
+            k.attention_scores(&q, &cache, &rows[j..=j], &mut alone);
+            assert_eq!(alone[0], all[j], "d {d}: position {j} alone differs");
+        }
+        let mut some = vec![0.0; n - 5];
+        k.attention_scores(&q, &cache, &rows[5..], &mut some);
+        assert_eq!(some, all[5..], "d {d}: a shifted group changed the scores");
+
+        let s = rng.vec(n, 1.0);
+        let mut want = rng.vec(d, 1.0);
+        let mut got = want.clone();
+        for (&a, &r) in s.iter().zip(&rows) {
+            k.axpy(a, &cache[r..r + d], &mut want);
+        }
+        k.attention_weighted_sum(&s, &cache, &rows, &mut got);
+        assert_eq!(
+            got, want,
+            "d {d}: weighted sum is not one axpy per position"
+        );
     }
 }
 

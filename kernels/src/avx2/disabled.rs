@@ -129,6 +129,8 @@ unreachable_methods! {
     dot_iq4_xs_tokens(self, w: &[u8], x: &[&[BlockQ8K]], out: &mut [f32]);
     dot(self, a: &[f32], b: &[f32]) -> f32;
     axpy(self, a: f32, x: &[f32], y: &mut [f32]);
+    attention_scores(self, q: &[f32], k: &[f32], rows: &[usize], out: &mut [f32]);
+    attention_weighted_sum(self, s: &[f32], v: &[f32], rows: &[usize], o: &mut [f32]);
     rms_norm(self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]);
     softmax(self, x: &mut [f32]);
     quantize_row_q8_0(self, x: &[f32], out: &mut [BlockQ8_0]);

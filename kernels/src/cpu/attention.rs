@@ -98,7 +98,7 @@ impl CpuKernels {
         let group = n_heads / n_kv_heads;
         let backend = self.backend;
         let heads = heads_per_task(n_tokens, n_heads, self.threads());
-        let task = |idx: usize, o: &mut [f32], scores: &mut Vec<f32>| {
+        let task = |idx: usize, o: &mut [f32], scratch: &mut Scratch| {
             let first = idx * heads;
             let (t, h) = (first / n_heads, first % n_heads);
             let view = HeadsView {
@@ -116,20 +116,20 @@ impl CpuKernels {
                 pages: None,
             };
             match backend {
-                Backend::Scalar => attend_heads(ScalarOps, view, scores, o),
-                Backend::Avx2(k) => attend_heads(k, view, scores, o),
+                Backend::Scalar => attend_heads(ScalarOps, view, scratch, o),
+                Backend::Avx2(k) => attend_heads(k, view, scratch, o),
             }
         };
         // q·k and the weighted sum of v: 2 · head_dim per (query head, position).
         let macs = n_tokens * n_heads * (2 * start_pos + n_tokens) * head_dim;
         if self.threads() == 1 || macs < MIN_PARALLEL_MACS {
-            let mut scores = Vec::new();
+            let mut scratch = Scratch::new();
             for (idx, o) in out.chunks_exact_mut(heads * head_dim).enumerate() {
-                task(idx, o, &mut scores);
+                task(idx, o, &mut scratch);
             }
         } else {
             self.team.chunks_mut(out, heads * head_dim, |idx, o| {
-                SCORES.with_borrow_mut(|scores| task(idx, o, scores));
+                SCRATCH.with_borrow_mut(|scratch| task(idx, o, scratch));
             });
         }
     }
@@ -233,7 +233,7 @@ impl CpuKernels {
         let group = n_heads / n_kv_heads;
         let backend = self.backend;
         let heads = heads_per_task(rows, n_heads, self.threads());
-        let task = |idx: usize, o: &mut [f32], scores: &mut Vec<f32>| {
+        let task = |idx: usize, o: &mut [f32], scratch: &mut Scratch| {
             let first = idx * heads;
             let (r, h) = (first / n_heads, first % n_heads);
             let (s, pos) = row_of[r];
@@ -252,26 +252,42 @@ impl CpuKernels {
                 pages: Some((seqs[s].blocks, block_tokens)),
             };
             match backend {
-                Backend::Scalar => attend_heads(ScalarOps, view, scores, o),
-                Backend::Avx2(k) => attend_heads(k, view, scores, o),
+                Backend::Scalar => attend_heads(ScalarOps, view, scratch, o),
+                Backend::Avx2(k) => attend_heads(k, view, scratch, o),
             }
         };
         if self.threads() == 1 || macs < MIN_PARALLEL_MACS {
-            let mut scores = Vec::new();
+            let mut scratch = Scratch::new();
             for (idx, o) in out.chunks_exact_mut(heads * head_dim).enumerate() {
-                task(idx, o, &mut scores);
+                task(idx, o, &mut scratch);
             }
         } else {
             self.team.chunks_mut(out, heads * head_dim, |idx, o| {
-                SCORES.with_borrow_mut(|scores| task(idx, o, scores));
+                SCRATCH.with_borrow_mut(|scratch| task(idx, o, scratch));
             });
         }
     }
 }
 
 thread_local! {
-    /// Each thread's attention scores, reused across tasks and calls.
-    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Each thread's attention scratch, reused across tasks and calls.
+    static SCRATCH: RefCell<Scratch> = const { RefCell::new(Scratch::new()) };
+}
+
+/// A task's scores (per head, per position) and where each position's
+/// row starts in the cache.
+struct Scratch {
+    scores: Vec<f32>,
+    rows: Vec<usize>,
+}
+
+impl Scratch {
+    const fn new() -> Scratch {
+        Scratch {
+            scores: Vec::new(),
+            rows: Vec::new(),
+        }
+    }
 }
 
 /// Query heads one attention task takes: all of a row's heads when there
@@ -284,37 +300,57 @@ fn heads_per_task(rows: usize, n_heads: usize, threads: usize) -> usize {
     if rows >= threads { n_heads } else { 1 }
 }
 
-/// The vector ops attention is built from, per ISA.
+/// The vector ops attention is built from, per ISA. `rows[j]` is where
+/// position `j`'s key (in `k`) or value (in `v`) starts.
 trait VecOps: Copy {
-    fn dot(self, a: &[f32], b: &[f32]) -> f32;
+    /// `out[j] = q · k[rows[j]..][..q.len()]`.
+    fn scores(self, q: &[f32], k: &[f32], rows: &[usize], out: &mut [f32]);
     fn softmax(self, x: &mut [f32]);
-    fn axpy(self, a: f32, x: &[f32], y: &mut [f32]);
+    /// `o += Σ_j s[j] · v[rows[j]..][..o.len()]`, position by position.
+    fn weighted_sum(self, s: &[f32], v: &[f32], rows: &[usize], o: &mut [f32]);
 }
 
 #[derive(Clone, Copy)]
 struct ScalarOps;
 
 impl VecOps for ScalarOps {
-    fn dot(self, a: &[f32], b: &[f32]) -> f32 {
-        scalar::dot(a, b)
+    fn scores(self, q: &[f32], k: &[f32], rows: &[usize], out: &mut [f32]) {
+        for (s, &r) in out.iter_mut().zip(rows) {
+            *s = scalar::dot(q, &k[r..r + q.len()]);
+        }
     }
     fn softmax(self, x: &mut [f32]) {
         scalar::softmax(x)
     }
-    fn axpy(self, a: f32, x: &[f32], y: &mut [f32]) {
-        scalar::axpy(a, x, y)
+    fn weighted_sum(self, s: &[f32], v: &[f32], rows: &[usize], o: &mut [f32]) {
+        for (&a, &r) in s.iter().zip(rows) {
+            scalar::axpy(a, &v[r..r + o.len()], o);
+        }
     }
 }
 
+/// The AVX2 kernels that take a head's positions at once, for head sizes
+/// that are a multiple of 8 (all common models); one `dot` or `axpy` per
+/// position otherwise.
 impl VecOps for Avx2 {
-    fn dot(self, a: &[f32], b: &[f32]) -> f32 {
-        Avx2::dot(self, a, b)
+    fn scores(self, q: &[f32], k: &[f32], rows: &[usize], out: &mut [f32]) {
+        if q.len().is_multiple_of(8) {
+            return self.attention_scores(q, k, rows, out);
+        }
+        for (s, &r) in out.iter_mut().zip(rows) {
+            *s = self.dot(q, &k[r..r + q.len()]);
+        }
     }
     fn softmax(self, x: &mut [f32]) {
         Avx2::softmax(self, x)
     }
-    fn axpy(self, a: f32, x: &[f32], y: &mut [f32]) {
-        Avx2::axpy(self, a, x, y)
+    fn weighted_sum(self, s: &[f32], v: &[f32], rows: &[usize], o: &mut [f32]) {
+        if o.len().is_multiple_of(8) {
+            return self.attention_weighted_sum(s, v, rows, o);
+        }
+        for (&a, &r) in s.iter().zip(rows) {
+            self.axpy(a, &v[r..r + o.len()], o);
+        }
     }
 }
 
@@ -350,24 +386,34 @@ impl HeadsView<'_> {
     }
 }
 
+/// Positions attention takes per pass over a task's heads: their keys and
+/// values for all the task's heads stay in cache between the heads.
+const TILE: usize = 64;
+
 /// For each head: `out = Σ_p softmax_p(cap(scale · q·k_p)) v_p` over
-/// positions `first_pos..n_pos`. Positions outer, heads inner, so each
-/// position's cache row is read once for all the heads; per head the dots,
-/// the softmax and the axpys are the same and in the same order however
-/// heads are grouped and whether the cache is contiguous or paged, so all
-/// give bit-identical results. The soft cap is scalar code on every ISA.
-fn attend_heads<O: VecOps>(ops: O, h: HeadsView, scores: &mut Vec<f32>, out: &mut [f32]) {
+/// positions `first_pos..n_pos`. Tiles of positions outer, heads inner, so
+/// a tile's cache rows are read from memory once for all the heads; per
+/// head the scores, the softmax and the weighted sum are the same and in
+/// the same order however heads are grouped and whether the cache is
+/// contiguous or paged, so all give bit-identical results. The soft cap is
+/// scalar code on every ISA.
+fn attend_heads<O: VecOps>(ops: O, h: HeadsView, scratch: &mut Scratch, out: &mut [f32]) {
     let (d, first) = (h.head_dim, h.first_pos);
     let n = h.n_pos - first;
     let kv_offset = |i: usize| ((h.first_head + i) / h.group) * d;
+    let Scratch { scores, rows } = scratch;
+    rows.clear();
+    rows.extend((first..h.n_pos).map(|p| h.row(p) * h.kv_width));
     scores.clear();
     scores.resize(out.len() / d * n, 0.0);
-    for p in first..h.n_pos {
-        let base = h.row(p) * h.kv_width;
+    for (t, tile) in rows.chunks(TILE).enumerate() {
         for (i, q) in h.q.chunks_exact(d).enumerate() {
-            let k = &h.k[base + kv_offset(i)..][..d];
-            scores[i * n + p - first] = ops.dot(q, k) * h.scale;
+            let s = &mut scores[i * n + t * TILE..][..tile.len()];
+            ops.scores(q, &h.k[kv_offset(i)..], tile, s);
         }
+    }
+    for s in scores.iter_mut() {
+        *s *= h.scale;
     }
     if let Some(cap) = h.softcap {
         for s in scores.iter_mut() {
@@ -378,14 +424,10 @@ fn attend_heads<O: VecOps>(ops: O, h: HeadsView, scores: &mut Vec<f32>, out: &mu
         ops.softmax(s);
     }
     out.fill(0.0);
-    for p in first..h.n_pos {
-        let base = h.row(p) * h.kv_width;
+    for (t, tile) in rows.chunks(TILE).enumerate() {
         for (i, o) in out.chunks_exact_mut(d).enumerate() {
-            ops.axpy(
-                scores[i * n + p - first],
-                &h.v[base + kv_offset(i)..][..d],
-                o,
-            );
+            let s = &scores[i * n + t * TILE..][..tile.len()];
+            ops.weighted_sum(s, &h.v[kv_offset(i)..], tile, o);
         }
     }
 }

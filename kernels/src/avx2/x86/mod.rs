@@ -1,5 +1,6 @@
 //! The x86-64 AVX2 token and its safe kernel methods.
 
+mod attention;
 mod dot;
 mod dot_tokens;
 mod f16_panels;

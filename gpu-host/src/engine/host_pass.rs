@@ -5,6 +5,7 @@
 
 use bulkhead_kernels::{Activation, AttentionShape, QuantMatrix};
 
+use super::zeroed::ZeroedFloats;
 use crate::backend::{
     Act, Backend, DeviceError, ForwardPass, Heads, MoeFfn, OpResult, PassShape, RopeAngles,
     RopeAnglesKey, RopeParams, Segment, matmul_spans,
@@ -304,8 +305,8 @@ pub(super) trait KvStore {
 /// One sequence's contiguous cache in host memory, the call's rows
 /// written from `start`.
 pub(super) struct ContiguousStore<'c> {
-    pub(super) k: &'c mut [Vec<f32>],
-    pub(super) v: &'c mut [Vec<f32>],
+    pub(super) k: &'c mut [ZeroedFloats],
+    pub(super) v: &'c mut [ZeroedFloats],
     pub(super) kv_dim: usize,
     pub(super) start: usize,
 }

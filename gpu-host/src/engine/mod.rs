@@ -13,6 +13,7 @@ mod moe;
 mod paged;
 mod sampling;
 mod weights;
+mod zeroed;
 
 pub use config::{Arch, ConfigError, ModelConfig, MoeConfig, RopeConfig, supported_architectures};
 pub use generate::{

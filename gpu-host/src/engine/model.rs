@@ -10,6 +10,7 @@ use bulkhead_kernels::{ScoreMask, scalar};
 use super::config::{ConfigError, ModelConfig};
 use super::host_pass::{ContiguousStore, HostPass, KvStore};
 use super::weights::{Ffn, Weights};
+use super::zeroed::ZeroedFloats;
 use crate::backend::{
     Act, Backend, DeviceError, DeviceKv, ForwardPass, Heads, KvLayout, PassShape, RopeParams,
     Segment, StepRows, WeightRef,
@@ -466,9 +467,12 @@ fn residual(
 pub(super) enum KvMemory {
     /// Nowhere yet: the first forward call places them.
     Unplaced,
-    /// Host memory, per layer (zeroed, so pages no pass touches cost no
-    /// resident memory).
-    Host { k: Vec<Vec<f32>>, v: Vec<Vec<f32>> },
+    /// Host memory, per layer: fresh zero pages, so pages no pass touches
+    /// cost no resident memory.
+    Host {
+        k: Vec<ZeroedFloats>,
+        v: Vec<ZeroedFloats>,
+    },
     /// A device's memory, with the sequences' block tables.
     Device(DeviceKv),
 }
@@ -486,10 +490,21 @@ impl KvMemory {
                 Some(device) => KvMemory::Device(device.alloc_kv(layout)?),
                 None => {
                     let floats = layout.blocks * layout.block_tokens * layout.kv_dim;
-                    let layer = || (0..layout.layers).map(|_| vec![0.0; floats]).collect();
+                    let layer = || -> Result<Vec<ZeroedFloats>, DeviceError> {
+                        (0..layout.layers)
+                            .map(|_| {
+                                ZeroedFloats::new(floats).map_err(|e| {
+                                    DeviceError::out_of_memory(
+                                        format!("alloc {floats} KV floats in host memory"),
+                                        e.to_string(),
+                                    )
+                                })
+                            })
+                            .collect()
+                    };
                     KvMemory::Host {
-                        k: layer(),
-                        v: layer(),
+                        k: layer()?,
+                        v: layer()?,
                     }
                 }
             };

@@ -11,6 +11,7 @@ use bulkhead_partition::{KV_BLOCK_TOKENS, KvDtype, KvGeometry, PartitionError};
 
 use super::host_pass::KvStore;
 use super::model::{ForwardError, KvMemory, Model};
+use super::zeroed::ZeroedFloats;
 use crate::backend::{Backend, Heads, KvLayout, OpResult, Segment, StepRows};
 
 /// Positions per block, as a `usize` for indexing.
@@ -155,8 +156,8 @@ impl Model {
 
 /// A host pool seen by one batched call.
 struct PagedStore<'a> {
-    k: &'a mut [Vec<f32>],
-    v: &'a mut [Vec<f32>],
+    k: &'a mut [ZeroedFloats],
+    v: &'a mut [ZeroedFloats],
     kv_dim: usize,
     entries: &'a [BatchEntry<'a>],
 }

@@ -466,8 +466,10 @@ fn attention_matches_naive_f64() {
         (5, 0, 4, 1, 32),
         (4, 9, 14, 2, 64),
         (3, 2, 2, 2, 13),
-        // Above the size that runs on the calling thread: the pool path.
+        // Above the size that runs on the calling thread: the pool path,
+        // and a decode row there (one head per task).
         (4, 300, 16, 4, 64),
+        (1, 300, 16, 4, 64),
     ];
     for ((n_tokens, start_pos, n_heads, n_kv_heads, head_dim), mask) in
         cases.into_iter().flat_map(|c| masks.map(|m| (c, m)))

@@ -24,8 +24,8 @@ use crate::serving::Lanes;
 use crate::serving::{AdminListener, ConnectionGate, serve_admin, serve_http};
 use crate::snapshot::{Snapshot, build_snapshot};
 use crate::upstream::{
-    ChildConfig, DEFAULT_READY_WAIT, Supervised, Supervisor, SupervisorError, Upstream,
-    UpstreamError, UpstreamState,
+    ChildConfig, ChildTelemetry, DEFAULT_READY_WAIT, Supervised, Supervisor, SupervisorError,
+    Upstream, UpstreamError, UpstreamState,
 };
 
 /// What `bulkhead serve` was asked to do.
@@ -36,6 +36,11 @@ pub struct ServeOptions {
     pub listen: Option<SocketAddr>,
     /// Overrides `[admin] listen` in `gateway.toml`.
     pub admin_listen: Option<ListenAddr>,
+    /// The trace export in force (the local gpu-host exports alike).
+    pub telemetry: Option<bulkhead_telemetry::Settings>,
+    pub log_format: bulkhead_telemetry::LogFormat,
+    /// What happened to the exported spans (`/metrics`).
+    pub span_counts: Option<Arc<bulkhead_telemetry::SpanCounts>>,
 }
 
 /// Where the gateway listens once bound (real ports for `:0`).
@@ -121,6 +126,9 @@ pub async fn serve(
         );
     }
     let metrics = Arc::new(Metrics::new());
+    if let Some(counts) = &options.span_counts {
+        metrics.count_spans(Arc::clone(counts));
+    }
     let snapshot = Arc::new(ArcSwap::from_pointee(first));
     let audit = open_audit(gateway.audit.as_ref(), gateway.state.as_ref()).await?;
     audit
@@ -143,7 +151,8 @@ pub async fn serve(
     let mut targets = Vec::new();
     let (supervisor, lane_host) = match &gateway.upstream {
         UpstreamSettings::Local(host) => {
-            let config = ChildConfig::new(host.clone())?;
+            let child = ChildTelemetry::of(options.telemetry.as_ref(), options.log_format);
+            let config = ChildConfig::new(host.clone(), child)?;
             let (state_tx, state_rx) = watch::channel(UpstreamState::Starting);
             let target = Target::Unix(config.socket.clone());
             let supervisor = Supervisor::start(config, state_tx, metrics.upstream_starts.clone());

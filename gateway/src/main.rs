@@ -3,7 +3,6 @@
 mod cli;
 
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
 
 /// See gateway/Cargo.toml for why.
 #[global_allocator]
@@ -11,15 +10,22 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
     let args = cli::Args::parse();
-    // Logs go to stderr; `RUST_LOG` overrides the default `info`.
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .init();
-    match cli::run(args) {
+    // Logs go to stderr; `RUST_LOG` overrides the default `info`. `serve`
+    // reads `[log]` and `[telemetry]` first, so that every line of its
+    // start is in the configured format.
+    let setup = cli::telemetry_setup(&args)
+        .and_then(|(format, settings)| Ok(bulkhead_telemetry::init(format, "info", settings)?));
+    let telemetry = match setup {
+        Ok(telemetry) => telemetry,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = cli::run(args, &telemetry);
+    // Exports the spans still queued before the process ends.
+    drop(telemetry);
+    match result {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err:#}");

@@ -10,6 +10,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// The target of every span the gateway exports (`bulkhead_telemetry`
+/// exports the spans whose target starts with `bulkhead`).
+pub const TRACE_TARGET: &str = "bulkhead::trace";
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub tenant: String,
@@ -47,6 +51,15 @@ pub struct TokenLabels {
     pub tenant: String,
     /// `prompt` or `completion`.
     pub kind: &'static str,
+}
+
+/// `bulkhead_trace_spans_total`: what became of the spans this process
+/// finished.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SpanOutcomeLabels {
+    /// `exported`, `dropped` (the export queue was full) or `failed` (the
+    /// collector did not take them).
+    pub outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -182,6 +195,9 @@ pub struct Metrics {
     pub gpu_host_retries: Counter,
     /// Generations each gpu-host started for this gateway.
     pub gpu_host_generations: Family<HostLabels, Counter>,
+    /// Exported, dropped and failed spans (present when exporting).
+    trace_spans: Family<SpanOutcomeLabels, Counter>,
+    span_counts: std::sync::OnceLock<std::sync::Arc<bulkhead_telemetry::SpanCounts>>,
 }
 
 impl Default for Metrics {
@@ -457,6 +473,12 @@ impl Metrics {
             "Generations each gpu-host started for this gateway",
             gpu_host_generations.clone(),
         );
+        let trace_spans = Family::<SpanOutcomeLabels, Counter>::default();
+        registry.register(
+            "trace_spans",
+            "Spans finished while exporting traces, by outcome: exported, dropped (the export queue was full) or failed (the collector did not take them)",
+            trace_spans.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -502,11 +524,31 @@ impl Metrics {
             gpu_host_ejections,
             gpu_host_retries,
             gpu_host_generations,
+            trace_spans,
+            span_counts: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Reports `counts` (the trace export's) from now on.
+    pub fn count_spans(&self, counts: std::sync::Arc<bulkhead_telemetry::SpanCounts>) {
+        let _ = self.span_counts.set(counts);
     }
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
+        if let Some(counts) = self.span_counts.get() {
+            let outcomes = [
+                ("exported", counts.exported()),
+                ("dropped", counts.dropped()),
+                ("failed", counts.failed()),
+            ];
+            for (outcome, n) in outcomes {
+                let counter = self
+                    .trace_spans
+                    .get_or_create(&SpanOutcomeLabels { outcome });
+                counter.inc_by(n.saturating_sub(counter.get()));
+            }
+        }
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

@@ -10,11 +10,40 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
     let args = cli::Args::parse();
-    match cli::run(args) {
+    let telemetry = match telemetry(&args) {
+        Ok(t) => t,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = cli::run(args);
+    // Exports the spans still queued before the process ends.
+    drop(telemetry);
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err:#}");
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Logs, and for `serve` the trace export the `OTEL_*` variables configure
+/// (the local child gets them from its gateway).
+fn telemetry(args: &cli::Args) -> anyhow::Result<bulkhead_telemetry::Telemetry> {
+    let settings = if args.serves() {
+        bulkhead_telemetry::Settings::resolve(
+            &bulkhead_telemetry::TelemetryFile::default(),
+            "bulkhead-gpu-host",
+            |name| std::env::var(name).ok(),
+        )?
+    } else {
+        None
+    };
+    Ok(bulkhead_telemetry::init(
+        args.log_format(),
+        "info",
+        settings,
+    )?)
 }

@@ -4,6 +4,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod otlp;
 pub mod proxy;
 pub mod redis;
 
@@ -450,12 +451,18 @@ impl Gateway {
     /// Starts the gateway on free loopback ports (public and admin) and
     /// waits until it is ready.
     pub fn start(policies: &PolicyDir) -> Gateway {
+        Gateway::start_with_env(policies, &[])
+    }
+
+    /// [`Gateway::start`] with more environment variables.
+    pub fn start_with_env(policies: &PolicyDir, env: &[(&str, &str)]) -> Gateway {
         let mut child = Command::new(bin("bulkhead"))
             .arg("serve")
             .arg("--policies")
             .arg(&policies.path)
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -617,6 +624,29 @@ impl Client {
         self.send_bytes(method, path, token, content_type, body)
             .and_then(|mut stream| stream.read_to_end(&mut raw))
             .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        Response::parse(&raw)
+    }
+
+    /// A JSON request with extra headers (e.g. a `traceparent`).
+    pub fn request_with(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Response {
+        let mut raw = Vec::new();
+        self.send_raw(
+            method,
+            path,
+            token,
+            "application/json",
+            headers,
+            body.as_bytes(),
+        )
+        .and_then(|mut stream| stream.read_to_end(&mut raw))
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
         Response::parse(&raw)
     }
 

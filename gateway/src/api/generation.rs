@@ -43,6 +43,16 @@ pub struct Generation {
     first_text_seen: bool,
     /// Counted in `bulkhead_upstream_streams_open` while this lives.
     _open: OpenStream,
+    spans: GenerationSpans,
+}
+
+/// The spans a generation records its end on and holds open.
+#[derive(Debug)]
+pub struct GenerationSpans {
+    /// The request's server span (usage, finish reason).
+    pub request: tracing::Span,
+    /// The upstream call, held open until the stream ends.
+    pub _upstream: tracing::Span,
 }
 
 impl std::fmt::Debug for Generation {
@@ -65,6 +75,7 @@ pub struct GenerationContext {
     pub metrics: Arc<Metrics>,
     pub usage: RequestUsage,
     pub started_at: Instant,
+    pub spans: GenerationSpans,
 }
 
 impl Generation {
@@ -100,6 +111,7 @@ impl Generation {
             started_at: context.started_at,
             first_text_seen: false,
             _open: open,
+            spans: context.spans,
         }
     }
 
@@ -151,6 +163,12 @@ impl Generation {
                         .latency
                         .get_or_create(&self.tenant_labels())
                         .observe(self.started_at.elapsed().as_secs_f64());
+                    super::trace::record_finish(
+                        &self.spans.request,
+                        finish.as_str(),
+                        usage.prompt_tokens,
+                        usage.completion_tokens,
+                    );
                     self.read_to_end().await;
                     return Ok(Piece::Finished(finish, usage));
                 }

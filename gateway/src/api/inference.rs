@@ -22,14 +22,16 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response, Sse};
+use tracing::field::Empty;
+use tracing::{Instrument, Span};
 
 use super::deadline::BodyDeadline;
 use super::error::{ApiError, header_map};
-use super::generation::{Generation, GenerationContext};
+use super::generation::{Generation, GenerationContext, GenerationSpans};
 use super::identity::TenantCall;
 use super::openai::{COMPLETIONS_DEFAULT_MAX_TOKENS, Endpoint, InferenceRequest};
 use super::respond::ResponseMeta;
-use super::{App, random_seed, request_id};
+use super::{App, random_seed, request_id, trace};
 use crate::Snapshot;
 use crate::audit::time::Timestamp;
 use crate::limits::{Admission, OnStoreError, StoreUnavailable, day_of};
@@ -97,9 +99,13 @@ async fn handle(app: App, call: TenantCall, endpoint: Endpoint, body: Bytes) -> 
     let started_at = Instant::now();
     let request_id = request_id();
     let tenant = call.identity.tenant.clone();
+    // The route's server span (`trace.rs`).
+    let span = Span::current();
+    span.record("gen_ai.operation.name", operation_name(endpoint));
     let response = match serve(&app, call, endpoint, body, started_at, &request_id).await {
         Ok(response) => response,
         Err(error) => {
+            trace::record_error(&span, error.code);
             app.metrics.reject(&tenant, error.code);
             error.into_response()
         }
@@ -173,6 +179,7 @@ async fn serve(
         started_at,
     };
     let validated = validate(tenant, endpoint, &body)?;
+    record_request(&Span::current(), &validated);
     let hooks = Hooks::resolve(
         &tenant.id,
         &tenant.plugins,
@@ -201,6 +208,33 @@ async fn serve(
 /// answers, else in `snapshot`'s limiters (this replica's share of them),
 /// or refused, as `on_store_error` says.
 async fn admit<'a>(
+    validated: Validated<'a>,
+    snapshot: &Snapshot,
+    sub: Option<&str>,
+    call: &Call<'_>,
+) -> Result<Admitted<'a>, ApiError> {
+    let span = tracing::info_span!(
+        target: trace::TARGET,
+        "admission",
+        bulkhead.admission.outcome = Empty,
+        bulkhead.admission.limit = Empty,
+        bulkhead.admission.store = if call.app.shared_limits.is_some() { "shared" } else { "local" },
+    );
+    let admitted = admit_in(validated, snapshot, sub, call)
+        .instrument(span.clone())
+        .await;
+    match &admitted {
+        Ok(_) => span.record("bulkhead.admission.outcome", "admitted"),
+        Err(error) => {
+            span.record("bulkhead.admission.outcome", "refused");
+            // The limit that decided (`rate_limit_requests`, ...).
+            span.record("bulkhead.admission.limit", error.code)
+        }
+    };
+    admitted
+}
+
+async fn admit_in<'a>(
     validated: Validated<'a>,
     snapshot: &Snapshot,
     sub: Option<&str>,
@@ -375,11 +409,20 @@ async fn run(processed: Processed<'_>, call: &Call<'_>) -> Result<Response, ApiE
         )
     })?;
     let meta = ResponseMeta::new(request.endpoint, request_id, &request.model);
+    let request_span = Span::current();
+    request_span.record("gen_ai.response.id", meta.id.as_str());
     let (stream, include_usage) = (request.stream, request.include_usage);
     let upstream_request = to_upstream(request, max_tokens, tenant, request_id);
+    // The gpu-host's spans are children of this one (`Upstream::generate`
+    // sends its context); it lasts until the stream ends.
+    let upstream_span =
+        tracing::info_span!(target: trace::TARGET, "upstream", otel.kind = "client");
     // Wait for Started before answering: a host that fails before
     // generating still gets an honest HTTP status.
-    let generate = app.hosts.generate(upstream_request, deadline);
+    let generate = app
+        .hosts
+        .generate(upstream_request, deadline)
+        .instrument(upstream_span.clone());
     let (started, events) = tokio::time::timeout_at(deadline, generate)
         .await
         .map_err(|_| {
@@ -416,6 +459,10 @@ async fn run(processed: Processed<'_>, call: &Call<'_>) -> Result<Response, ApiE
                 .usage
                 .start(&tenant.id, &registration.name, day_of(SystemTime::now())),
             started_at,
+            spans: GenerationSpans {
+                request: request_span,
+                _upstream: upstream_span,
+            },
         },
     );
     // Only plugins with response hooks see the output.
@@ -487,4 +534,22 @@ fn to_upstream(
         priority: request.priority,
         parse_special: tenant.parse_special,
     }
+}
+
+/// `gen_ai.operation.name` of an endpoint.
+fn operation_name(endpoint: Endpoint) -> &'static str {
+    match endpoint {
+        Endpoint::Chat => "chat",
+        Endpoint::Completion => "text_completion",
+    }
+}
+
+/// The GenAI request attributes on the server span. Never the prompt.
+fn record_request(span: &Span, validated: &Validated<'_>) {
+    span.record("gen_ai.request.model", validated.request.model.as_str());
+    span.record("gen_ai.request.max_tokens", i64::from(validated.max_tokens));
+    span.record(
+        "gen_ai.request.temperature",
+        f64::from(validated.request.temperature),
+    );
 }

@@ -19,6 +19,7 @@ mod registrations;
 mod respond;
 mod routes;
 mod self_service;
+pub mod trace;
 
 use std::sync::Arc;
 

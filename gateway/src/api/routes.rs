@@ -17,14 +17,18 @@
 //!   [`TenantCall`] only ever reaches its own tenant's plugins, usage and
 //!   audit entries.
 
+use std::sync::Arc;
+
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
+use tracing::Span;
+use tracing::field::Empty;
 
-use super::App;
 use super::identity::{OperatorCall, TenantCall, operator_identity, tenant_identity};
+use super::{App, trace};
 use crate::auth::Scope;
 use crate::metrics::AdminRefusalLabels;
 
@@ -169,8 +173,23 @@ pub fn router(app: App, listener: Listener, max_body_bytes: usize) -> Router {
             app: app.clone(),
             route: *route,
         };
-        let handler = (route.handler)(route.method.filter())
+        let mut handler = (route.handler)(route.method.filter())
             .route_layer(middleware::from_fn_with_state(guard, authorize));
+        if route.access != Access::Anonymous {
+            // Outside `authorize`, so that auth is a child of the request's
+            // span. Health and metrics scrapes are not traced.
+            let name: Arc<str> = format!("{} {}", route.method.as_str(), route.path).into();
+            handler =
+                handler.route_layer(middleware::from_fn(move |request: Request, next: Next| {
+                    let span = trace::server_span(
+                        &name,
+                        route.method.as_str(),
+                        route.path,
+                        request.headers(),
+                    );
+                    trace::in_server_span(span, request, next)
+                }));
+        }
         router = router.route(route.path, handler);
     }
     router
@@ -197,13 +216,22 @@ async fn authorize(State(guard): State<Guard>, mut request: Request, next: Next)
         Access::Anonymous => {}
         Access::Tenant(scope) => {
             let snapshot = app.snapshot.load_full();
-            match tenant_identity(&snapshot, request.headers(), scope) {
+            let request_span = Span::current();
+            let span = tracing::info_span!(target: trace::TARGET, "auth", outcome = Empty);
+            let verified = span.in_scope(|| tenant_identity(&snapshot, request.headers(), scope));
+            match verified {
                 Ok(identity) => {
+                    span.record("outcome", "ok");
+                    // The verified tenant only: a refused token's claim
+                    // never reaches a span.
+                    request_span.record("bulkhead.tenant", identity.tenant.as_str());
                     request
                         .extensions_mut()
                         .insert(TenantCall { identity, snapshot });
                 }
                 Err((tenant, error)) => {
+                    span.record("outcome", error.code);
+                    trace::record_error(&request_span, error.code);
                     app.metrics.reject(&tenant, error.code);
                     return error.into_response();
                 }
@@ -211,11 +239,15 @@ async fn authorize(State(guard): State<Guard>, mut request: Request, next: Next)
         }
         Access::Operator(scope) => {
             let snapshot = app.snapshot.load();
-            match operator_identity(&snapshot, request.headers(), scope) {
+            let span = tracing::info_span!(target: trace::TARGET, "auth", outcome = Empty);
+            match span.in_scope(|| operator_identity(&snapshot, request.headers(), scope)) {
                 Ok(identity) => {
+                    span.record("outcome", "ok");
                     request.extensions_mut().insert(OperatorCall { identity });
                 }
                 Err(error) => {
+                    span.record("outcome", error.code);
+                    trace::record_error(&Span::current(), error.code);
                     app.metrics
                         .admin_refusals
                         .get_or_create(&AdminRefusalLabels { reason: error.code })

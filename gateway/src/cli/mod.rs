@@ -49,13 +49,28 @@ enum Command {
     Serve(serve::ServeArgs),
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+/// The log format and trace export of this command: `serve` reads them
+/// from its `gateway.toml` and the `OTEL_*` variables; the others log text
+/// and export nothing.
+pub fn telemetry_setup(
+    args: &Args,
+) -> anyhow::Result<(
+    bulkhead_telemetry::LogFormat,
+    Option<bulkhead_telemetry::Settings>,
+)> {
+    match &args.command {
+        Command::Serve(a) => serve::telemetry_setup(a),
+        _ => Ok((bulkhead_telemetry::LogFormat::Text, None)),
+    }
+}
+
+pub fn run(args: Args, telemetry: &bulkhead_telemetry::Telemetry) -> anyhow::Result<ExitCode> {
     match args.command {
         Command::Policy { command } => policy::run(command),
         Command::Model(args) => model::run(args),
         Command::Plugin(args) => plugin::run(args),
         Command::Token(args) => token::run(args),
-        Command::Serve(a) => serve::run(a),
+        Command::Serve(a) => serve::run(a, telemetry),
         Command::Audit(args) => audit::run(args),
         Command::State(args) => state::run(args),
     }

@@ -22,7 +22,39 @@ pub struct ServeArgs {
     admin_listen: Option<ListenAddr>,
 }
 
-pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
+/// `[log]` and `[telemetry]` of the policy folder's `gateway.toml`, read
+/// before the rest of it, merged with the `OTEL_*` variables. A file that
+/// does not parse counts as neither here: loading the policy reports it,
+/// with its line and column.
+pub fn telemetry_setup(
+    a: &ServeArgs,
+) -> anyhow::Result<(
+    bulkhead_telemetry::LogFormat,
+    Option<bulkhead_telemetry::Settings>,
+)> {
+    #[derive(Default, serde::Deserialize)]
+    struct Early {
+        telemetry: Option<bulkhead_telemetry::TelemetryFile>,
+        log: Option<Log>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Log {
+        format: Option<bulkhead_telemetry::LogFormat>,
+    }
+    let early: Early = std::fs::read_to_string(a.policies.join("gateway.toml"))
+        .ok()
+        .and_then(|text| toml::from_str(&text).ok())
+        .unwrap_or_default();
+    let format = early.log.and_then(|l| l.format).unwrap_or_default();
+    let settings = bulkhead_telemetry::Settings::resolve(
+        &early.telemetry.unwrap_or_default(),
+        "bulkhead",
+        |name| std::env::var(name).ok(),
+    )?;
+    Ok((format, settings))
+}
+
+pub fn run(a: ServeArgs, telemetry: &bulkhead_telemetry::Telemetry) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -33,6 +65,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
             policies: a.policies,
             listen: a.listen,
             admin_listen: a.admin_listen,
+            telemetry: telemetry.settings().cloned(),
+            log_format: telemetry.log_format(),
+            span_counts: telemetry.span_counts(),
         };
         serve(
             options,

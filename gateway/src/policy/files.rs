@@ -51,6 +51,20 @@ pub struct GatewayFile {
     pub limits: Option<LimitStoreFile>,
     /// Where the control-plane state shared by replicas is kept (`[state]`).
     pub state: Option<StateFile>,
+    /// OpenTelemetry trace export (`[telemetry]`). Read at start, before
+    /// the rest of the policy; the `OTEL_*` variables override it.
+    pub telemetry: Option<Spanned<bulkhead_telemetry::TelemetryFile>>,
+    /// Log lines (`[log]`). Read at start.
+    pub log: Option<LogFile>,
+}
+
+/// `[log]` in `gateway.toml`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogFile {
+    /// `text` (default) or `json`: one object per line with `trace_id` and
+    /// `span_id` inside a traced request.
+    pub format: Option<bulkhead_telemetry::LogFormat>,
 }
 
 /// `[state]` in `gateway.toml`: where the control-plane state lives. Read

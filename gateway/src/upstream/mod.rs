@@ -27,7 +27,7 @@ pub use generate::{Event, Events, Finish, Generate, Prompt, Started};
 pub use model_watch::watch_models;
 pub use models::LoadError;
 pub use partitions::watch_partitions;
-pub use supervisor::{ChildConfig, LocalGpuHost, Supervisor, SupervisorError};
+pub use supervisor::{ChildConfig, ChildTelemetry, LocalGpuHost, Supervisor, SupervisorError};
 
 /// Whether the gpu-host can take requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -321,6 +321,11 @@ impl Upstream {
         request: GenerateRequest,
     ) -> Result<(Started, Events), UpstreamError> {
         let mut client = self.client.clone();
+        let mut request = tonic::Request::new(request);
+        // The current span's trace context (the request's `upstream` span),
+        // so the gpu-host's spans continue the client's trace.
+        let cx = tracing_opentelemetry::OpenTelemetrySpanExt::context(&tracing::Span::current());
+        bulkhead_telemetry::propagation::inject(&cx, request.metadata_mut().as_mut());
         let mut events = client.generate(request).await?.into_inner();
         match events.message().await? {
             Some(GenerateEvent {

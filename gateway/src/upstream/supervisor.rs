@@ -66,7 +66,35 @@ pub struct ChildConfig {
     pub binary: PathBuf,
     pub socket: PathBuf,
     pub host: LocalGpuHost,
+    /// Its log format and trace export (the gateway's, under its own
+    /// `service.name`).
+    pub telemetry: ChildTelemetry,
 }
+
+/// What the child logs and exports like.
+#[derive(Clone, Debug, Default)]
+pub struct ChildTelemetry {
+    pub log_format: bulkhead_telemetry::LogFormat,
+    /// `OTEL_*` variables set on the child (empty: it inherits the
+    /// gateway's environment, which then configures no export).
+    pub env: Vec<(&'static str, String)>,
+}
+
+impl ChildTelemetry {
+    /// The child of a gateway with `settings` and `log_format`.
+    pub fn of(
+        settings: Option<&bulkhead_telemetry::Settings>,
+        log_format: bulkhead_telemetry::LogFormat,
+    ) -> ChildTelemetry {
+        ChildTelemetry {
+            log_format,
+            env: settings.map_or_else(Vec::new, |s| s.child_env(CHILD_SERVICE_NAME)),
+        }
+    }
+}
+
+/// The child's `service.name`.
+pub const CHILD_SERVICE_NAME: &str = "bulkhead-gpu-host";
 
 /// Why the supervisor could not start.
 #[derive(Debug, thiserror::Error)]
@@ -88,7 +116,10 @@ pub enum SupervisorError {
 impl ChildConfig {
     /// Resolves the binary (configured, or next to the running executable) and
     /// a socket in a fresh folder only this user can enter.
-    pub fn new(host: LocalGpuHost) -> Result<ChildConfig, SupervisorError> {
+    pub fn new(
+        host: LocalGpuHost,
+        telemetry: ChildTelemetry,
+    ) -> Result<ChildConfig, SupervisorError> {
         let binary = match &host.binary {
             Some(binary) => binary.clone(),
             None => {
@@ -109,6 +140,7 @@ impl ChildConfig {
             binary,
             socket: dir.join("gpu-host.sock"),
             host,
+            telemetry,
         })
     }
 
@@ -122,7 +154,10 @@ impl ChildConfig {
             .arg(self.host.workers.to_string())
             .arg("--queue-capacity")
             .arg(self.host.queue_capacity.to_string())
-            .arg("--exit-with-parent");
+            .arg("--exit-with-parent")
+            .arg("--log-format")
+            .arg(self.telemetry.log_format.as_str());
+        command.envs(self.telemetry.env.iter().map(|(k, v)| (k, v)));
         // The backend of the device `policy check` planned for, never
         // `auto`: a child that found a GPU where the policy says "cpu", or
         // none where it says "mi325x", would refuse the layouts the check
@@ -306,6 +341,7 @@ mod tests {
             binary: PathBuf::from("/bin/bulkhead-gpu-host"),
             socket: PathBuf::from("/tmp/s.sock"),
             host,
+            telemetry: ChildTelemetry::default(),
         };
         config
             .command()

@@ -26,6 +26,21 @@ pub struct Args {
     command: Command,
 }
 
+impl Args {
+    /// How `serve` writes its log lines (the other commands: text).
+    pub fn log_format(&self) -> bulkhead_telemetry::LogFormat {
+        match &self.command {
+            Command::Serve(a) => a.log_format,
+            _ => bulkhead_telemetry::LogFormat::Text,
+        }
+    }
+
+    /// Whether this command may export traces (`serve` only).
+    pub fn serves(&self) -> bool {
+        matches!(self.command, Command::Serve(_))
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Generate text from a prompt or a chat, streaming it to stdout.

@@ -21,6 +21,12 @@ pub struct ServeArgs {
     /// (requires --auth-token-file, and TLS or --allow-plaintext-tcp).
     #[arg(long, value_name = "unix:PATH|tcp:ADDR")]
     listen: Target,
+    /// Log lines on stderr as `text` or `json` (one object per line, with
+    /// `trace_id` and `span_id` inside a traced request). Traces are
+    /// exported over OTLP when the `OTEL_*` variables name an endpoint
+    /// (docs/telemetry.md).
+    #[arg(long, value_name = "text|json", default_value = "text")]
+    pub(crate) log_format: bulkhead_telemetry::LogFormat,
     /// A model to serve under NAME (repeatable). It is hashed while loading
     /// and scrubbed while resident; registered models (checked against a
     /// signed digest) arrive later through the `LoadModel` RPC.
@@ -204,7 +210,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                 shutdown,
             )
             .await?;
-        eprintln!("drained; exiting");
+        tracing::info!("drained; exiting");
         anyhow::Ok(())
     })
 }
@@ -228,13 +234,13 @@ fn choose_backend(
     Ok(
         match plan_backend(choice, ordinals, &hip, &cuda, HIP_ENGINE)? {
             BackendPlan::Cpu { fallback: None } => {
-                eprintln!("backend: cpu");
+                tracing::info!("backend: cpu");
                 ComputeBackend::Cpu
             }
             BackendPlan::Cpu {
                 fallback: Some(why),
             } => {
-                eprintln!("backend: cpu ({why})");
+                tracing::info!("backend: cpu ({why})");
                 ComputeBackend::Cpu
             }
             BackendPlan::Hip { device } => {
@@ -244,7 +250,7 @@ fn choose_backend(
                 // the rest is the model reservation the weights are charged to.
                 let split = open_hip_partitions(device.ordinal, kv_memory_bytes)
                     .with_context(|| format!("opening {label}"))?;
-                eprintln!(
+                tracing::info!(
                     "backend: hip ({label}; {} for partitions, {} for weights)",
                     bulkhead_partition::format_bytes(kv_memory_bytes),
                     bulkhead_partition::format_bytes(split.model_reservation_bytes())
@@ -255,7 +261,7 @@ fn choose_backend(
                 let label = device.label();
                 let (split, isolation) = open_cuda_partitions(device.ordinal, kv_memory_bytes)
                     .with_context(|| format!("opening {label}"))?;
-                eprintln!(
+                tracing::info!(
                     "backend: cuda ({label}; {} for partitions, {} for weights; {})",
                     bulkhead_partition::format_bytes(kv_memory_bytes),
                     bulkhead_partition::format_bytes(split.model_reservation_bytes()),
@@ -289,6 +295,6 @@ fn shutdown_signal(exit_with_parent: bool) -> anyhow::Result<impl Future<Output 
             _ = terminate.recv() => {}
             _ = parent_gone => {}
         }
-        eprintln!("shutting down: no new connections, finishing streams in flight");
+        tracing::info!("shutting down: no new connections, finishing streams in flight");
     })
 }

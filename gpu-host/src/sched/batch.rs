@@ -9,14 +9,14 @@
 //! holds.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use bulkhead_partition::PartitionError;
 
 use super::plan::{
     BatchLimits, BatchStats, PartitionKv, Planned, Planner, StepPlan, TenantCounts, TenantShare,
 };
-use super::sequence::{NewSequence, SequenceError, SequenceSink};
+use super::sequence::{NewSequence, SequenceError, SequenceSink, StepRun};
 use crate::Tokenizer;
 use crate::backend::Backend;
 use crate::engine::{
@@ -147,9 +147,14 @@ impl Batcher {
         let StepPlan {
             chunks,
             started,
-            preempted: _,
+            preempted,
             refused,
         } = self.planner.plan(Instant::now());
+        for key in preempted {
+            if let Some(s) = self.sequences.get_mut(&key) {
+                s.sink.preempted();
+            }
+        }
         for key in started {
             if let Some(s) = self.sequences.get_mut(&key) {
                 s.sink.started();
@@ -164,21 +169,24 @@ impl Batcher {
             return Ok(0);
         }
         // Decode rows first: they form one per-row matmul (see `Model::run_layers`).
-        let mut order: Vec<(u64, std::ops::Range<usize>)> =
-            chunks.into_iter().map(|c| (c.key, c.range)).collect();
-        order.sort_by_key(|(key, range)| (range.len() > 1, *key));
-        let inputs: Vec<(u64, Vec<u32>, usize, bool)> = order
+        let mut order: Vec<(u64, std::ops::Range<usize>, bool)> = chunks
+            .into_iter()
+            .map(|c| (c.key, c.range, c.decode))
+            .collect();
+        order.sort_by_key(|(key, range, _)| (range.len() > 1, *key));
+        let inputs: Vec<(u64, Vec<u32>, usize, bool, bool)> = order
             .iter()
-            .filter_map(|(key, range)| {
+            .filter_map(|(key, range, decode)| {
                 let s = self.sequences.get(key)?;
                 let history = s.decoding.history();
                 let wants = range.end == history.len();
-                Some((*key, history[range.clone()].to_vec(), range.start, wants))
+                let tokens = history[range.clone()].to_vec();
+                Some((*key, tokens, range.start, wants, *decode))
             })
             .collect();
         let entries: Vec<BatchEntry<'_>> = inputs
             .iter()
-            .map(|(key, tokens, start_pos, logits)| BatchEntry {
+            .map(|(key, tokens, start_pos, logits, _)| BatchEntry {
                 tokens,
                 start_pos: *start_pos,
                 blocks: self.planner.table(*key),
@@ -186,6 +194,7 @@ impl Batcher {
             })
             .collect();
         let ran: usize = inputs.iter().map(|i| i.1.len()).sum();
+        let step_start = SystemTime::now();
         let logits = match model.forward_batch(backend, &mut self.kv, &entries) {
             Ok(l) => l,
             Err(e) => {
@@ -197,12 +206,20 @@ impl Batcher {
                 return Err(e);
             }
         };
+        let step_end = SystemTime::now();
         let vocab = model.config().vocab_size;
         let mut rows = logits.chunks_exact(vocab);
-        for (key, tokens, _, wants) in inputs {
+        for (key, tokens, start_pos, wants, decode) in inputs {
             let Some(s) = self.sequences.get_mut(&key) else {
                 continue;
             };
+            s.sink.ran(StepRun {
+                range: start_pos..start_pos + tokens.len(),
+                decode,
+                sampled: wants,
+                start: step_start,
+                end: step_end,
+            });
             if !wants {
                 self.planner
                     .advance(key, tokens.len(), s.decoding.history().len());
@@ -222,7 +239,7 @@ impl Batcher {
                 Next::Cancelled => self.end(key, Some(Err(GenerateError::Cancelled.into()))),
             }
         }
-        self.planner.requeue(order.into_iter().map(|(k, _)| k));
+        self.planner.requeue(order.into_iter().map(|(k, ..)| k));
         Ok(ran)
     }
 

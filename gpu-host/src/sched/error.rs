@@ -59,3 +59,21 @@ pub(crate) enum SchedError {
     #[error("{0}")]
     Internal(String),
 }
+
+impl SchedError {
+    /// A short, fixed name of the error's kind (a span's `error.type`):
+    /// never the text, which may name tenants or carry a reason.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            SchedError::QueueFull { .. } => "queue_full",
+            SchedError::KvBudget(_) => "kv_budget_exceeded",
+            SchedError::OutOfService { .. } => "model_out_of_service",
+            SchedError::NoPartition { .. } => "no_partition",
+            SchedError::Unplannable { .. } => "unplannable",
+            SchedError::BadRequest(_) => "bad_request",
+            SchedError::Device(_) => "device_error",
+            SchedError::ShuttingDown => "shutting_down",
+            SchedError::Internal(_) => "internal",
+        }
+    }
+}

@@ -7,6 +7,7 @@ use tokio::sync::mpsc;
 
 use super::counters::Counted;
 use super::error::SchedError;
+use super::trace::SeqTrace;
 use crate::engine::{FinishReason, GenerateRequest};
 use crate::models::LoadedModel;
 
@@ -45,6 +46,8 @@ pub(crate) struct Job {
     pub tenant: String,
     pub priority: i32,
     pub events: EventSender,
+    /// Its spans (empty when its trace is not recorded).
+    pub trace: SeqTrace,
 }
 
 /// A job in a partition's queue, with the counts it settles when it starts

@@ -22,6 +22,7 @@ mod scheduler;
 mod sequence;
 mod shares;
 mod sink;
+mod trace;
 
 pub use batch::Batcher;
 pub(crate) use error::SchedError;
@@ -32,4 +33,5 @@ pub use plan::{
     BATCH_PREFILL_CHUNK, BatchLimits, BatchStats, Chunk, PartitionKv, Planned, Planner, StepPlan,
     TenantCounts, TenantShare,
 };
-pub use sequence::{NewSequence, SequenceError, SequenceSink};
+pub use sequence::{NewSequence, SequenceError, SequenceSink, StepRun};
+pub(crate) use trace::SeqTrace;

@@ -163,14 +163,16 @@ pub(crate) fn run(
                 Ok(Err(ForwardError::Device(e))) => {
                     // The step's requests were told; the batch goes on.
                     retired.device_errors += 1;
-                    eprintln!(
+                    tracing::warn!(
                         "model `{}` in partition {}: the device failed a step ({}): {e}",
                         b.model.name,
                         config.partition.id,
                         e.kind.as_str()
                     );
                 }
-                Ok(Err(e)) => eprintln!("model `{}`: a batched step failed: {e}", b.model.name),
+                Ok(Err(e)) => {
+                    tracing::error!("model `{}`: a batched step failed: {e}", b.model.name)
+                }
                 Err(payload) => failed.push((i, panic_message(&*payload))),
             }
         }
@@ -181,9 +183,10 @@ pub(crate) fn run(
             let mut gone = batches.remove(i);
             retire(&gone, &mut retired);
             gone.batcher.fail_all(&why);
-            eprintln!(
+            tracing::error!(
                 "model `{}` in partition {}: a batched step panicked, its batch is dropped: {why}",
-                gone.model.name, config.partition.id
+                gone.model.name,
+                config.partition.id
             );
         }
         // An outbox stays while its sequence lives (the sink holds it) or
@@ -280,12 +283,14 @@ fn accept(
                 tenant,
                 priority,
                 events,
+                trace,
             },
         counted,
     } = queued;
     let outbox = Outbox::new(events);
     outboxes.push(outbox.clone());
-    let mut sink = StreamSink::new(model.clone(), request.prompt_tokens.len(), outbox, counted);
+    let prompt_tokens = request.prompt_tokens.len();
+    let mut sink = StreamSink::new(model.clone(), prompt_tokens, outbox, counted, trace);
     if sink.check().is_break() {
         return; // client gone or model out of service while queued
     }

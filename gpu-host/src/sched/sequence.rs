@@ -19,6 +19,22 @@ pub trait SequenceSink {
     fn check(&mut self) -> ControlFlow<()>;
     /// The end of a sequence that was not stopped by `check` or `piece`.
     fn finished(&mut self, result: Result<Decoded, SequenceError>);
+    /// A step ran `range` of the sequence's tokens between `start` and
+    /// `end` (for its trace); `decode`: one token after cached ones;
+    /// `sampled`: the step produced its next token.
+    fn ran(&mut self, _run: StepRun) {}
+    /// The planner took the sequence's KV blocks back (it is recomputed).
+    fn preempted(&mut self) {}
+}
+
+/// One sequence's part of a step, as [`SequenceSink::ran`] hears it.
+#[derive(Clone, Debug)]
+pub struct StepRun {
+    pub range: std::ops::Range<usize>,
+    pub decode: bool,
+    pub sampled: bool,
+    pub start: std::time::SystemTime,
+    pub end: std::time::SystemTime,
 }
 
 /// Why a sequence ended without output.

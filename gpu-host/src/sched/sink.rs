@@ -18,8 +18,9 @@ use tokio::sync::mpsc::error::TrySendError;
 use super::counters::Counted;
 use super::error::SchedError;
 use super::job::{Event, EventSender};
-use super::sequence::{SequenceError, SequenceSink};
-use crate::engine::{Decoded, ForwardError, GenerateError, Piece};
+use super::sequence::{SequenceError, SequenceSink, StepRun};
+use super::trace::SeqTrace;
+use crate::engine::{Decoded, FinishReason, ForwardError, GenerateError, Piece};
 use crate::models::LoadedModel;
 
 type Item = Result<Event, SchedError>;
@@ -89,6 +90,7 @@ pub(crate) struct StreamSink {
     counters: Counted,
     stage: Stage,
     answered: bool,
+    trace: SeqTrace,
 }
 
 impl StreamSink {
@@ -98,6 +100,7 @@ impl StreamSink {
         prompt_tokens: usize,
         outbox: Rc<RefCell<Outbox>>,
         counters: Counted,
+        trace: SeqTrace,
     ) -> StreamSink {
         StreamSink {
             model,
@@ -106,6 +109,7 @@ impl StreamSink {
             counters,
             stage: Stage::Queued,
             answered: false,
+            trace,
         }
     }
 
@@ -120,6 +124,7 @@ impl StreamSink {
 
     fn fail(&mut self, error: SchedError) {
         self.answered = true;
+        self.trace.finish(error.kind(), true, None);
         self.outbox.borrow_mut().push(Err(error));
     }
 }
@@ -130,6 +135,7 @@ impl SequenceSink for StreamSink {
             self.counters.start();
             self.stage = Stage::Running;
         }
+        self.trace.joined();
         let started = Event::Started {
             prompt_tokens: self.prompt_tokens,
             model: self.model.name.clone(),
@@ -171,6 +177,11 @@ impl SequenceSink for StreamSink {
         match result {
             Ok(done) => {
                 self.answered = true;
+                let reason = match done.finish_reason {
+                    FinishReason::Stop => "stop",
+                    FinishReason::Length => "length",
+                };
+                self.trace.finish(reason, false, Some(done.tokens.len()));
                 self.send(Event::Finished {
                     reason: done.finish_reason,
                     prompt_tokens: self.prompt_tokens,
@@ -194,6 +205,14 @@ impl SequenceSink for StreamSink {
             // Validated before queueing; kept as the client's fault should it happen.
             Err(SequenceError::Generate(e)) => self.fail(SchedError::BadRequest(e)),
         }
+    }
+
+    fn ran(&mut self, run: StepRun) {
+        self.trace.ran(&run);
+    }
+
+    fn preempted(&mut self) {
+        self.trace.preempted();
     }
 }
 

@@ -123,13 +123,13 @@ impl LaneListeners {
             state.next += 1;
             match self.start(tenant, cpus, number, routes()) {
                 Ok(lane) => {
-                    eprintln!(
+                    tracing::info!(
                         "lane for tenant `{tenant}`: listening on {} on CPUs {cpus:?}",
                         lane.target
                     );
                     state.lanes.insert(tenant.clone(), lane);
                 }
-                Err(e) => eprintln!(
+                Err(e) => tracing::warn!(
                     "lane for tenant `{tenant}`: not started, the main listener serves it: {e}"
                 ),
             }
@@ -266,7 +266,7 @@ impl Lane {
                 true
             }
             Err(e) => {
-                eprintln!("lane for tenant `{tenant}`: re-pinning to CPUs {cpus:?}: {e}");
+                tracing::warn!("lane for tenant `{tenant}`: re-pinning to CPUs {cpus:?}: {e}");
                 false
             }
         }
@@ -354,7 +354,7 @@ fn run(
         }
     });
     if let Err(e) = served {
-        eprintln!("lane for tenant `{tenant}`: stopped serving: {e}");
+        tracing::warn!("lane for tenant `{tenant}`: stopped serving: {e}");
     }
 }
 

@@ -260,12 +260,12 @@ impl Server {
             config.scrub,
             move || listed.all(),
             |model: &crate::models::LoadedModel, reason: &str| {
-                eprintln!("model `{}` taken out of service: {reason}", model.name);
+                tracing::warn!("model `{}` taken out of service: {reason}", model.name);
             },
         )
         .map_err(ServeError::Scrub)?;
         if config.test_hooks == TestHooks::Enabled {
-            eprintln!("WARNING: test hooks are enabled; never run a real host like this");
+            tracing::warn!("WARNING: test hooks are enabled; never run a real host like this");
         }
         Ok(Server {
             listen: config.listen,

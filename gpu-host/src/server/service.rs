@@ -16,7 +16,7 @@ use tonic::{Request, Response, Status};
 use super::auth::BearerAuth;
 use super::lanes::LaneListeners;
 use super::wire::{self, StreamItem};
-use crate::sched::{Event, Job, Partitions, SchedError};
+use crate::sched::{Event, Job, Partitions, SchedError, SeqTrace};
 use bulkhead_protocol::digest::Hash;
 
 use super::request::to_engine;
@@ -120,6 +120,8 @@ impl GpuHost for GpuHostService {
         &self,
         request: Request<v1::GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
+        // The caller's trace (W3C `traceparent` in the metadata), if any.
+        let parent = bulkhead_telemetry::propagation::extract(request.metadata().as_ref());
         let req = request.into_inner();
         let model = self.model(&req.model)?;
         if let Some(reason) = model.weights.unavailable_reason() {
@@ -131,12 +133,20 @@ impl GpuHost for GpuHostService {
         }
         let engine_request = to_engine(&model, &req)?;
         let (events, stream) = mpsc::channel(EVENT_BUFFER);
+        let trace = SeqTrace::start(
+            &parent,
+            &req.tenant,
+            &model.name,
+            u32::try_from(engine_request.max_tokens).unwrap_or(u32::MAX),
+            engine_request.prompt_tokens.len(),
+        );
         self.partitions.submit(Job {
             model,
             request: engine_request,
             tenant: req.tenant.clone(),
             priority: req.priority.unwrap_or(0),
             events,
+            trace,
         })?;
         Ok(Response::new(
             ReceiverStream::new(stream).map(wire::stream_item as ToWire),
@@ -196,7 +206,7 @@ impl GpuHost for GpuHostService {
                     Some(lane) => format!("{} on cores {:?}, lane {lane}", p.id, p.units),
                 })
                 .collect();
-            eprintln!(
+            tracing::info!(
                 "partitions: layout {} ({})",
                 layout.epoch,
                 described.join(", ")
@@ -240,7 +250,7 @@ impl GpuHost for GpuHostService {
         let offset = req.offset;
         flip_resident_bit(bytes, at)
             .map_err(|e| Status::internal(format!("flipping a bit: {e}")))?;
-        eprintln!(
+        tracing::warn!(
             "TEST HOOK: flipped a bit of `{}` at byte {offset}",
             model.name
         );
@@ -279,9 +289,10 @@ impl GpuHost for GpuHostService {
                 LoadRefused::Invalid(_) => Status::invalid_argument(e.to_string()),
             })?;
         let load_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        eprintln!(
+        tracing::info!(
             "loaded model `{}` ({}) in {load_ms} ms, every byte verified",
-            loaded.name, loaded.digest
+            loaded.name,
+            loaded.digest
         );
         Ok(Response::new(v1::LoadModelResponse {
             model: Some(model_info(&loaded)),
@@ -296,7 +307,7 @@ impl GpuHost for GpuHostService {
         let name = request.into_inner().name;
         match self.registry.remove(&name) {
             Some(_) => {
-                eprintln!("unloaded model `{name}`");
+                tracing::info!("unloaded model `{name}`");
                 Ok(Response::new(v1::UnloadModelResponse {}))
             }
             None => Err(Status::not_found(format!("model `{name}` is not loaded"))),

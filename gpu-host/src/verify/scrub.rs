@@ -191,7 +191,9 @@ impl Scrubber {
             .recv()
             .map_err(|_| std::io::Error::other("the scrub's hashing thread ended at start"))?;
         if let Err(err) = idle::set_idle(hasher_tid) {
-            eprintln!("the weight scrub hashes at normal priority: SCHED_IDLE was refused ({err})");
+            tracing::warn!(
+                "the weight scrub hashes at normal priority: SCHED_IDLE was refused ({err})"
+            );
         }
         let floor = Floor {
             bytes_per_s: config.min_bytes_per_s.min(config.bytes_per_s),

@@ -184,6 +184,15 @@ pub(super) fn check_gateway(
         ),
     };
 
+    if let Some(telemetry) = &file.telemetry {
+        // The file alone: the variables are the running process's and are
+        // checked when it starts.
+        if let Err(e) =
+            bulkhead_telemetry::Settings::resolve(telemetry.get_ref(), "bulkhead", |_| None)
+        {
+            errors.push(source.error_at(telemetry.span(), e.to_string()));
+        }
+    }
     let plugins = check_plugins(dir, source, file.plugins.as_ref(), errors);
     let state = super::state::check_state(dir, source, file.state.as_ref(), errors);
     let audit = file

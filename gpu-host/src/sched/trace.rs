@@ -1,0 +1,194 @@
+//! One generation's spans on the gpu-host, continuing the caller's trace
+//! (the W3C context the gateway sent in the gRPC metadata).
+//!
+//! ```text
+//! gpu_host.generate (server; tenant, model, tokens, finish reason, preemptions)
+//!   ├─ queue          submit → joined a batch
+//!   ├─ prefill        one per prompt chunk run (again after a preemption)
+//!   └─ decode         first token → end (time to first token, tokens,
+//!                     time per output token as attributes)
+//! ```
+//!
+//! The scheduler runs many sequences per step on one thread, so the spans
+//! are written afterwards with the times they were observed at, through
+//! the OpenTelemetry API (not `tracing`, whose spans are timed by
+//! enter/exit). When the caller's trace is not sampled, or export is off,
+//! nothing is recorded and a [`SeqTrace`] is an empty `Option`.
+
+use std::time::SystemTime;
+
+use opentelemetry::trace::{Span, SpanKind, TraceContextExt, Tracer};
+use opentelemetry::{Context, KeyValue, global};
+
+use super::sequence::StepRun;
+
+/// The spans of one generation.
+#[derive(Debug, Default)]
+pub(crate) struct SeqTrace(Option<Box<Recording>>);
+
+#[derive(Debug)]
+struct Recording {
+    /// Holds the `gpu_host.generate` span.
+    cx: Context,
+    queued_at: SystemTime,
+    joined: bool,
+    first_token_at: Option<SystemTime>,
+    last_token_at: Option<SystemTime>,
+    tokens: u64,
+    prompt_tokens: usize,
+}
+
+/// The tracer's name on exported spans.
+const TRACER: &str = "bulkhead-gpu-host";
+
+impl SeqTrace {
+    /// Starts the server span of a generation under `parent` (the caller's
+    /// context, or an empty one: a new trace).
+    pub(crate) fn start(
+        parent: &Context,
+        tenant: &str,
+        model: &str,
+        max_tokens: u32,
+        prompt_tokens: usize,
+    ) -> SeqTrace {
+        let tracer = global::tracer(TRACER);
+        let span = tracer
+            .span_builder("gpu_host.generate")
+            .with_kind(SpanKind::Server)
+            .with_attributes([
+                KeyValue::new("bulkhead.tenant", tenant.to_string()),
+                KeyValue::new("gen_ai.request.model", model.to_string()),
+                KeyValue::new("gen_ai.request.max_tokens", i64::from(max_tokens)),
+            ])
+            .start_with_context(&tracer, parent);
+        if !span.is_recording() {
+            return SeqTrace(None);
+        }
+        SeqTrace(Some(Box::new(Recording {
+            cx: parent.with_span(span),
+            queued_at: SystemTime::now(),
+            joined: false,
+            first_token_at: None,
+            last_token_at: None,
+            tokens: 0,
+            prompt_tokens,
+        })))
+    }
+
+    /// The sequence joined a batch: the queue wait ends.
+    pub(crate) fn joined(&mut self) {
+        let Some(r) = self.0.as_deref_mut() else {
+            return;
+        };
+        if !r.joined {
+            r.joined = true;
+            r.child("queue", r.queued_at, SystemTime::now(), Vec::new());
+        }
+    }
+
+    /// A step ran part of the sequence.
+    pub(crate) fn ran(&mut self, run: &StepRun) {
+        let Some(r) = self.0.as_deref_mut() else {
+            return;
+        };
+        let StepRun {
+            range,
+            decode,
+            sampled,
+            start,
+            end,
+        } = run.clone();
+        if !decode {
+            let attributes = vec![
+                KeyValue::new("bulkhead.prefill.tokens", range.len() as i64),
+                KeyValue::new("bulkhead.prefill.start", range.start as i64),
+            ];
+            r.child("prefill", start, end, attributes);
+        }
+        if sampled {
+            r.tokens += 1;
+            r.first_token_at.get_or_insert(end);
+            r.last_token_at = Some(end);
+        }
+    }
+
+    /// The planner took the sequence's blocks back; it is recomputed.
+    pub(crate) fn preempted(&mut self) {
+        if let Some(r) = self.0.as_deref_mut() {
+            r.cx.span().add_event("preempted", Vec::new());
+        }
+    }
+
+    /// The generation ended: `outcome` is the finish reason (`stop`,
+    /// `length`) or why it failed (`failed`); `completion_tokens` is the
+    /// host's count when it has one, else the tokens sampled.
+    pub(crate) fn finish(&mut self, outcome: &str, failed: bool, completion_tokens: Option<usize>) {
+        let Some(r) = self.0.take() else {
+            return;
+        };
+        let completion_tokens = completion_tokens.unwrap_or(r.tokens as usize);
+        let prompt_tokens = r.prompt_tokens;
+        let now = SystemTime::now();
+        if let Some(first) = r.first_token_at {
+            let ttft = first.duration_since(r.queued_at).unwrap_or_default();
+            let mut attributes = vec![
+                KeyValue::new("gen_ai.usage.output_tokens", completion_tokens as i64),
+                KeyValue::new("bulkhead.time_to_first_token_ms", ttft.as_secs_f64() * 1e3),
+            ];
+            if let (Some(last), true) = (r.last_token_at, r.tokens > 1) {
+                let per = last.duration_since(first).unwrap_or_default() / (r.tokens - 1) as u32;
+                attributes.push(KeyValue::new(
+                    "bulkhead.time_per_output_token_ms",
+                    per.as_secs_f64() * 1e3,
+                ));
+            }
+            r.child("decode", first, now, attributes);
+        }
+        let span = r.cx.span();
+        span.set_attribute(KeyValue::new(
+            "gen_ai.usage.input_tokens",
+            prompt_tokens as i64,
+        ));
+        span.set_attribute(KeyValue::new(
+            "gen_ai.usage.output_tokens",
+            completion_tokens as i64,
+        ));
+        if failed {
+            span.set_attribute(KeyValue::new("error.type", outcome.to_string()));
+            span.set_status(opentelemetry::trace::Status::error(outcome.to_string()));
+        } else {
+            span.set_attribute(KeyValue::new(
+                "gen_ai.response.finish_reasons",
+                opentelemetry::Value::Array(
+                    vec![opentelemetry::StringValue::from(outcome.to_string())].into(),
+                ),
+            ));
+        }
+        span.end_with_timestamp(now);
+    }
+}
+
+impl Drop for SeqTrace {
+    fn drop(&mut self) {
+        // A sequence that ended without `finish` (the client left).
+        self.finish("cancelled", true, None);
+    }
+}
+
+impl Recording {
+    fn child(
+        &self,
+        name: &'static str,
+        start: SystemTime,
+        end: SystemTime,
+        attributes: Vec<KeyValue>,
+    ) {
+        let tracer = global::tracer(TRACER);
+        let mut span = tracer
+            .span_builder(name)
+            .with_start_time(start)
+            .with_attributes(attributes)
+            .start_with_context(&tracer, &self.cx);
+        span.end_with_timestamp(end);
+    }
+}

@@ -1,0 +1,197 @@
+//! Installs the process's logs and, when configured, its trace export.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use opentelemetry::KeyValue;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{SpanExporter, WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+use tracing_subscriber::filter::{EnvFilter, filter_fn};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::{Layer, Registry};
+
+use crate::Error;
+use crate::export::{QueueProcessor, SpanCounts};
+use crate::logs::{DISPATCH, JsonLines, LogFormat};
+use crate::settings::{Protocol, SamplerChoice, Settings};
+
+/// Telemetry in force; dropping it exports what is queued (waiting at
+/// most [`SHUTDOWN_WAIT`]).
+#[derive(Debug)]
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+    counts: Option<Arc<SpanCounts>>,
+    settings: Option<Settings>,
+    format: LogFormat,
+}
+
+/// Longest the last export waits at exit.
+pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
+
+impl Telemetry {
+    /// What happened to this process's spans; `None` when not exporting.
+    pub fn span_counts(&self) -> Option<Arc<SpanCounts>> {
+        self.counts.clone()
+    }
+
+    /// The export settings in force; `None` when not exporting.
+    pub fn settings(&self) -> Option<&Settings> {
+        self.settings.as_ref()
+    }
+
+    /// How log lines are written.
+    pub fn log_format(&self) -> LogFormat {
+        self.format
+    }
+
+    /// Exports every finished span now (tests, and before exit).
+    pub fn flush(&self) {
+        if let Some(provider) = &self.provider {
+            let _ = provider.force_flush();
+        }
+    }
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        if let Some(provider) = self.provider.take() {
+            let _ = provider.shutdown_with_timeout(SHUTDOWN_WAIT);
+        }
+    }
+}
+
+/// Installs logs in `format` on stderr (filtered by `RUST_LOG`, default
+/// `default_filter`) and, with `settings`, the OTLP trace export. Once per
+/// process.
+pub fn init(
+    format: LogFormat,
+    default_filter: &str,
+    settings: Option<Settings>,
+) -> Result<Telemetry, Error> {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let logs = match format {
+        LogFormat::Text => fmt
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_filter(filter)
+            .boxed(),
+        LogFormat::Json => fmt
+            .with_ansi(false)
+            .event_format(JsonLines)
+            .with_filter(filter)
+            .boxed(),
+    };
+    let (provider, counts, spans) = match &settings {
+        None => (None, None, None),
+        Some(s) => {
+            let processor = processor(s)?;
+            let counts = processor.counts();
+            let provider = SdkTracerProvider::builder()
+                .with_span_processor(processor)
+                .with_sampler(sampler(s.sampler))
+                .with_resource(resource(s))
+                .build();
+            let tracer = provider.tracer("bulkhead");
+            // Our spans only: no library's, and no log line as a span event.
+            let ours = filter_fn(|meta| meta.is_span() && meta.target().starts_with("bulkhead"));
+            let layer = tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .with_threads(false)
+                .with_location(false)
+                .with_target(false)
+                .with_tracked_inactivity(false)
+                .with_filter(ours);
+            opentelemetry::global::set_tracer_provider(provider.clone());
+            opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+            (Some(provider), Some(counts), Some(layer))
+        }
+    };
+    let subscriber = Registry::default().with(logs).with(spans);
+    tracing::subscriber::set_global_default(subscriber)
+        .map_err(|e| Error::Start(format!("logging was set up twice: {e}")))?;
+    tracing::dispatcher::get_default(|d| {
+        let _ = DISPATCH.set(d.downgrade());
+    });
+    Ok(Telemetry {
+        provider,
+        counts,
+        settings,
+        format,
+    })
+}
+
+fn processor(s: &Settings) -> Result<QueueProcessor, Error> {
+    let (endpoint, timeout) = (s.endpoint.clone(), s.export_timeout);
+    let built = |e: opentelemetry_otlp::ExporterBuildError| {
+        Error::Start(format!(
+            "the OTLP exporter for {endpoint_name}: {e}",
+            endpoint_name = "traces"
+        ))
+    };
+    match s.protocol {
+        Protocol::Grpc => QueueProcessor::start(s, resource(s), move || {
+            let mut builder = SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(endpoint.clone())
+                .with_timeout(timeout);
+            if endpoint.starts_with("https://") {
+                use opentelemetry_otlp::WithTonicConfig;
+                builder = builder
+                    .with_tls_config(tonic::transport::ClientTlsConfig::new().with_native_roots());
+            }
+            builder.build().map_err(built)
+        }),
+        Protocol::HttpProtobuf => {
+            if endpoint.starts_with("https://") {
+                return Err(Error::Setting {
+                    from: "endpoint".into(),
+                    why: format!(
+                        "`{endpoint}`: HTTPS export is supported over grpc only; use \
+                         protocol grpc, or a collector on http:// (a local agent)"
+                    ),
+                });
+            }
+            QueueProcessor::start(s, resource(s), move || {
+                let client =
+                    opentelemetry_http::hyper::HyperClient::with_default_connector(timeout, None);
+                SpanExporter::builder()
+                    .with_http()
+                    .with_http_client(client)
+                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                    .with_endpoint(endpoint.clone())
+                    .with_timeout(timeout)
+                    .build()
+                    .map_err(built)
+            })
+        }
+    }
+}
+
+fn sampler(choice: SamplerChoice) -> Sampler {
+    match choice {
+        SamplerChoice::AlwaysOn => Sampler::AlwaysOn,
+        SamplerChoice::AlwaysOff => Sampler::AlwaysOff,
+        SamplerChoice::TraceIdRatio(r) => Sampler::TraceIdRatioBased(r),
+        SamplerChoice::ParentBasedAlwaysOn => Sampler::ParentBased(Box::new(Sampler::AlwaysOn)),
+        SamplerChoice::ParentBasedAlwaysOff => Sampler::ParentBased(Box::new(Sampler::AlwaysOff)),
+        SamplerChoice::ParentBasedTraceIdRatio(r) => {
+            Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(r)))
+        }
+    }
+}
+
+fn resource(s: &Settings) -> Resource {
+    Resource::builder_empty()
+        .with_service_name(s.service_name.clone())
+        .with_attributes(
+            s.resource
+                .iter()
+                .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
+        )
+        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+        .build()
+}

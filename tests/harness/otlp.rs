@@ -47,7 +47,16 @@ impl ReceivedSpan {
     }
 }
 
-type Spans = Arc<Mutex<Vec<ReceivedSpan>>>;
+/// What the receiver keeps: every span (tests), or a count (benches,
+/// where keeping millions of spans would cost more than the gateway).
+#[derive(Debug, Default)]
+struct Kept {
+    spans: Mutex<Vec<ReceivedSpan>>,
+    count_only: bool,
+    count: std::sync::atomic::AtomicU64,
+}
+
+type Spans = Arc<Kept>;
 
 /// A running receiver; stops when dropped.
 #[derive(Debug)]
@@ -61,7 +70,12 @@ pub struct Receiver {
 impl Receiver {
     /// gRPC (`OTEL_EXPORTER_OTLP_PROTOCOL=grpc`) on a free loopback port.
     pub fn grpc() -> Receiver {
-        Receiver::start(|listener, spans, stop| {
+        Receiver::grpc_on("127.0.0.1:0", false)
+    }
+
+    /// gRPC on `addr`; with `count_only` it counts spans and keeps none.
+    pub fn grpc_on(addr: &str, count_only: bool) -> Receiver {
+        Receiver::start(addr, count_only, |listener, spans, stop| {
             Box::pin(async move {
                 let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
                 let _ = tonic::transport::Server::builder()
@@ -76,7 +90,7 @@ impl Receiver {
 
     /// HTTP/protobuf (`http/protobuf`) on a free loopback port.
     pub fn http() -> Receiver {
-        Receiver::start(|listener, spans, stop| {
+        Receiver::start("127.0.0.1:0", false, |listener, spans, stop| {
             Box::pin(async move {
                 let app = axum::Router::new().route(
                     "/v1/traces",
@@ -113,6 +127,8 @@ impl Receiver {
     }
 
     fn start(
+        addr: &str,
+        count_only: bool,
         serve: impl FnOnce(
             tokio::net::TcpListener,
             Spans,
@@ -121,7 +137,11 @@ impl Receiver {
         + Send
         + 'static,
     ) -> Receiver {
-        let spans: Spans = Arc::default();
+        let spans: Spans = Arc::new(Kept {
+            count_only,
+            ..Kept::default()
+        });
+        let addr = addr.to_string();
         let (stop, stopped) = oneshot::channel();
         let (bound_tx, bound_rx) = std::sync::mpsc::channel();
         let kept = Arc::clone(&spans);
@@ -131,9 +151,9 @@ impl Receiver {
                 .build()
                 .expect("a runtime");
             runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                let listener = tokio::net::TcpListener::bind(&addr)
                     .await
-                    .expect("a free port");
+                    .unwrap_or_else(|e| panic!("binding {addr}: {e}"));
                 bound_tx.send(listener.local_addr().unwrap()).unwrap();
                 serve(listener, kept, stopped).await;
             });
@@ -154,7 +174,12 @@ impl Receiver {
 
     /// Every span received so far.
     pub fn spans(&self) -> Vec<ReceivedSpan> {
-        self.spans.lock().unwrap().clone()
+        self.spans.spans.lock().unwrap().clone()
+    }
+
+    /// How many spans arrived.
+    pub fn count(&self) -> u64 {
+        self.spans.count.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The spans of trace `trace_id` once `done` says they are all there,
@@ -213,7 +238,19 @@ impl TraceService for Collector {
 }
 
 fn keep(spans: &Spans, request: ExportTraceServiceRequest) {
-    let mut kept = spans.lock().unwrap();
+    let n: usize = request
+        .resource_spans
+        .iter()
+        .flat_map(|r| &r.scope_spans)
+        .map(|s| s.spans.len())
+        .sum();
+    spans
+        .count
+        .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    if spans.count_only {
+        return;
+    }
+    let mut kept = spans.spans.lock().unwrap();
     for resource_spans in request.resource_spans {
         let service = resource_spans
             .resource

@@ -1599,3 +1599,38 @@ fn a_postgres_state_store_is_read_and_its_audit_log_needs_a_key() {
         "{found:#?}"
     );
 }
+
+#[test]
+fn telemetry_and_log_tables_are_checked_with_where_they_are() {
+    let folder = valid_folder();
+    folder.write(
+        "gateway.toml",
+        format!(
+            "{GATEWAY}\n[telemetry]\nendpoint = \"http://collector:4317\"\nsampler = \"traceidratio\"\n\
+             sampler_arg = 0.5\n\n[log]\nformat = \"json\"\n"
+        ),
+    );
+    load_ok(&folder);
+    let lines = GATEWAY.lines().count();
+    folder.write(
+        "gateway.toml",
+        format!(
+            "{GATEWAY}\n[telemetry]\nendpoint = \"http://collector:4317\"\nsampler = \"often\"\n"
+        ),
+    );
+    let found = errors(&folder);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].starts_with(&format!("gateway.toml:{}:", lines + 2))
+            && found[0].contains("[telemetry] sampler: sampler `often` is not one of"),
+        "{found:?}"
+    );
+    for (table, why) in [
+        ("[telemetry]\nendpont = \"x\"\n", "unknown field `endpont`"),
+        ("[log]\nformat = \"xml\"\n", "unknown variant `xml`"),
+    ] {
+        folder.write("gateway.toml", format!("{GATEWAY}\n{table}"));
+        let found = errors(&folder);
+        assert!(found.len() == 1 && found[0].contains(why), "{found:?}");
+    }
+}

@@ -85,6 +85,8 @@ pub enum ServeError {
     Registration(#[from] RegistrationError),
     #[error("the state database: {0}")]
     State(bulkhead_state::StateError),
+    #[error(transparent)]
+    Usage(#[from] crate::limits::JournalError),
 }
 
 /// Runs the gateway until `shutdown` resolves, then stops accepting, lets
@@ -259,6 +261,9 @@ pub async fn serve(
             .map_err(ServeError::LimitStore)?,
         ),
     };
+    let usage = crate::limits::UsageBook::new();
+    let journal = open_usage(gateway.usage_dir.as_ref(), &usage).await?;
+    let usage_flusher = journal.clone().map(|j| tokio::spawn(flush_usage(j)));
     let app = App {
         snapshot,
         shared_limits,
@@ -268,7 +273,7 @@ pub async fn serve(
         plugins,
         plugin_gate: HookGate::new(gateway.plugins.max_concurrent_calls),
         audit,
-        usage: crate::limits::UsageBook::new(),
+        usage,
         plugin_changes: crate::limits::ChangeLimiter::new(crate::limits::LimitClock::monotonic()),
     };
     let max_body_bytes = usize::try_from(gateway.max_body_bytes).unwrap_or(usize::MAX);
@@ -351,7 +356,56 @@ pub async fn serve(
     if let Some(supervisor) = supervisor {
         supervisor.stop().await;
     }
+    if let (Some(flusher), Some(journal)) = (usage_flusher, journal) {
+        // The last counts, once no stream is running.
+        flusher.abort();
+        let flushed = tokio::task::spawn_blocking(move || journal.flush()).await;
+        if let Ok(Err(e)) = flushed {
+            tracing::error!("the last usage counts were not written: {e}");
+        }
+    }
     Ok(())
+}
+
+/// The usage journal of `dir`, read back into `book`; `None` without one.
+async fn open_usage(
+    dir: Option<&PathBuf>,
+    book: &crate::limits::UsageBook,
+) -> Result<Option<Arc<crate::limits::Journal>>, ServeError> {
+    let Some(dir) = dir.cloned() else {
+        return Ok(None);
+    };
+    let book = book.clone();
+    let journal = tokio::task::spawn_blocking(move || crate::limits::Journal::open(&dir, &book))
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
+    Ok(Some(Arc::new(journal)))
+}
+
+/// Writes what the usage book gained every [`crate::limits::FLUSH_EVERY`];
+/// a failure is logged once until a write works again (the counts stay in
+/// memory and go out with the next write that works).
+async fn flush_usage(journal: Arc<crate::limits::Journal>) {
+    let mut tick = tokio::time::interval(crate::limits::FLUSH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tick.tick().await;
+        let journal = Arc::clone(&journal);
+        match tokio::task::spawn_blocking(move || journal.flush()).await {
+            Ok(Ok(_)) if failing => {
+                failing = false;
+                tracing::info!("usage is written again");
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if !failing => {
+                failing = true;
+                tracing::error!("usage could not be written (kept in memory, retried): {e}");
+            }
+            Ok(Err(_)) => {}
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
 }
 
 /// The tenants that have a dedicated partition in `report`.
@@ -569,12 +623,13 @@ fn warn_restart_only_changes(running: &policy::GatewaySettings, new: &policy::Ga
         || running.plugins.max_concurrent_calls != new.plugins.max_concurrent_calls
         || running.audit != new.audit
         || running.models_registry != new.models_registry
+        || running.usage_dir != new.usage_dir
         || running.limit_store != new.limit_store
         || running.state != new.state
     {
         tracing::warn!(
             "gateway.toml changed listen, [admin] listen, max_body_bytes, the upstream, the plugin store or \
-             max_concurrent_calls, the audit log, the model registry, the [limits] store or [state]; \
+             max_concurrent_calls, the audit log, the model registry, [usage], the [limits] store or [state]; \
              those take effect at the next restart (the rest, models included, is live)"
         );
     }

@@ -13,8 +13,9 @@ fn main() -> std::process::ExitCode {
     // Logs go to stderr; `RUST_LOG` overrides the default `info`. `serve`
     // reads `[log]` and `[telemetry]` first, so that every line of its
     // start is in the configured format.
-    let setup = cli::telemetry_setup(&args)
-        .and_then(|(format, settings)| Ok(bulkhead_telemetry::init(format, "info", settings)?));
+    let setup = cli::telemetry_setup(&args).and_then(|(format, settings)| {
+        Ok(bulkhead_telemetry::init(format, "info", settings, true)?)
+    });
     let telemetry = match setup {
         Ok(telemetry) => telemetry,
         Err(err) => {

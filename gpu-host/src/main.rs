@@ -41,9 +41,11 @@ fn telemetry(args: &cli::Args) -> anyhow::Result<bulkhead_telemetry::Telemetry> 
     } else {
         None
     };
+    // Traces only: the gateway exports the GenAI metrics.
     Ok(bulkhead_telemetry::init(
         args.log_format(),
         "info",
         settings,
+        false,
     )?)
 }

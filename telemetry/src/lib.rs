@@ -11,6 +11,7 @@
 
 mod export;
 mod logs;
+mod metrics;
 pub mod propagation;
 mod settings;
 mod setup;

@@ -32,6 +32,8 @@ pub struct TelemetryFile {
     pub max_queue_spans: Option<usize>,
     /// Longest one export may take, in milliseconds (default 10000).
     pub export_timeout_ms: Option<u64>,
+    /// How often metrics are exported, in milliseconds (default 60000).
+    pub metric_interval_ms: Option<u64>,
 }
 
 /// How spans travel to the collector.
@@ -112,12 +114,16 @@ pub struct Settings {
     /// Where spans go: for gRPC the collector's address, for HTTP the
     /// whole URL of the traces path.
     pub endpoint: String,
+    /// Where metrics go (the same rule); `None` when only the traces'
+    /// own variable names a collector.
+    pub metrics_endpoint: Option<String>,
     pub protocol: Protocol,
     pub service_name: String,
     pub sampler: SamplerChoice,
     pub resource: BTreeMap<String, String>,
     pub max_queue_spans: usize,
     pub export_timeout: Duration,
+    pub metric_interval: Duration,
 }
 
 /// Most spans an export carries.
@@ -125,6 +131,7 @@ pub const MAX_EXPORT_BATCH: usize = 512;
 const DEFAULT_QUEUE: usize = 2048;
 const MAX_QUEUE: usize = 1 << 20;
 const DEFAULT_EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_METRIC_INTERVAL: Duration = Duration::from_secs(60);
 
 impl Settings {
     /// `file` merged with the variables `env` reads (the variables win);
@@ -150,16 +157,27 @@ impl Settings {
             },
         };
         let protocol = Protocol::parse(protocol.trim(), protocol_from)?;
-        let endpoint = if let Some(url) = var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
-            // The signal's own variable is the whole URL, as given.
-            checked_url(&url, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")?
-        } else if let Some(base) = var("OTEL_EXPORTER_OTLP_ENDPOINT") {
-            signal_url(&base, protocol, "OTEL_EXPORTER_OTLP_ENDPOINT")?
-        } else if let Some(base) = file.endpoint.as_deref().filter(|e| !e.trim().is_empty()) {
-            signal_url(base, protocol, "[telemetry] endpoint")?
-        } else {
+        let base = match var("OTEL_EXPORTER_OTLP_ENDPOINT") {
+            Some(base) => Some((base, "OTEL_EXPORTER_OTLP_ENDPOINT")),
+            None => file
+                .endpoint
+                .clone()
+                .filter(|e| !e.trim().is_empty())
+                .map(|e| (e, "[telemetry] endpoint")),
+        };
+        // A signal's own variable is the whole URL, as given; the base gets
+        // the signal's path over HTTP.
+        let signal = |own: &str, path: &str| -> Result<Option<String>, Error> {
+            match (var(own), &base) {
+                (Some(url), _) => checked_url(&url, own).map(Some),
+                (None, Some((base, from))) => signal_url(base, protocol, path, from).map(Some),
+                (None, None) => Ok(None),
+            }
+        };
+        let Some(endpoint) = signal("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "traces")? else {
             return Ok(None);
         };
+        let metrics_endpoint = signal("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "metrics")?;
         let service_name = var("OTEL_SERVICE_NAME")
             .or_else(|| file.service_name.clone())
             .unwrap_or_else(|| default_service.to_string());
@@ -201,14 +219,23 @@ impl Settings {
                 });
             }
         };
+        let metric_interval = match var("OTEL_METRIC_EXPORT_INTERVAL") {
+            Some(ms) => milliseconds(&ms, "OTEL_METRIC_EXPORT_INTERVAL")?,
+            None => match file.metric_interval_ms {
+                Some(ms) => milliseconds(&ms.to_string(), "[telemetry] metric_interval_ms")?,
+                None => DEFAULT_METRIC_INTERVAL,
+            },
+        };
         Ok(Some(Settings {
             endpoint,
+            metrics_endpoint,
             protocol,
             service_name,
             sampler,
             resource,
             max_queue_spans,
             export_timeout,
+            metric_interval,
         }))
     }
 
@@ -261,14 +288,25 @@ fn checked_url(url: &str, from: &str) -> Result<String, Error> {
     }
 }
 
-/// The traces URL of a base endpoint: gRPC uses it as is, HTTP appends
-/// `v1/traces` to its path (the specification's rule for the base variable).
-fn signal_url(base: &str, protocol: Protocol, from: &str) -> Result<String, Error> {
+/// A signal's URL from a base endpoint: gRPC uses it as is, HTTP appends
+/// `v1/SIGNAL` to its path (the specification's rule for the base variable).
+fn signal_url(base: &str, protocol: Protocol, signal: &str, from: &str) -> Result<String, Error> {
     let base = checked_url(base, from)?;
     Ok(match protocol {
         Protocol::Grpc => base,
-        Protocol::HttpProtobuf => format!("{}/v1/traces", base.trim_end_matches('/')),
+        Protocol::HttpProtobuf => format!("{}/v1/{signal}", base.trim_end_matches('/')),
     })
+}
+
+/// A period in milliseconds, 100 ms to a day.
+fn milliseconds(text: &str, from: &str) -> Result<Duration, Error> {
+    match text.trim().parse::<u64>() {
+        Ok(ms @ 100..=86_400_000) => Ok(Duration::from_millis(ms)),
+        _ => Err(Error::Setting {
+            from: from.to_string(),
+            why: format!("`{text}` is not a number of milliseconds from 100 to 86400000"),
+        }),
+    }
 }
 
 /// `key1=value1,key2=value2`, values percent-decoded (W3C Baggage octets).
@@ -380,6 +418,10 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(s.endpoint, "http://env:4318/v1/traces");
+        assert_eq!(
+            s.metrics_endpoint.as_deref(),
+            Some("http://env:4318/v1/metrics")
+        );
         assert_eq!(s.protocol, Protocol::HttpProtobuf);
         assert_eq!(s.service_name, "from-env");
         assert_eq!(s.sampler, SamplerChoice::ParentBasedTraceIdRatio(0.25));
@@ -412,6 +454,7 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(s.endpoint, "http://c:4318/custom");
+        assert_eq!(s.metrics_endpoint, None, "no base: metrics stay off");
     }
 
     #[test]
@@ -446,6 +489,11 @@ mod tests {
                 file("http://c:1"),
                 vec![("OTEL_RESOURCE_ATTRIBUTES", "novalue")],
                 "OTEL_RESOURCE_ATTRIBUTES",
+            ),
+            (
+                file("http://c:1"),
+                vec![("OTEL_METRIC_EXPORT_INTERVAL", "5")],
+                "OTEL_METRIC_EXPORT_INTERVAL",
             ),
             (
                 TelemetryFile {

@@ -5,10 +5,14 @@ use std::time::Duration;
 
 use opentelemetry::KeyValue;
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::{SpanExporter, WithExportConfig, WithHttpConfig};
+use opentelemetry_otlp::{
+    MetricExporter, SpanExporter, WithExportConfig, WithHttpConfig, WithTonicConfig,
+};
 use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+use tokio::runtime::Handle;
 use tracing_subscriber::filter::{EnvFilter, filter_fn};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::{Layer, Registry};
@@ -16,6 +20,7 @@ use tracing_subscriber::{Layer, Registry};
 use crate::Error;
 use crate::export::{QueueProcessor, SpanCounts};
 use crate::logs::{DISPATCH, JsonLines, LogFormat};
+use crate::metrics::OnRuntime;
 use crate::settings::{Protocol, SamplerChoice, Settings};
 
 /// Telemetry in force; dropping it exports what is queued (waiting at
@@ -23,6 +28,9 @@ use crate::settings::{Protocol, SamplerChoice, Settings};
 #[derive(Debug)]
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
+    meters: Option<SdkMeterProvider>,
+    /// Runs the exporters (`otel-export`); dropped last.
+    runtime: Option<tokio::runtime::Runtime>,
     counts: Option<Arc<SpanCounts>>,
     settings: Option<Settings>,
     format: LogFormat,
@@ -52,6 +60,9 @@ impl Telemetry {
         if let Some(provider) = &self.provider {
             let _ = provider.force_flush();
         }
+        if let Some(meters) = &self.meters {
+            let _ = meters.force_flush();
+        }
     }
 }
 
@@ -60,16 +71,24 @@ impl Drop for Telemetry {
         if let Some(provider) = self.provider.take() {
             let _ = provider.shutdown_with_timeout(SHUTDOWN_WAIT);
         }
+        if let Some(meters) = self.meters.take() {
+            let _ = meters.shutdown_with_timeout(SHUTDOWN_WAIT);
+        }
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(Duration::from_secs(1));
+        }
     }
 }
 
 /// Installs logs in `format` on stderr (filtered by `RUST_LOG`, default
-/// `default_filter`) and, with `settings`, the OTLP trace export. Once per
-/// process.
+/// `default_filter`) and, with `settings`, the OTLP trace export, and the
+/// metric export when `settings` has a metrics endpoint and `metrics` asks
+/// for it. Once per process, outside any Tokio runtime.
 pub fn init(
     format: LogFormat,
     default_filter: &str,
     settings: Option<Settings>,
+    metrics: bool,
 ) -> Result<Telemetry, Error> {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
@@ -85,10 +104,31 @@ pub fn init(
             .with_filter(filter)
             .boxed(),
     };
-    let (provider, counts, spans) = match &settings {
-        None => (None, None, None),
-        Some(s) => {
-            let processor = processor(s)?;
+    let runtime = match &settings {
+        None => None,
+        Some(_) => Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("otel-export")
+                .enable_all()
+                .build()
+                .map_err(|e| Error::Start(format!("the export runtime: {e}")))?,
+        ),
+    };
+    let meters = match (&settings, &runtime) {
+        (Some(s), Some(rt)) if metrics => match &s.metrics_endpoint {
+            Some(endpoint) => {
+                let provider = meter_provider(s, endpoint, rt.handle())?;
+                opentelemetry::global::set_meter_provider(provider.clone());
+                Some(provider)
+            }
+            None => None,
+        },
+        _ => None,
+    };
+    let (provider, counts, spans) = match (&settings, &runtime) {
+        (Some(s), Some(rt)) => {
+            let processor = processor(s, rt.handle())?;
             let counts = processor.counts();
             let provider = SdkTracerProvider::builder()
                 .with_span_processor(processor)
@@ -104,11 +144,15 @@ pub fn init(
                 .with_location(false)
                 .with_target(false)
                 .with_tracked_inactivity(false)
+                // Nothing reads the thread's current OpenTelemetry context
+                // (spans go by the `tracing` tree): no attach per poll.
+                .with_context_activation(false)
                 .with_filter(ours);
             opentelemetry::global::set_tracer_provider(provider.clone());
             opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
             (Some(provider), Some(counts), Some(layer))
         }
+        _ => (None, None, None),
     };
     let subscriber = Registry::default().with(logs).with(spans);
     tracing::subscriber::set_global_default(subscriber)
@@ -118,44 +162,34 @@ pub fn init(
     });
     Ok(Telemetry {
         provider,
+        meters,
+        runtime,
         counts,
         settings,
         format,
     })
 }
 
-fn processor(s: &Settings) -> Result<QueueProcessor, Error> {
+fn processor(s: &Settings, runtime: &Handle) -> Result<QueueProcessor, Error> {
     let (endpoint, timeout) = (s.endpoint.clone(), s.export_timeout);
     let built = |e: opentelemetry_otlp::ExporterBuildError| {
-        Error::Start(format!(
-            "the OTLP exporter for {endpoint_name}: {e}",
-            endpoint_name = "traces"
-        ))
+        Error::Start(format!("the OTLP exporter for traces: {e}"))
     };
     match s.protocol {
-        Protocol::Grpc => QueueProcessor::start(s, resource(s), move || {
+        Protocol::Grpc => QueueProcessor::start(runtime, s, resource(s), || {
             let mut builder = SpanExporter::builder()
                 .with_tonic()
                 .with_endpoint(endpoint.clone())
                 .with_timeout(timeout);
             if endpoint.starts_with("https://") {
-                use opentelemetry_otlp::WithTonicConfig;
                 builder = builder
                     .with_tls_config(tonic::transport::ClientTlsConfig::new().with_native_roots());
             }
             builder.build().map_err(built)
         }),
         Protocol::HttpProtobuf => {
-            if endpoint.starts_with("https://") {
-                return Err(Error::Setting {
-                    from: "endpoint".into(),
-                    why: format!(
-                        "`{endpoint}`: HTTPS export is supported over grpc only; use \
-                         protocol grpc, or a collector on http:// (a local agent)"
-                    ),
-                });
-            }
-            QueueProcessor::start(s, resource(s), move || {
+            https_refused(&endpoint)?;
+            QueueProcessor::start(runtime, s, resource(s), || {
                 let client =
                     opentelemetry_http::hyper::HyperClient::with_default_connector(timeout, None);
                 SpanExporter::builder()
@@ -169,6 +203,74 @@ fn processor(s: &Settings) -> Result<QueueProcessor, Error> {
             })
         }
     }
+}
+
+/// Metrics every `metric_interval`, cumulative, to `endpoint`.
+fn meter_provider(
+    s: &Settings,
+    endpoint: &str,
+    runtime: &Handle,
+) -> Result<SdkMeterProvider, Error> {
+    let built = |e: opentelemetry_otlp::ExporterBuildError| {
+        Error::Start(format!("the OTLP exporter for metrics: {e}"))
+    };
+    let exporter = {
+        let _inside = runtime.enter();
+        match s.protocol {
+            Protocol::Grpc => {
+                let mut builder = MetricExporter::builder()
+                    .with_tonic()
+                    .with_endpoint(endpoint)
+                    .with_timeout(s.export_timeout);
+                if endpoint.starts_with("https://") {
+                    builder = builder.with_tls_config(
+                        tonic::transport::ClientTlsConfig::new().with_native_roots(),
+                    );
+                }
+                builder.build().map_err(built)?
+            }
+            Protocol::HttpProtobuf => {
+                https_refused(endpoint)?;
+                let client = opentelemetry_http::hyper::HyperClient::with_default_connector(
+                    s.export_timeout,
+                    None,
+                );
+                MetricExporter::builder()
+                    .with_http()
+                    .with_http_client(client)
+                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                    .with_endpoint(endpoint)
+                    .with_timeout(s.export_timeout)
+                    .build()
+                    .map_err(built)?
+            }
+        }
+    };
+    let exporter = OnRuntime {
+        inner: exporter,
+        runtime: runtime.clone(),
+    };
+    let reader = PeriodicReader::builder(exporter)
+        .with_interval(s.metric_interval)
+        .build();
+    Ok(SdkMeterProvider::builder()
+        .with_reader(reader)
+        .with_resource(resource(s))
+        .build())
+}
+
+/// HTTP/protobuf export is plain HTTP only.
+fn https_refused(endpoint: &str) -> Result<(), Error> {
+    if endpoint.starts_with("https://") {
+        return Err(Error::Setting {
+            from: "endpoint".into(),
+            why: format!(
+                "`{endpoint}`: HTTPS export is supported over grpc only; use protocol grpc, \
+                 or a collector on http:// (a local agent)"
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn sampler(choice: SamplerChoice) -> Sampler {

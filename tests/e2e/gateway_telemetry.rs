@@ -71,7 +71,8 @@ fn one_trace_runs_from_the_clients_traceparent_through_plugins_to_the_gpu_host()
         &format!("[telemetry]\nendpoint = \"{}\"\n", receiver.endpoint()),
         "[plugins]\non_request = [\"pii-redact\"]\n",
     );
-    let gateway = Gateway::start(&policies);
+    // Metrics every half second, so the test sees them soon.
+    let gateway = Gateway::start_with_env(&policies, &[("OTEL_METRIC_EXPORT_INTERVAL", "500")]);
     let token = policies.token("demo", &[]);
     let uploader = policies.token("demo", &["--scope", "plugins:write"]);
     let plugin = example("pii-redact");
@@ -241,6 +242,65 @@ fn one_trace_runs_from_the_clients_traceparent_through_plugins_to_the_gpu_host()
         .admin
         .metric("bulkhead_trace_spans_total", &[("outcome", "exported")]);
     assert!(metric >= 5.0, "{metric}");
+
+    // The GenAI metrics of that one generation, with tenant and model.
+    let labels = [
+        ("gen_ai.operation.name", json!("chat")),
+        ("gen_ai.request.model", json!(MODEL)),
+        ("bulkhead.tenant", json!("demo")),
+    ];
+    let latest = |name: &str, extra: Option<(&str, Value)>| {
+        let wait = std::time::Instant::now() + EXPORTED;
+        loop {
+            let found = receiver.points().into_iter().rev().find(|p| {
+                p.metric == name
+                    && labels.iter().all(|(k, v)| p.attributes.get(*k) == Some(v))
+                    && extra
+                        .as_ref()
+                        .is_none_or(|(k, v)| p.attributes.get(*k) == Some(v))
+            });
+            if let Some(point) = found {
+                assert_eq!(point.service, "bulkhead");
+                return point;
+            }
+            assert!(
+                std::time::Instant::now() < wait,
+                "no {name}: {:#?}",
+                receiver.points()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let input = latest(
+        "gen_ai.client.token.usage",
+        Some(("gen_ai.token.type", json!("input"))),
+    );
+    assert_eq!(
+        (input.count, input.sum),
+        (1, usage["prompt_tokens"].as_f64().unwrap())
+    );
+    let output = latest(
+        "gen_ai.client.token.usage",
+        Some(("gen_ai.token.type", json!("output"))),
+    );
+    assert_eq!(
+        (output.count, output.sum),
+        (1, usage["completion_tokens"].as_f64().unwrap())
+    );
+    let duration = latest("gen_ai.server.request.duration", None);
+    let ttft = latest("gen_ai.server.time_to_first_token", None);
+    assert_eq!(
+        (duration.count, ttft.count, duration.unit.as_str()),
+        (1, 1, "s")
+    );
+    assert!(
+        0.0 < ttft.sum && ttft.sum <= duration.sum,
+        "{ttft:?} {duration:?}"
+    );
+    if usage["completion_tokens"].as_u64().unwrap() > 1 {
+        let per = latest("gen_ai.server.time_per_output_token", None);
+        assert!(per.count == 1 && per.sum > 0.0, "{per:?}");
+    }
 }
 
 #[test]
@@ -345,4 +405,127 @@ fn a_dead_collector_costs_requests_nothing_and_json_logs_carry_the_trace() {
     for l in text.lines().filter(|l| !l.trim().is_empty()) {
         assert!(serde_json::from_str::<Value>(l).is_ok(), "not JSON: {l}");
     }
+}
+
+#[test]
+fn hourly_usage_with_gpu_seconds_survives_a_restart_and_exports_as_csv() {
+    let usage_dir =
+        std::env::temp_dir().join(format!("bulkhead-e2e-usage-journal-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&usage_dir);
+    let policies = policies(
+        "usage",
+        &format!("[usage]\ndir = \"{}\"\n", usage_dir.display()),
+        "",
+    );
+    let operator = policies.operator_token(&["usage:read"], &[]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    // The hour now, as the API writes it, and the range around it.
+    let hour = |secs: u64| {
+        let out = std::process::Command::new("date")
+            .args(["-u", "-d", &format!("@{secs}"), "+%Y-%m-%dT%H"])
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let (from, to) = (hour(now - 3600), hour(now + 2 * 3600));
+    let query = format!("/admin/v1/usage?from={from}&to={to}&tenant=demo");
+
+    let gateway = Gateway::start(&policies);
+    let token = policies.token("demo", &[]);
+    let mut expected = (0u64, 0u64, 0u64);
+    for max_tokens in [3, 5] {
+        let r = gateway.request(
+            "POST",
+            "/v1/chat/completions",
+            Some(&token),
+            Some(&chat(max_tokens)),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        let u = &r.json()["usage"];
+        expected.0 += 1;
+        expected.1 += u["prompt_tokens"].as_u64().unwrap();
+        expected.2 += u["completion_tokens"].as_u64().unwrap();
+    }
+    let rows = |gateway: &Gateway| {
+        let r = gateway.admin.request("GET", &query, Some(&operator), None);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["data"].as_array().unwrap().clone()
+    };
+    let before = rows(&gateway);
+    assert_eq!(before.len(), 1, "{before:?}");
+    let row = &before[0];
+    assert_eq!(
+        (row["tenant"].as_str(), row["model"].as_str()),
+        (Some("demo"), Some(MODEL))
+    );
+    assert_eq!(
+        (
+            row["requests"].as_u64().unwrap(),
+            row["prompt_tokens"].as_u64().unwrap(),
+            row["completion_tokens"].as_u64().unwrap()
+        ),
+        expected
+    );
+    let gpu_seconds = row["gpu_seconds"].as_f64().unwrap();
+    assert!(gpu_seconds > 0.0 && gpu_seconds < 60.0, "{row}");
+    assert!(row["hour"].as_str().unwrap().ends_with(":00:00Z"), "{row}");
+
+    // Bad ranges are named.
+    for (bad, param) in [
+        (format!("/admin/v1/usage?from={from}"), "to"),
+        (
+            "/admin/v1/usage?from=yesterday&to=2027-01-01".to_string(),
+            "from",
+        ),
+        (format!("/admin/v1/usage?from={to}&to={from}"), "to"),
+        (
+            format!("/admin/v1/usage?from={from}&to={to}&days=3"),
+            "days",
+        ),
+    ] {
+        let r = gateway.admin.request("GET", &bad, Some(&operator), None);
+        assert_eq!(r.status, 400, "{bad}: {}", r.body);
+        assert_eq!(r.json()["error"]["param"], param, "{bad}: {}", r.body);
+    }
+
+    // A restart reads the journal back: the same counts.
+    let status = gateway.terminate();
+    assert!(status.success(), "{status}");
+    let gateway = Gateway::start(&policies);
+    assert_eq!(rows(&gateway), before);
+
+    // The CLI's export of the same hours.
+    let admin_url = format!("http://{}", gateway.admin.addr);
+    let (ok, csv) = bulkhead_tests::cli(&[
+        "usage", "export", "--url", &admin_url, "--token", &operator, "--from", &from, "--to", &to,
+    ]);
+    assert!(ok, "{csv}");
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        lines[0],
+        "hour,tenant,model,requests,prompt_tokens,completion_tokens,gpu_seconds"
+    );
+    assert_eq!(
+        lines[1],
+        format!(
+            "{},demo,{MODEL},{},{},{},{}",
+            row["hour"].as_str().unwrap(),
+            expected.0,
+            expected.1,
+            expected.2,
+            row["gpu_seconds"]
+        )
+    );
+    let (ok, jsonl) = bulkhead_tests::cli(&[
+        "usage", "export", "--url", &admin_url, "--token", &operator, "--from", &from, "--to", &to,
+        "--format", "jsonl",
+    ]);
+    assert!(ok, "{jsonl}");
+    let line: Value = serde_json::from_str(jsonl.lines().next().unwrap()).unwrap();
+    assert_eq!(line["requests"], json!(expected.0));
+    drop(gateway);
+    let _ = std::fs::remove_dir_all(&usage_dir);
 }

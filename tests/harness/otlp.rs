@@ -8,13 +8,20 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+    MetricsService, MetricsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
-use opentelemetry_proto::tonic::common::v1::{AnyValue, any_value};
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use opentelemetry_proto::tonic::metrics::v1::metric;
 use prost::Message;
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -52,11 +59,24 @@ impl ReceivedSpan {
 #[derive(Debug, Default)]
 struct Kept {
     spans: Mutex<Vec<ReceivedSpan>>,
+    points: Mutex<Vec<ReceivedPoint>>,
     count_only: bool,
     count: std::sync::atomic::AtomicU64,
 }
 
 type Spans = Arc<Kept>;
+
+/// One histogram data point as received (the latest export of it wins:
+/// the gateway exports cumulative values).
+#[derive(Clone, Debug)]
+pub struct ReceivedPoint {
+    pub service: String,
+    pub metric: String,
+    pub unit: String,
+    pub attributes: BTreeMap<String, Value>,
+    pub count: u64,
+    pub sum: f64,
+}
 
 /// A running receiver; stops when dropped.
 #[derive(Debug)]
@@ -79,7 +99,8 @@ impl Receiver {
             Box::pin(async move {
                 let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
                 let _ = tonic::transport::Server::builder()
-                    .add_service(TraceServiceServer::new(Collector(spans)))
+                    .add_service(TraceServiceServer::new(Collector(Arc::clone(&spans))))
+                    .add_service(MetricsServiceServer::new(Collector(spans)))
                     .serve_with_incoming_shutdown(incoming, async {
                         let _ = stop.await;
                     })
@@ -177,6 +198,11 @@ impl Receiver {
         self.spans.spans.lock().unwrap().clone()
     }
 
+    /// Every histogram point received so far (gRPC only), latest last.
+    pub fn points(&self) -> Vec<ReceivedPoint> {
+        self.spans.points.lock().unwrap().clone()
+    }
+
     /// How many spans arrived.
     pub fn count(&self) -> u64 {
         self.spans.count.load(std::sync::atomic::Ordering::Relaxed)
@@ -237,6 +263,53 @@ impl TraceService for Collector {
     }
 }
 
+#[tonic::async_trait]
+impl MetricsService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        let mut points = self.0.points.lock().unwrap();
+        for resource in request.into_inner().resource_metrics {
+            let service = service_name(resource.resource.iter().flat_map(|r| &r.attributes));
+            for scope in resource.scope_metrics {
+                for m in scope.metrics {
+                    let Some(metric::Data::Histogram(h)) = m.data else {
+                        continue;
+                    };
+                    for p in h.data_points {
+                        points.push(ReceivedPoint {
+                            service: service.clone(),
+                            metric: m.name.clone(),
+                            unit: m.unit.clone(),
+                            attributes: attributes(&p.attributes),
+                            count: p.count,
+                            sum: p.sum.unwrap_or(0.0),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
+    }
+}
+
+fn service_name<'a>(attributes: impl Iterator<Item = &'a KeyValue>) -> String {
+    attributes
+        .into_iter()
+        .find(|kv| kv.key == "service.name")
+        .and_then(|kv| kv.value.as_ref())
+        .map(json)
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+fn attributes(kvs: &[KeyValue]) -> BTreeMap<String, Value> {
+    kvs.iter()
+        .map(|kv| (kv.key.clone(), kv.value.as_ref().map_or(Value::Null, json)))
+        .collect()
+}
+
 fn keep(spans: &Spans, request: ExportTraceServiceRequest) {
     let n: usize = request
         .resource_spans
@@ -252,15 +325,7 @@ fn keep(spans: &Spans, request: ExportTraceServiceRequest) {
     }
     let mut kept = spans.spans.lock().unwrap();
     for resource_spans in request.resource_spans {
-        let service = resource_spans
-            .resource
-            .iter()
-            .flat_map(|r| &r.attributes)
-            .find(|kv| kv.key == "service.name")
-            .and_then(|kv| kv.value.as_ref())
-            .map(json)
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
+        let service = service_name(resource_spans.resource.iter().flat_map(|r| &r.attributes));
         for scope in resource_spans.scope_spans {
             for span in scope.spans {
                 kept.push(ReceivedSpan {
@@ -270,11 +335,7 @@ fn keep(spans: &Spans, request: ExportTraceServiceRequest) {
                     span_id: hex(&span.span_id),
                     parent_span_id: hex(&span.parent_span_id),
                     kind: span.kind,
-                    attributes: span
-                        .attributes
-                        .iter()
-                        .map(|kv| (kv.key.clone(), kv.value.as_ref().map_or(Value::Null, json)))
-                        .collect(),
+                    attributes: attributes(&span.attributes),
                     events: span.events.iter().map(|e| e.name.clone()).collect(),
                     start_unix_ns: span.start_time_unix_nano,
                     end_unix_ns: span.end_time_unix_nano,

@@ -240,6 +240,10 @@ impl QueryParams {
             })
             .transpose()
     }
+
+    pub fn text(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
+    }
 }
 
 pub fn range_error(param: &str, message: String) -> ApiError {

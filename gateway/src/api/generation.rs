@@ -16,7 +16,7 @@ use futures_util::{Stream, StreamExt};
 use super::error::ApiError;
 use super::respond::{Finish, ResponseMeta, Usage};
 use crate::limits::{Admission, RequestUsage};
-use crate::metrics::{Metrics, OpenStream, TenantLabels, TokenLabels};
+use crate::metrics::{GenAiCall, Metrics, OpenStream, TenantLabels, TokenLabels};
 use crate::pipeline::Hooks;
 use crate::upstream::{self, Events, Started, UpstreamError};
 
@@ -41,6 +41,8 @@ pub struct Generation {
     usage: RequestUsage,
     started_at: Instant,
     first_text_seen: bool,
+    /// When the first text arrived (time per output token after it).
+    first_text_at: Option<Instant>,
     /// Counted in `bulkhead_upstream_streams_open` while this lives.
     _open: OpenStream,
     spans: GenerationSpans,
@@ -110,6 +112,7 @@ impl Generation {
             usage: context.usage,
             started_at: context.started_at,
             first_text_seen: false,
+            first_text_at: None,
             _open: open,
             spans: context.spans,
         }
@@ -135,14 +138,22 @@ impl Generation {
                     }
                     if !self.first_text_seen {
                         self.first_text_seen = true;
+                        self.first_text_at = Some(Instant::now());
+                        let ttft = self.started_at.elapsed().as_secs_f64();
                         self.metrics
                             .time_to_first_token
                             .get_or_create(&self.tenant_labels())
-                            .observe(self.started_at.elapsed().as_secs_f64());
+                            .observe(ttft);
+                        self.metrics.gen_ai.first_token(self.gen_ai_call(), ttft);
                     }
                     return Ok(Piece::Text(text));
                 }
-                Some(upstream::Event::Finished { finish, usage }) => {
+                Some(upstream::Event::Finished {
+                    finish,
+                    usage,
+                    compute_us,
+                }) => {
+                    self.usage.compute(compute_us);
                     let finish = match finish {
                         upstream::Finish::Length => Finish::Length,
                         upstream::Finish::Stop => Finish::Stop,
@@ -163,6 +174,18 @@ impl Generation {
                         .latency
                         .get_or_create(&self.tenant_labels())
                         .observe(self.started_at.elapsed().as_secs_f64());
+                    let per_output_token = match (self.first_text_at, usage.completion_tokens) {
+                        (Some(first), n) if n > 1 => {
+                            Some(first.elapsed().as_secs_f64() / f64::from(n - 1))
+                        }
+                        _ => None,
+                    };
+                    self.metrics.gen_ai.finished(
+                        self.gen_ai_call(),
+                        (usage.prompt_tokens, usage.completion_tokens),
+                        self.started_at.elapsed().as_secs_f64(),
+                        per_output_token,
+                    );
                     super::trace::record_finish(
                         &self.spans.request,
                         finish.as_str(),
@@ -184,6 +207,17 @@ impl Generation {
             .deadline
             .min(tokio::time::Instant::now() + TRAILERS_WAIT);
         let _ = tokio::time::timeout_at(until, self.events.close()).await;
+    }
+
+    fn gen_ai_call(&self) -> GenAiCall<'_> {
+        GenAiCall {
+            operation: match self.meta.endpoint {
+                super::openai::Endpoint::Chat => "chat",
+                super::openai::Endpoint::Completion => "text_completion",
+            },
+            model: &self.meta.model,
+            tenant: &self.tenant,
+        }
     }
 
     fn tenant_labels(&self) -> TenantLabels {

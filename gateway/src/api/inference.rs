@@ -34,7 +34,7 @@ use super::respond::ResponseMeta;
 use super::{App, random_seed, request_id, trace};
 use crate::Snapshot;
 use crate::audit::time::Timestamp;
-use crate::limits::{Admission, OnStoreError, StoreUnavailable, day_of};
+use crate::limits::{Admission, OnStoreError, StoreUnavailable, hour_of};
 use crate::metrics::{RequestLabels, TenantLabels};
 use crate::pipeline::{Hooks, TenantRules, effective_max_tokens};
 use crate::policy::TenantPolicy;
@@ -457,7 +457,7 @@ async fn run(processed: Processed<'_>, call: &Call<'_>) -> Result<Response, ApiE
             metrics: Arc::clone(&app.metrics),
             usage: app
                 .usage
-                .start(&tenant.id, &registration.name, day_of(SystemTime::now())),
+                .start(&tenant.id, &registration.name, hour_of(SystemTime::now())),
             started_at,
             spans: GenerationSpans {
                 request: request_span,

@@ -9,7 +9,8 @@
 //!   its RFC 9162 inclusion proof against the current signed checkpoint,
 //!   so a tenant can check its actions are in the log without seeing
 //!   anyone else's.
-//! - `GET /admin/v1/usage` (operator, `usage:read`): every tenant's usage.
+//! - `GET /admin/v1/usage` (operator, `usage:read`): every tenant's usage,
+//!   by day, or by hour with GPU-seconds for billing (`from`, `to`).
 //! - `GET /admin/v1/tenants` (operator, `tenants:read`): every tenant's
 //!   effective policy (never key material).
 
@@ -27,7 +28,7 @@ use super::App;
 use super::audit::{Params, QueryParams, audit_error, audit_log, encode, range_error, raw_json};
 use super::error::ApiError;
 use super::identity::{OperatorCall, TenantCall};
-use crate::limits::{KEPT_DAYS, Totals, day_of, day_text};
+use crate::limits::{KEPT_DAYS, Totals, day_of, day_text, hour_text, parse_hour};
 use crate::policy::TenantPolicy;
 
 /// Days of usage shown when `days` is not given.
@@ -53,7 +54,8 @@ pub async fn usage(
     json_or_error(result)
 }
 
-/// `GET /admin/v1/usage?days=N&tenant=ID`.
+/// `GET /admin/v1/usage?days=N&tenant=ID`, or hourly with
+/// `from=TIME&to=TIME` (`[from, to)`, UTC hours).
 pub async fn all_usage(
     State(app): State<App>,
     Extension(_): Extension<OperatorCall>,
@@ -64,7 +66,12 @@ pub async fn all_usage(
             Ok(query) => query.0.get("tenant").cloned(),
             Err(_) => None,
         };
-        let from = first_day(params, &["days", "tenant"])?;
+        let hourly = matches!(&params, Ok(q) if q.0.contains_key("from") || q.0.contains_key("to"));
+        if hourly {
+            let query = QueryParams::new(params, &["from", "to", "tenant"])?;
+            return hourly_usage(&app, &query, tenant.as_deref());
+        }
+        let from = first_day(params, &["days", "tenant", "from", "to"])?;
         let tenants = match tenant {
             Some(tenant) => vec![tenant],
             None => app.usage.tenants(),
@@ -76,6 +83,66 @@ pub async fn all_usage(
         Ok::<_, ApiError>(json!({"object": "list", "data": data}))
     })();
     json_or_error(result)
+}
+
+/// Most hours one hourly query covers: all that is kept.
+const MAX_USAGE_HOURS: u32 = KEPT_DAYS * 24;
+
+/// The hourly rows of `[from, to)` (both required), for billing.
+fn hourly_usage(app: &App, query: &QueryParams, tenant: Option<&str>) -> Result<Value, ApiError> {
+    let hour = |name: &str| -> Result<u32, ApiError> {
+        let text = query.text(name).ok_or_else(|| {
+            usage_range(
+                name,
+                format!("`{name}` is required with an hourly query (`from` and `to`)"),
+            )
+        })?;
+        parse_hour(text).ok_or_else(|| {
+            usage_range(
+                name,
+                format!("`{name}` is `{text}`; expected a UTC date or time: YYYY-MM-DD, YYYY-MM-DDTHH or YYYY-MM-DDTHH:MM:SSZ"),
+            )
+        })
+    };
+    let (from, to) = (hour("from")?, hour("to")?);
+    if to <= from || to - from > MAX_USAGE_HOURS {
+        return Err(usage_range(
+            "to",
+            format!(
+                "`to` must be after `from` and at most {KEPT_DAYS} days later (usage is kept that long)"
+            ),
+        ));
+    }
+    let data: Vec<Value> = app
+        .usage
+        .hours(tenant, from, to)
+        .into_iter()
+        .map(|row| {
+            let t = row.totals;
+            json!({
+                "hour": hour_text(row.hour),
+                "tenant": row.tenant,
+                "model": row.model,
+                "requests": t.requests,
+                "prompt_tokens": t.prompt_tokens,
+                "completion_tokens": t.completion_tokens,
+                "total_tokens": t.prompt_tokens + t.completion_tokens,
+                "gpu_seconds": t.compute_us as f64 / 1e6,
+            })
+        })
+        .collect();
+    Ok(json!({
+        "object": "list",
+        "from": hour_text(from),
+        "to": hour_text(to),
+        "data": data,
+    }))
+}
+
+fn usage_range(param: &str, message: String) -> ApiError {
+    let mut error = ApiError::invalid_param(param, message);
+    error.code = "invalid_usage_range";
+    error
 }
 
 /// The first day `days` (default [`DEFAULT_USAGE_DAYS`], at most
@@ -103,6 +170,7 @@ fn usage_rows(app: &App, tenant: &str, from: u32, with_tenant: bool) -> Vec<Valu
                 requests,
                 prompt_tokens,
                 completion_tokens,
+                compute_us,
             } = totals;
             let mut row = json!({
                 "date": day_text(day),
@@ -111,6 +179,7 @@ fn usage_rows(app: &App, tenant: &str, from: u32, with_tenant: bool) -> Vec<Valu
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens,
+                "gpu_seconds": compute_us as f64 / 1e6,
             });
             if with_tenant {
                 row["tenant"] = json!(tenant);

@@ -9,6 +9,7 @@ mod policy;
 mod serve;
 mod state;
 mod token;
+mod usage;
 
 use std::process::ExitCode;
 
@@ -44,6 +45,8 @@ enum Command {
     /// Move state into the database replicas share (today: the audit log
     /// only; plugins and registrations are not in PostgreSQL yet)
     State(state::StateArgs),
+    /// Export hourly usage for billing from a running gateway
+    Usage(usage::UsageArgs),
     /// Serve the OpenAI-compatible API until SIGINT/SIGTERM (starting a local
     /// gpu-host unless gateway.toml names an upstream).
     Serve(serve::ServeArgs),
@@ -73,6 +76,7 @@ pub fn run(args: Args, telemetry: &bulkhead_telemetry::Telemetry) -> anyhow::Res
         Command::Serve(a) => serve::run(a, telemetry),
         Command::Audit(args) => audit::run(args),
         Command::State(args) => state::run(args),
+        Command::Usage(args) => usage::run(args),
     }
 }
 

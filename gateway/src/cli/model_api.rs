@@ -28,6 +28,16 @@ pub struct Remote {
     token: Option<String>,
 }
 
+impl Remote {
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+}
+
 /// `register DIR --signature SIG --name NAME [--file F]`.
 pub fn register(
     remote: &Remote,
@@ -124,7 +134,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 /// Percent-encodes everything but unreserved characters (model names are
 /// those already; anything else is the server's to refuse).
-fn url_segment(text: &str) -> String {
+pub(super) fn url_segment(text: &str) -> String {
     text.bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {

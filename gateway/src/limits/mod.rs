@@ -61,7 +61,11 @@ pub use shape::{ShapeError, check_request_shape};
 pub use shared::{SharedLimits, StoreUnavailable};
 pub use store::{LimitStore, OnStoreError, RedisStore};
 pub use tokens::TokenReservation;
-pub use usage::{Day, KEPT_DAYS, RequestUsage, Totals, UsageBook, day_of, day_text};
+pub use usage::journal::{FLUSH_EVERY, Journal, JournalError};
+pub use usage::{
+    Day, Hour, HourRow, KEPT_DAYS, RequestUsage, Totals, UsageBook, day_of, day_text, hour_of,
+    hour_text, parse_hour,
+};
 
 /// Every tenant's limiters, for one version of the policy.
 #[derive(Debug)]

@@ -390,6 +390,7 @@ fn builds_from_a_policy() {
             audit: None,
             state: None,
             models_registry: None,
+            usage_dir: None,
         },
         tenants: BTreeMap::from([("acme".to_owned(), tenant)]),
         files: Vec::new(),

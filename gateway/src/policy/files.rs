@@ -56,6 +56,19 @@ pub struct GatewayFile {
     pub telemetry: Option<Spanned<bulkhead_telemetry::TelemetryFile>>,
     /// Log lines (`[log]`). Read at start.
     pub log: Option<LogFile>,
+    /// Usage kept for billing (`[usage]`).
+    pub usage: Option<UsageFile>,
+}
+
+/// `[usage]` in `gateway.toml`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UsageFile {
+    /// Folder where hourly usage is journaled so it survives a restart,
+    /// relative to the policy folder unless absolute, and outside it;
+    /// created (0700) if missing; one gateway each. Unset: usage counts
+    /// since the process started. Read at start only.
+    pub dir: Option<Spanned<PathBuf>>,
 }
 
 /// `[log]` in `gateway.toml`.

@@ -229,6 +229,8 @@ pub struct GatewaySettings {
     /// `[models] registry` (absolute): where API registrations are kept;
     /// `None`: registering through the API is off.
     pub models_registry: Option<PathBuf>,
+    /// `[usage] dir` (absolute): the usage journal; `None`: in memory.
+    pub usage_dir: Option<PathBuf>,
 }
 
 /// `[plugins]` of `gateway.toml`, with paths resolved.

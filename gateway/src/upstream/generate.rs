@@ -114,6 +114,8 @@ pub enum Event {
     Finished {
         finish: Finish,
         usage: Option<(u32, u32)>,
+        /// The host's compute time for it, in microseconds (0: not said).
+        compute_us: u64,
     },
 }
 
@@ -169,6 +171,7 @@ impl Events {
                 usage: finished
                     .usage
                     .map(|u| (u.prompt_tokens, u.completion_tokens)),
+                compute_us: finished.compute_us,
             })),
             Some(generate_event::Event::Started(_)) => {
                 Err(UpstreamError::Protocol("a second Started event".into()))

@@ -215,6 +215,7 @@ impl Batcher {
             };
             s.sink.ran(StepRun {
                 range: start_pos..start_pos + tokens.len(),
+                step_tokens: ran,
                 decode,
                 sampled: wants,
                 start: step_start,

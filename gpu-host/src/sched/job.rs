@@ -32,6 +32,8 @@ pub(crate) enum Event {
         reason: FinishReason,
         prompt_tokens: usize,
         completion_tokens: usize,
+        /// Its share of the steps it ran in, in microseconds.
+        compute_us: u64,
     },
 }
 

@@ -31,6 +31,8 @@ pub trait SequenceSink {
 #[derive(Clone, Debug)]
 pub struct StepRun {
     pub range: std::ops::Range<usize>,
+    /// Tokens the whole step ran, every sequence's together.
+    pub step_tokens: usize,
     pub decode: bool,
     pub sampled: bool,
     pub start: std::time::SystemTime,

@@ -91,6 +91,8 @@ pub(crate) struct StreamSink {
     stage: Stage,
     answered: bool,
     trace: SeqTrace,
+    /// Its share of the steps it ran in (usage is billed by it).
+    compute: std::time::Duration,
 }
 
 impl StreamSink {
@@ -110,6 +112,7 @@ impl StreamSink {
             stage: Stage::Queued,
             answered: false,
             trace,
+            compute: std::time::Duration::ZERO,
         }
     }
 
@@ -186,6 +189,7 @@ impl SequenceSink for StreamSink {
                     reason: done.finish_reason,
                     prompt_tokens: self.prompt_tokens,
                     completion_tokens: done.tokens.len(),
+                    compute_us: u64::try_from(self.compute.as_micros()).unwrap_or(u64::MAX),
                 });
             }
             Err(e @ (SequenceError::KvBudget { .. } | SequenceError::KvWait { .. })) => {
@@ -208,6 +212,10 @@ impl SequenceSink for StreamSink {
     }
 
     fn ran(&mut self, run: StepRun) {
+        // The step's time shared by the tokens each sequence ran in it.
+        let step = run.end.duration_since(run.start).unwrap_or_default();
+        let share = run.range.len() as f64 / run.step_tokens.max(1) as f64;
+        self.compute += step.mul_f64(share);
         self.trace.ran(&run);
     }
 

@@ -15,8 +15,10 @@
 //! enter/exit). When the caller's trace is not sampled, or export is off,
 //! nothing is recorded and a [`SeqTrace`] is an empty `Option`.
 
+use std::sync::OnceLock;
 use std::time::SystemTime;
 
+use opentelemetry::global::BoxedTracer;
 use opentelemetry::trace::{Span, SpanKind, TraceContextExt, Tracer};
 use opentelemetry::{Context, KeyValue, global};
 
@@ -41,6 +43,13 @@ struct Recording {
 /// The tracer's name on exported spans.
 const TRACER: &str = "bulkhead-gpu-host";
 
+/// The process's tracer, made once (telemetry is set up before any
+/// request; making one per span cost a scope and its allocations).
+fn tracer() -> &'static BoxedTracer {
+    static TRACER_ONCE: OnceLock<BoxedTracer> = OnceLock::new();
+    TRACER_ONCE.get_or_init(|| global::tracer(TRACER))
+}
+
 impl SeqTrace {
     /// Starts the server span of a generation under `parent` (the caller's
     /// context, or an empty one: a new trace).
@@ -51,7 +60,7 @@ impl SeqTrace {
         max_tokens: u32,
         prompt_tokens: usize,
     ) -> SeqTrace {
-        let tracer = global::tracer(TRACER);
+        let tracer = tracer();
         let span = tracer
             .span_builder("gpu_host.generate")
             .with_kind(SpanKind::Server)
@@ -60,7 +69,7 @@ impl SeqTrace {
                 KeyValue::new("gen_ai.request.model", model.to_string()),
                 KeyValue::new("gen_ai.request.max_tokens", i64::from(max_tokens)),
             ])
-            .start_with_context(&tracer, parent);
+            .start_with_context(tracer, parent);
         if !span.is_recording() {
             return SeqTrace(None);
         }
@@ -97,6 +106,7 @@ impl SeqTrace {
             sampled,
             start,
             end,
+            ..
         } = run.clone();
         if !decode {
             let attributes = vec![
@@ -183,12 +193,12 @@ impl Recording {
         end: SystemTime,
         attributes: Vec<KeyValue>,
     ) {
-        let tracer = global::tracer(TRACER);
+        let tracer = tracer();
         let mut span = tracer
             .span_builder(name)
             .with_start_time(start)
             .with_attributes(attributes)
-            .start_with_context(&tracer, &self.cx);
+            .start_with_context(tracer, &self.cx);
         span.end_with_timestamp(end);
     }
 }

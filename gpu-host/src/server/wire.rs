@@ -68,6 +68,7 @@ fn event(event: Event) -> v1::GenerateEvent {
             reason,
             prompt_tokens,
             completion_tokens,
+            compute_us,
         } => {
             let reason = match reason {
                 FinishReason::Stop => v1::FinishReason::Stop,
@@ -79,6 +80,7 @@ fn event(event: Event) -> v1::GenerateEvent {
                     prompt_tokens: small(prompt_tokens),
                     completion_tokens: small(completion_tokens),
                 }),
+                compute_us,
             })
         }
     };

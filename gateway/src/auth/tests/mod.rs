@@ -252,6 +252,7 @@ fn policy_with_operator(dir: &TempDir, tenants: Vec<TenantPolicy>, gateway_text:
             audit: None,
             state: None,
             models_registry: None,
+            usage_dir: None,
         },
         tenants: tenants
             .into_iter()

@@ -152,6 +152,24 @@ pub(super) fn check_gateway(
         .and_then(|state| state.store.as_ref())
         .is_some_and(|store| store.get_ref() != "files");
     let models_registry = check_registry(dir, source, file.models.as_ref(), errors);
+    let usage_dir = file
+        .usage
+        .as_ref()
+        .and_then(|u| u.dir.as_ref())
+        .map(|usage| {
+            let path = lexically_normal(&dir.join(usage.get_ref()));
+            if usage.get_ref().as_os_str().is_empty() || path.starts_with(lexically_normal(dir)) {
+                errors.push(source.error_at(
+                    usage.span(),
+                    format!(
+                        "the usage folder {} must be named and outside the policy folder, which is \
+                     watched for changes, e.g. \"../var/usage\"",
+                        path.display()
+                    ),
+                ));
+            }
+            path
+        });
     if in_database && let Some(registry) = file.models.as_ref().and_then(|m| m.registry.as_ref()) {
         errors.push(source.error_at(
             registry.span(),
@@ -214,6 +232,7 @@ pub(super) fn check_gateway(
             audit,
             state,
             models_registry,
+            usage_dir,
         },
         served_models: served_models.filter(|_| known),
         models,

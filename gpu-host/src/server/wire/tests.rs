@@ -142,6 +142,7 @@ fn a_streams_events_and_its_error_read_on_the_wire() {
             reason,
             prompt_tokens: 5,
             completion_tokens: usize::MAX,
+            compute_us: 1234,
         }))
         .unwrap();
         assert_eq!(
@@ -152,6 +153,7 @@ fn a_streams_events_and_its_error_read_on_the_wire() {
                     prompt_tokens: 5,
                     completion_tokens: u32::MAX,
                 }),
+                compute_us: 1234,
             }))
         );
     }

@@ -238,10 +238,14 @@ fn one_trace_runs_from_the_clients_traceparent_through_plugins_to_the_gpu_host()
             );
         }
     }
-    let metric = gateway
-        .admin
-        .metric("bulkhead_trace_spans_total", &[("outcome", "exported")]);
-    assert!(metric >= 5.0, "{metric}");
+    // Counted once the collector's answer is back, which may be after
+    // the receiver has the spans.
+    gateway.eventually("the exported spans counted", || {
+        gateway
+            .admin
+            .metric("bulkhead_trace_spans_total", &[("outcome", "exported")])
+            >= 5.0
+    });
 
     // The GenAI metrics of that one generation, with tenant and model.
     let labels = [

@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use bulkhead_audit::time::Timestamp;
+
 /// Days of usage kept per tenant; older days are dropped as new ones start.
 pub const KEPT_DAYS: u32 = 62;
 
@@ -134,82 +136,28 @@ pub fn hour_text(hour: Hour) -> String {
 }
 
 /// The [`Hour`] a `YYYY-MM-DD`, `YYYY-MM-DDTHH` or RFC 3339 UTC time
-/// (`...THH:MM:SSZ`) falls in; `None` when it is none of those.
+/// (`...THH:MM`, `...THH:MM:SS`, `...THH:MM:SS.mmm`, each with or without
+/// `Z`) falls in; `None` when it is none of those. The calendar is the
+/// audit log's ([`Timestamp::parse`]), given the full form.
 pub fn parse_hour(text: &str) -> Option<Hour> {
-    let (date, time) = match text.split_once('T') {
-        Some((date, time)) => (date, Some(time)),
-        None => (text, None),
+    let (date, time) = text.split_once('T').unwrap_or((text, "00"));
+    let time = time.strip_suffix('Z').unwrap_or(time);
+    let rest = match time.len() {
+        2 => ":00:00.000",
+        5 => ":00.000",
+        8 => ".000",
+        12 => "",
+        _ => return None,
     };
-    let mut parts = date.split('-');
-    let (y, m, d) = (parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some() || y.len() != 4 || m.len() != 2 || d.len() != 2 {
-        return None;
-    }
-    let (y, m, d): (i64, u32, u32) = (y.parse().ok()?, m.parse().ok()?, d.parse().ok()?);
-    if !(1..=12).contains(&m) || d == 0 || d > days_in_month(y, m) {
-        return None;
-    }
-    let hour = match time {
-        None => 0,
-        Some(t) => {
-            let t = t.strip_suffix('Z').unwrap_or(t);
-            let hh = t.get(..2)?;
-            let rest = &t[2..];
-            // Minutes and seconds may follow; they do not change the hour.
-            let ok = rest.is_empty()
-                || (rest.len() >= 3
-                    && rest.starts_with(':')
-                    && rest[1..]
-                        .chars()
-                        .all(|c| c.is_ascii_digit() || c == ':' || c == '.'));
-            if !ok || !hh.chars().all(|c| c.is_ascii_digit()) {
-                return None;
-            }
-            let hh: u32 = hh.parse().ok()?;
-            if hh > 23 {
-                return None;
-            }
-            hh
-        }
-    };
-    let days = days_from_civil(y, m, d);
-    u32::try_from(days * 24 + i64::from(hour)).ok()
-}
-
-fn days_in_month(y: i64, m: u32) -> u32 {
-    match m {
-        2 if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    }
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's
-/// days-from-civil).
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = i64::from((m + 9) % 12);
-    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    let millis = Timestamp::parse(&format!("{date}T{time}{rest}Z")).ok()?.0;
+    u32::try_from(millis / 3_600_000).ok()
 }
 
 /// `YYYY-MM-DD` of a [`Day`] (proleptic Gregorian).
 pub fn day_text(day: Day) -> String {
-    // Howard Hinnant's civil-from-days.
-    let z = i64::from(day) + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
+    let mut text = Timestamp(u64::from(day) * 86_400_000).to_string();
+    text.truncate(10);
+    text
 }
 
 type TenantBook = BTreeMap<(Hour, String), Arc<Counts>>;
@@ -493,8 +441,9 @@ mod tests {
         assert_eq!(parse_hour("2027-01-01"), Some(h));
         assert_eq!(parse_hour("2027-01-01T05"), Some(h + 5));
         assert_eq!(parse_hour("2027-01-01T05:59:59Z"), Some(h + 5));
+        assert_eq!(parse_hour("2027-01-01T05:59"), Some(h + 5));
         assert_eq!(
-            parse_hour("2000-02-29T00:00Z"),
+            parse_hour("2000-02-29T00:00:00.000Z"),
             Some(day_of(UNIX_EPOCH + std::time::Duration::from_secs(951_782_400)) * 24)
         );
         for bad in [

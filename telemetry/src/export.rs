@@ -9,9 +9,13 @@
 //! exporter (tonic or hyper). Waking the exporter for every span cost more
 //! than making the span (profiled: a third of the export thread's time was
 //! futex and eventfd wake-ups).
+//!
+//! A thread whose time is the product's (the gpu-host's scheduler) need not
+//! make its spans at all: it hands the times it noted to [`defer`], and the
+//! export thread makes and ends the spans just before it exports them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use opentelemetry::Context;
@@ -67,20 +71,99 @@ impl std::fmt::Debug for Control {
     }
 }
 
+/// Work that makes spans, run on the export thread (see [`defer`]).
+type Job = Box<dyn FnOnce() + Send>;
+
+/// What waits for the export thread.
+#[derive(Default)]
+struct Pending {
+    spans: Vec<SpanData>,
+    jobs: Vec<Job>,
+    /// The spans `jobs` will make.
+    job_spans: usize,
+}
+
+impl Pending {
+    fn len(&self) -> usize {
+        self.spans.len() + self.job_spans
+    }
+}
+
 /// The spans waiting for export, shared by the processor and its task.
-#[derive(Debug)]
 struct Waiting {
-    spans: Mutex<Vec<SpanData>>,
+    pending: Mutex<Pending>,
     capacity: usize,
+    counts: Arc<SpanCounts>,
     /// A batch is ready.
     batch: Notify,
 }
 
-impl Waiting {
-    fn take(&self) -> Vec<SpanData> {
-        let mut spans = self.spans.lock().unwrap_or_else(PoisonError::into_inner);
-        std::mem::replace(&mut *spans, Vec::with_capacity(MAX_EXPORT_BATCH))
+impl std::fmt::Debug for Waiting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waiting")
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
     }
+}
+
+impl Waiting {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn take_spans(&self) -> Vec<SpanData> {
+        std::mem::replace(&mut self.lock().spans, Vec::with_capacity(MAX_EXPORT_BATCH))
+    }
+
+    fn take_jobs(&self) -> Vec<Job> {
+        let mut pending = self.lock();
+        pending.job_spans = 0;
+        std::mem::take(&mut pending.jobs)
+    }
+
+    /// Queues `n` spans' worth with `push`, or counts them dropped when the
+    /// queue is full; wakes the export task when a batch is ready.
+    fn admit(&self, n: usize, push: impl FnOnce(&mut Pending)) -> bool {
+        let mut pending = self.lock();
+        let before = pending.len();
+        if before + n > self.capacity {
+            drop(pending);
+            self.counts.dropped.fetch_add(n as u64, Ordering::Relaxed);
+            return false;
+        }
+        push(&mut pending);
+        let ready = before < MAX_EXPORT_BATCH && before + n >= MAX_EXPORT_BATCH;
+        drop(pending);
+        if ready {
+            self.batch.notify_one();
+        }
+        true
+    }
+}
+
+/// The running export's queue, for [`defer`].
+static ACTIVE: RwLock<Option<Weak<Waiting>>> = RwLock::new(None);
+
+/// Runs `job`, which makes and ends `spans` spans, on the export thread
+/// just before its next export, so the calling thread spends nothing on
+/// them. `false` (and `job` dropped) when no export is running or its
+/// queue is full (the spans are counted as dropped).
+pub fn defer(spans: usize, job: impl FnOnce() + Send + 'static) -> bool {
+    let waiting = ACTIVE
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+        .and_then(Weak::upgrade);
+    let Some(waiting) = waiting else {
+        return false;
+    };
+    let mut job = Some(job);
+    waiting.admit(spans, |pending| {
+        pending
+            .jobs
+            .push(Box::new(job.take().expect("pushed once")));
+        pending.job_spans += spans;
+    })
 }
 
 /// The span processor: a bounded queue in front of the export thread.
@@ -106,13 +189,14 @@ impl QueueProcessor {
         E: SpanExporter + 'static,
         F: FnOnce() -> Result<E, crate::Error>,
     {
+        let counts = Arc::new(SpanCounts::default());
         let waiting = Arc::new(Waiting {
-            spans: Mutex::new(Vec::with_capacity(MAX_EXPORT_BATCH)),
+            pending: Mutex::new(Pending::default()),
             capacity: settings.max_queue_spans,
+            counts: Arc::clone(&counts),
             batch: Notify::new(),
         });
         let (control, control_rx) = mpsc::unbounded_channel();
-        let counts = Arc::new(SpanCounts::default());
         let mut exporter = {
             let _inside = runtime.enter();
             make()?
@@ -127,6 +211,7 @@ impl QueueProcessor {
             complained: false,
         };
         let task = runtime.spawn(queue.run(control_rx));
+        *ACTIVE.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::downgrade(&waiting));
         Ok(QueueProcessor {
             waiting,
             control,
@@ -164,22 +249,10 @@ impl SpanProcessor for QueueProcessor {
     fn on_start(&self, _span: &mut Span, _cx: &Context) {}
 
     fn on_end(&self, span: SpanData) {
-        let mut spans = self
-            .waiting
-            .spans
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if spans.len() >= self.waiting.capacity {
-            drop(spans);
-            self.counts.dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        spans.push(span);
-        let ready = spans.len() == MAX_EXPORT_BATCH;
-        drop(spans);
-        if ready {
-            self.waiting.batch.notify_one();
-        }
+        let mut span = Some(span);
+        self.waiting.admit(1, |pending| {
+            pending.spans.push(span.take().expect("pushed once"));
+        });
     }
 
     fn force_flush(&self) -> OTelSdkResult {
@@ -235,9 +308,22 @@ impl<E: SpanExporter> Queue<E> {
         let _ = self.exporter.shutdown();
     }
 
-    /// Sends what waits, in batches of at most [`MAX_EXPORT_BATCH`].
+    /// Runs the deferred jobs (their spans join the queue), then sends
+    /// what waits, in batches of at most [`MAX_EXPORT_BATCH`].
     async fn export_waiting(&mut self) {
-        let mut spans = self.waiting.take();
+        for job in self.waiting.take_jobs() {
+            job();
+            // Room for the next job's spans without dropping any.
+            if self.waiting.lock().spans.len() >= MAX_EXPORT_BATCH {
+                let spans = self.waiting.take_spans();
+                self.export_batches(spans).await;
+            }
+        }
+        let spans = self.waiting.take_spans();
+        self.export_batches(spans).await;
+    }
+
+    async fn export_batches(&mut self, mut spans: Vec<SpanData>) {
         while !spans.is_empty() {
             let rest = spans.split_off(spans.len().min(MAX_EXPORT_BATCH));
             self.export(spans).await;
@@ -270,5 +356,103 @@ impl<E: SpanExporter> Queue<E> {
                  succeeds): {failure}"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use opentelemetry::trace::{Span as _, Tracer as _, TracerProvider as _};
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+
+    use super::*;
+    use crate::settings::{Protocol, SamplerChoice};
+
+    /// A span's name and the thread that exported it.
+    type Sent = (String, Option<String>);
+
+    /// Keeps what it is sent.
+    #[derive(Debug, Default, Clone)]
+    struct Keep(Arc<Mutex<Vec<Sent>>>);
+
+    impl SpanExporter for Keep {
+        async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+            let thread = std::thread::current().name().map(str::to_string);
+            let mut kept = self.0.lock().unwrap();
+            kept.extend(
+                batch
+                    .into_iter()
+                    .map(|s| (s.name.to_string(), thread.clone())),
+            );
+            Ok(())
+        }
+    }
+
+    fn settings(max_queue_spans: usize) -> Settings {
+        Settings {
+            endpoint: "http://127.0.0.1:9".into(),
+            metrics_endpoint: None,
+            protocol: Protocol::Grpc,
+            service_name: "test".into(),
+            sampler: SamplerChoice::AlwaysOn,
+            resource: BTreeMap::new(),
+            max_queue_spans,
+            export_timeout: Duration::from_secs(5),
+            metric_interval: Duration::from_secs(60),
+        }
+    }
+
+    #[test]
+    fn deferred_spans_are_made_on_the_export_thread_and_a_full_queue_drops_them() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("otel-export")
+            .enable_all()
+            .build()
+            .unwrap();
+        let kept = Keep::default();
+        let exporter = kept.clone();
+        let processor = QueueProcessor::start(
+            runtime.handle(),
+            &settings(8),
+            Resource::builder_empty().build(),
+            || Ok(exporter),
+        )
+        .unwrap();
+        let counts = processor.counts();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .build();
+        let tracer = provider.tracer("t");
+
+        let made_on = Arc::new(Mutex::new(None));
+        let (t, seen) = (tracer.clone(), Arc::clone(&made_on));
+        let here = std::thread::current().id();
+        assert!(defer(2, move || {
+            *seen.lock().unwrap() = Some(std::thread::current().id());
+            t.start("one").end();
+            t.start("two").end();
+        }));
+        // 2 promised + 7 more is past the queue's 8: refused and counted.
+        assert!(!defer(7, || panic!("a refused job never runs")));
+        assert_eq!(counts.dropped(), 7);
+        tracer.start("direct").end();
+
+        provider.force_flush().unwrap();
+        let mut names: Vec<String> = kept.0.lock().unwrap().iter().map(|k| k.0.clone()).collect();
+        names.sort();
+        assert_eq!(names, ["direct", "one", "two"]);
+        let thread = made_on.lock().unwrap().expect("the job ran");
+        assert_ne!(thread, here, "the job ran on the caller's thread");
+        assert!(
+            kept.0
+                .lock()
+                .unwrap()
+                .iter()
+                .all(|k| k.1.as_deref() == Some("otel-export"))
+        );
+        assert_eq!(counts.exported(), 3);
+        drop(provider);
     }
 }

@@ -16,7 +16,7 @@ pub mod propagation;
 mod settings;
 mod setup;
 
-pub use export::{EXPORT_INTERVAL, QueueProcessor, SpanCounts};
+pub use export::{EXPORT_INTERVAL, QueueProcessor, SpanCounts, defer};
 pub use logs::LogFormat;
 pub use settings::{MAX_EXPORT_BATCH, Protocol, SamplerChoice, Settings, TelemetryFile};
 pub use setup::{Telemetry, init};

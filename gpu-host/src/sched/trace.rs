@@ -9,11 +9,13 @@
 //!                     time per output token as attributes)
 //! ```
 //!
-//! The scheduler runs many sequences per step on one thread, so the spans
-//! are written afterwards with the times they were observed at, through
-//! the OpenTelemetry API (not `tracing`, whose spans are timed by
-//! enter/exit). When the caller's trace is not sampled, or export is off,
-//! nothing is recorded and a [`SeqTrace`] is an empty `Option`.
+//! The scheduler runs many sequences per step on one thread, and that
+//! thread's time is the product: it only notes when things happened (a
+//! clock read each), and the spans are made afterwards, with those times,
+//! through the OpenTelemetry API on the export thread
+//! ([`bulkhead_telemetry::defer`]). When the caller's trace is not
+//! sampled, or export is off, nothing is noted and a [`SeqTrace`] is an
+//! empty `Option`.
 
 use std::sync::OnceLock;
 use std::time::SystemTime;
@@ -33,7 +35,10 @@ struct Recording {
     /// Holds the `gpu_host.generate` span.
     cx: Context,
     queued_at: SystemTime,
-    joined: bool,
+    joined_at: Option<SystemTime>,
+    /// Each prompt chunk run: (tokens, first position, start, end).
+    prefills: Vec<(usize, usize, SystemTime, SystemTime)>,
+    preempted_at: Vec<SystemTime>,
     first_token_at: Option<SystemTime>,
     last_token_at: Option<SystemTime>,
     tokens: u64,
@@ -76,7 +81,9 @@ impl SeqTrace {
         SeqTrace(Some(Box::new(Recording {
             cx: parent.with_span(span),
             queued_at: SystemTime::now(),
-            joined: false,
+            joined_at: None,
+            prefills: Vec::new(),
+            preempted_at: Vec::new(),
             first_token_at: None,
             last_token_at: None,
             tokens: 0,
@@ -89,10 +96,7 @@ impl SeqTrace {
         let Some(r) = self.0.as_deref_mut() else {
             return;
         };
-        if !r.joined {
-            r.joined = true;
-            r.child("queue", r.queued_at, SystemTime::now(), Vec::new());
-        }
+        r.joined_at.get_or_insert_with(SystemTime::now);
     }
 
     /// A step ran part of the sequence.
@@ -100,81 +104,48 @@ impl SeqTrace {
         let Some(r) = self.0.as_deref_mut() else {
             return;
         };
-        let StepRun {
-            range,
-            decode,
-            sampled,
-            start,
-            end,
-            ..
-        } = run.clone();
-        if !decode {
-            let attributes = vec![
-                KeyValue::new("bulkhead.prefill.tokens", range.len() as i64),
-                KeyValue::new("bulkhead.prefill.start", range.start as i64),
-            ];
-            r.child("prefill", start, end, attributes);
+        if !run.decode {
+            r.prefills
+                .push((run.range.len(), run.range.start, run.start, run.end));
         }
-        if sampled {
+        if run.sampled {
             r.tokens += 1;
-            r.first_token_at.get_or_insert(end);
-            r.last_token_at = Some(end);
+            r.first_token_at.get_or_insert(run.end);
+            r.last_token_at = Some(run.end);
         }
     }
 
     /// The planner took the sequence's blocks back; it is recomputed.
     pub(crate) fn preempted(&mut self) {
         if let Some(r) = self.0.as_deref_mut() {
-            r.cx.span().add_event("preempted", Vec::new());
+            r.preempted_at.push(SystemTime::now());
         }
     }
 
     /// The generation ended: `outcome` is the finish reason (`stop`,
     /// `length`) or why it failed (`failed`); `completion_tokens` is the
     /// host's count when it has one, else the tokens sampled.
-    pub(crate) fn finish(&mut self, outcome: &str, failed: bool, completion_tokens: Option<usize>) {
+    pub(crate) fn finish(
+        &mut self,
+        outcome: &'static str,
+        failed: bool,
+        completion_tokens: Option<usize>,
+    ) {
         let Some(r) = self.0.take() else {
             return;
         };
-        let completion_tokens = completion_tokens.unwrap_or(r.tokens as usize);
-        let prompt_tokens = r.prompt_tokens;
-        let now = SystemTime::now();
-        if let Some(first) = r.first_token_at {
-            let ttft = first.duration_since(r.queued_at).unwrap_or_default();
-            let mut attributes = vec![
-                KeyValue::new("gen_ai.usage.output_tokens", completion_tokens as i64),
-                KeyValue::new("bulkhead.time_to_first_token_ms", ttft.as_secs_f64() * 1e3),
-            ];
-            if let (Some(last), true) = (r.last_token_at, r.tokens > 1) {
-                let per = last.duration_since(first).unwrap_or_default() / (r.tokens - 1) as u32;
-                attributes.push(KeyValue::new(
-                    "bulkhead.time_per_output_token_ms",
-                    per.as_secs_f64() * 1e3,
-                ));
-            }
-            r.child("decode", first, now, attributes);
-        }
-        let span = r.cx.span();
-        span.set_attribute(KeyValue::new(
-            "gen_ai.usage.input_tokens",
-            prompt_tokens as i64,
-        ));
-        span.set_attribute(KeyValue::new(
-            "gen_ai.usage.output_tokens",
-            completion_tokens as i64,
-        ));
-        if failed {
-            span.set_attribute(KeyValue::new("error.type", outcome.to_string()));
-            span.set_status(opentelemetry::trace::Status::error(outcome.to_string()));
-        } else {
-            span.set_attribute(KeyValue::new(
-                "gen_ai.response.finish_reasons",
-                opentelemetry::Value::Array(
-                    vec![opentelemetry::StringValue::from(outcome.to_string())].into(),
-                ),
-            ));
-        }
-        span.end_with_timestamp(now);
+        let end = Ended {
+            at: SystemTime::now(),
+            outcome,
+            failed,
+            completion_tokens: completion_tokens.unwrap_or(r.tokens as usize),
+        };
+        let children = usize::from(r.joined_at.is_some())
+            + r.prefills.len()
+            + usize::from(r.first_token_at.is_some());
+        // Off this thread; without an export running, nothing is recorded
+        // and dropping the recording ends its span.
+        bulkhead_telemetry::defer(children, move || r.write(end));
     }
 }
 
@@ -185,7 +156,70 @@ impl Drop for SeqTrace {
     }
 }
 
+/// How a generation ended.
+#[derive(Debug)]
+struct Ended {
+    at: SystemTime,
+    outcome: &'static str,
+    failed: bool,
+    completion_tokens: usize,
+}
+
 impl Recording {
+    /// Makes the child spans and ends the generation's (on the export
+    /// thread).
+    fn write(self, end: Ended) {
+        if let Some(joined) = self.joined_at {
+            self.child("queue", self.queued_at, joined, Vec::new());
+        }
+        for &(tokens, first, start, stop) in &self.prefills {
+            let attributes = vec![
+                KeyValue::new("bulkhead.prefill.tokens", tokens as i64),
+                KeyValue::new("bulkhead.prefill.start", first as i64),
+            ];
+            self.child("prefill", start, stop, attributes);
+        }
+        if let Some(first) = self.first_token_at {
+            let ttft = first.duration_since(self.queued_at).unwrap_or_default();
+            let mut attributes = vec![
+                KeyValue::new("gen_ai.usage.output_tokens", end.completion_tokens as i64),
+                KeyValue::new("bulkhead.time_to_first_token_ms", ttft.as_secs_f64() * 1e3),
+            ];
+            if let (Some(last), true) = (self.last_token_at, self.tokens > 1) {
+                let per = last.duration_since(first).unwrap_or_default() / (self.tokens - 1) as u32;
+                attributes.push(KeyValue::new(
+                    "bulkhead.time_per_output_token_ms",
+                    per.as_secs_f64() * 1e3,
+                ));
+            }
+            self.child("decode", first, end.at, attributes);
+        }
+        let span = self.cx.span();
+        for &at in &self.preempted_at {
+            span.add_event_with_timestamp("preempted", at, Vec::new());
+        }
+        span.set_attribute(KeyValue::new(
+            "gen_ai.usage.input_tokens",
+            self.prompt_tokens as i64,
+        ));
+        span.set_attribute(KeyValue::new(
+            "gen_ai.usage.output_tokens",
+            end.completion_tokens as i64,
+        ));
+        if end.failed {
+            span.set_attribute(KeyValue::new("error.type", end.outcome));
+            span.set_status(opentelemetry::trace::Status::error(end.outcome));
+        } else {
+            span.set_attribute(KeyValue::new(
+                "gen_ai.response.finish_reasons",
+                opentelemetry::Value::Array(
+                    vec![opentelemetry::StringValue::from(end.outcome)].into(),
+                ),
+            ));
+        }
+        span.end_with_timestamp(end.at);
+    }
+
     fn child(
         &self,
         name: &'static str,

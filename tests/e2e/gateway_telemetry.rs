@@ -2,7 +2,8 @@
 //! real OTLP receiver (`bulkhead_tests::otlp`): one trace across both
 //! processes that continues the client's `traceparent`, with the GenAI
 //! attributes and no prompt text; HTTP/protobuf export configured by the
-//! standard variables; and a dead collector that costs requests nothing.
+//! standard variables, with the text of a tenant that opted in to it; and
+//! a dead collector that costs requests nothing.
 
 use std::time::Duration;
 
@@ -310,11 +311,12 @@ fn one_trace_runs_from_the_clients_traceparent_through_plugins_to_the_gpu_host()
 #[test]
 fn the_standard_variables_win_and_export_over_http_from_both_processes() {
     let receiver = Receiver::http();
-    // The file names a collector nobody runs; the variables win.
+    // The file names a collector nobody runs; the variables win. This
+    // tenant opts in to recording its prompt and completion text.
     let policies = policies(
         "otel-http",
         "[telemetry]\nendpoint = \"http://127.0.0.1:9\"\nservice_name = \"from-file\"\n",
-        "",
+        "[telemetry]\nrecord_content = true\n",
     );
     let gateway = Gateway::start_with_env(
         &policies,
@@ -328,29 +330,96 @@ fn the_standard_variables_win_and_export_over_http_from_both_processes() {
     let token = policies.token("demo", &[]);
     let response = gateway.request("POST", "/v1/chat/completions", Some(&token), Some(&chat(3)));
     assert_eq!(response.status, 200, "{}", response.body);
-    let id = response.json()["id"].clone();
+    let body = response.json();
     // No traceparent: the gateway starts the trace.
-    let wait = std::time::Instant::now() + EXPORTED;
-    let server = loop {
-        let found = receiver
-            .spans()
-            .into_iter()
-            .find(|s| s.name == CHAT_SPAN && s.attributes.get("gen_ai.response.id") == Some(&id));
-        if let Some(server) = found {
-            break server;
-        }
-        assert!(
-            std::time::Instant::now() < wait,
-            "no server span: {:#?}",
-            receiver.spans()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let server = server_span(&receiver, &body["id"]);
     assert_eq!(server.service, "gateway-under-test");
     assert_eq!(server.parent_span_id, "", "a new trace's root");
     receiver.trace(&server.trace_id, "the gpu-host's spans", EXPORTED, |t| {
         has(t, "bulkhead-gpu-host", "gpu_host.generate") && has(t, "bulkhead-gpu-host", "decode")
     });
+
+    // The opted-in tenant's text, in the GenAI conventions' shape.
+    let messages = |span: &ReceivedSpan, key: &str| -> Value {
+        serde_json::from_str(span.attr(key).as_str().unwrap()).unwrap()
+    };
+    let prompt = json!([{
+        "role": "user",
+        "parts": [{"type": "text", "content": format!("The word is {SECRET}. Mail a@b.example")}],
+    }]);
+    let reply = |text: &str, finish: &Value| {
+        json!([{
+            "role": "assistant",
+            "parts": [{"type": "text", "content": text}],
+            "finish_reason": finish,
+        }])
+    };
+    assert_eq!(messages(&server, "gen_ai.input.messages"), prompt);
+    let choice = &body["choices"][0];
+    assert_eq!(
+        messages(&server, "gen_ai.output.messages"),
+        reply(
+            choice["message"]["content"].as_str().unwrap(),
+            &choice["finish_reason"]
+        )
+    );
+
+    // Streamed: the text is gathered from the chunks the client got.
+    let mut streamed: Value = serde_json::from_str(&chat(4)).unwrap();
+    streamed["stream"] = json!(true);
+    let response = gateway.request(
+        "POST",
+        "/v1/chat/completions",
+        Some(&token),
+        Some(&streamed.to_string()),
+    );
+    assert_eq!(response.status, 200, "{}", response.body);
+    let (mut id, mut text, mut finish) = (Value::Null, String::new(), Value::Null);
+    for line in response.body.lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            break;
+        }
+        let chunk: Value = serde_json::from_str(data).unwrap();
+        id = chunk["id"].clone();
+        text.push_str(
+            chunk["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or(""),
+        );
+        if !chunk["choices"][0]["finish_reason"].is_null() {
+            finish = chunk["choices"][0]["finish_reason"].clone();
+        }
+    }
+    assert!(!text.is_empty() && !finish.is_null(), "{}", response.body);
+    let server = server_span(&receiver, &id);
+    assert_eq!(messages(&server, "gen_ai.input.messages"), prompt);
+    assert_eq!(
+        messages(&server, "gen_ai.output.messages"),
+        reply(&text, &finish)
+    );
+}
+
+/// The exported server span of the response with this id.
+fn server_span(receiver: &Receiver, id: &Value) -> ReceivedSpan {
+    let wait = std::time::Instant::now() + EXPORTED;
+    loop {
+        let found = receiver
+            .spans()
+            .into_iter()
+            .find(|s| s.name == CHAT_SPAN && s.attributes.get("gen_ai.response.id") == Some(id));
+        if let Some(server) = found {
+            return server;
+        }
+        assert!(
+            std::time::Instant::now() < wait,
+            "no server span for {id}: {:#?}",
+            receiver.spans()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]

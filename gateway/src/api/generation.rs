@@ -55,6 +55,22 @@ pub struct GenerationSpans {
     pub request: tracing::Span,
     /// The upstream call, held open until the stream ends.
     pub _upstream: tracing::Span,
+    /// The completion text, for a tenant that records content.
+    pub output_text: Option<super::trace::OutputText>,
+}
+
+impl GenerationSpans {
+    fn output(&mut self, text: &str) {
+        if let Some(output) = &mut self.output_text {
+            output.push(text);
+        }
+    }
+
+    fn record_output(&mut self, finish: Finish) {
+        if let Some(output) = self.output_text.take() {
+            output.record(&self.request, finish.as_str());
+        }
+    }
 }
 
 impl std::fmt::Debug for Generation {
@@ -249,6 +265,8 @@ impl Generation {
             }
             None => (text, finish),
         };
+        self.spans.output(&text);
+        self.spans.record_output(finish);
         Ok(self.meta.complete(&text, finish, usage))
     }
 
@@ -297,6 +315,7 @@ impl Generation {
                     let events = if text.is_empty() {
                         Vec::new()
                     } else {
+                        generation.spans.output(&text);
                         vec![json(generation.meta.chunk(
                             &text,
                             false,
@@ -311,6 +330,7 @@ impl Generation {
                     if let Some(hooks) = hooks {
                         match hooks.on_stream_end().await {
                             Ok((_, tail)) if !tail.is_empty() => {
+                                generation.spans.output(&tail);
                                 let meta = &generation.meta;
                                 events.push(json(meta.chunk(&tail, false, None, include_usage)));
                             }
@@ -318,6 +338,7 @@ impl Generation {
                             Err(error) => return failed(&generation, error.into()),
                         }
                     }
+                    generation.spans.record_output(finish);
                     let meta = &generation.meta;
                     events.push(json(meta.chunk("", false, Some(finish), include_usage)));
                     if include_usage {

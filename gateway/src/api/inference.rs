@@ -413,6 +413,11 @@ async fn run(processed: Processed<'_>, call: &Call<'_>) -> Result<Response, ApiE
     request_span.record("gen_ai.response.id", meta.id.as_str());
     let (stream, include_usage) = (request.stream, request.include_usage);
     let upstream_request = to_upstream(request, max_tokens, tenant, request_id);
+    // Text only for a tenant that opted in (`[telemetry] record_content`).
+    let output_text = tenant.record_content.then(|| {
+        trace::record_input(&request_span, &upstream_request.prompt);
+        trace::OutputText::default()
+    });
     // The gpu-host's spans are children of this one (`Upstream::generate`
     // sends its context); it lasts until the stream ends.
     let upstream_span =
@@ -462,6 +467,7 @@ async fn run(processed: Processed<'_>, call: &Call<'_>) -> Result<Response, ApiE
             spans: GenerationSpans {
                 request: request_span,
                 _upstream: upstream_span,
+                output_text,
             },
         },
     );

@@ -307,6 +307,8 @@ fn tenant_json(tenant: &TenantPolicy, in_flight: Option<u32>) -> Value {
             "on_request": tenant.plugins.on_request.iter().map(|p| &**p).collect::<Vec<&str>>(),
             "on_response": tenant.plugins.on_response.iter().map(|p| &**p).collect::<Vec<&str>>(),
         },
+        "prompts": {"parse_special": tenant.parse_special},
+        "telemetry": {"record_content": tenant.record_content},
         "in_flight": in_flight,
     })
 }

@@ -12,9 +12,11 @@
 //!   └─ upstream       the gRPC Generate → gpu-host's spans below it
 //! ```
 //!
-//! Nothing here records prompt or completion text, and the tenant is the
-//! verified one, never a claim. Without export (`[telemetry]`) these are
-//! plain `tracing` spans that no layer turns into OpenTelemetry spans.
+//! Prompt and completion text are recorded only for a tenant whose policy
+//! opts in (`[telemetry] record_content = true`, [`record_input`] and
+//! [`OutputText`]), and the tenant is the verified one, never a claim.
+//! Without export (`[telemetry]` in `gateway.toml`) these are plain
+//! `tracing` spans that no layer turns into OpenTelemetry spans.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -29,6 +31,8 @@ use opentelemetry::{StringValue, Value};
 use tracing::Span;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::upstream::Prompt;
 
 pub use crate::metrics::TRACE_TARGET as TARGET;
 
@@ -115,4 +119,140 @@ pub fn record_finish(span: &Span, finish_reason: &str, input_tokens: u32, output
         "gen_ai.response.finish_reasons",
         Value::Array(vec![StringValue::from(finish_reason.to_string())].into()),
     );
+}
+
+/// The most bytes of text one request records in each direction; past it
+/// the text is cut at a character boundary and the span carries
+/// `bulkhead.content.truncated = true`.
+pub const CONTENT_LIMIT: usize = 32 * 1024;
+
+/// Records the prompt as it went to the gpu-host (after the tenant's
+/// `on-request` plugins) as `gen_ai.input.messages`, in the GenAI
+/// conventions' JSON form. Only for a tenant that opted in; a prompt of
+/// token ids has no text and records nothing.
+pub fn record_input(span: &Span, prompt: &Prompt) {
+    let mut budget = Budget::new();
+    let messages: Vec<serde_json::Value> = match prompt {
+        Prompt::Chat(messages) => messages
+            .iter()
+            .map(|(role, content)| text_message(role, budget.take(content), None))
+            .collect(),
+        Prompt::Text(text) => vec![text_message("user", budget.take(text), None)],
+        Prompt::Tokens(_) => return,
+    };
+    span.set_attribute(
+        "gen_ai.input.messages",
+        serde_json::Value::Array(messages).to_string(),
+    );
+    if budget.truncated {
+        span.set_attribute("bulkhead.content.truncated", true);
+    }
+}
+
+/// The completion text as the client receives it (after the tenant's
+/// response plugins), gathered chunk by chunk for a tenant that opted in.
+#[derive(Debug, Default)]
+pub struct OutputText {
+    text: String,
+    budget: Budget,
+}
+
+impl OutputText {
+    pub fn push(&mut self, piece: &str) {
+        let kept = self.budget.take(piece);
+        self.text.push_str(kept);
+    }
+
+    /// Records it as `gen_ai.output.messages`.
+    pub fn record(self, span: &Span, finish_reason: &str) {
+        let message = text_message("assistant", &self.text, Some(finish_reason));
+        span.set_attribute(
+            "gen_ai.output.messages",
+            serde_json::Value::Array(vec![message]).to_string(),
+        );
+        if self.budget.truncated {
+            span.set_attribute("bulkhead.content.truncated", true);
+        }
+    }
+}
+
+/// What is left of [`CONTENT_LIMIT`].
+#[derive(Debug)]
+struct Budget {
+    left: usize,
+    truncated: bool,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget::new()
+    }
+}
+
+impl Budget {
+    fn new() -> Budget {
+        Budget {
+            left: CONTENT_LIMIT,
+            truncated: false,
+        }
+    }
+
+    /// The longest prefix of `text` that fits, on a character boundary;
+    /// nothing once something was cut (no text with holes in it).
+    fn take<'a>(&mut self, text: &'a str) -> &'a str {
+        if self.truncated {
+            return "";
+        }
+        if text.len() <= self.left {
+            self.left -= text.len();
+            return text;
+        }
+        let mut end = self.left;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.left -= end;
+        self.truncated = true;
+        &text[..end]
+    }
+}
+
+fn text_message(role: &str, content: &str, finish_reason: Option<&str>) -> serde_json::Value {
+    let mut message = serde_json::json!({
+        "role": role,
+        "parts": [{"type": "text", "content": content}],
+    });
+    if let Some(reason) = finish_reason {
+        message["finish_reason"] = reason.into();
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_is_cut_at_the_limit_on_a_character_boundary() {
+        let mut budget = Budget::new();
+        let head = "a".repeat(CONTENT_LIMIT - 1);
+        assert_eq!(budget.take(&head), head);
+        assert!(!budget.truncated);
+        // "é" is two bytes: one byte is left, so none of it fits.
+        assert_eq!(budget.take("éz"), "");
+        assert!(budget.truncated);
+        assert_eq!(budget.take("z"), "", "nothing after a cut");
+    }
+
+    #[test]
+    fn messages_have_the_gen_ai_shape() {
+        assert_eq!(
+            text_message("assistant", "hi", Some("stop")),
+            serde_json::json!({
+                "role": "assistant",
+                "parts": [{"type": "text", "content": "hi"}],
+                "finish_reason": "stop",
+            })
+        );
+    }
 }

@@ -355,6 +355,7 @@ fn builds_from_a_policy() {
         plugins: Default::default(),
         gpu: Default::default(),
         parse_special: false,
+        record_content: false,
         source: Arc::new(SourceFile::new("tenants/acme.toml", "")),
     };
     let mut policy = Policy {

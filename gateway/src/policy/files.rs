@@ -329,6 +329,19 @@ pub struct TenantFile {
     /// How its prompts are tokenized (`[prompts]`).
     #[serde(default)]
     pub prompts: PromptsFile,
+    /// What its traces may hold (`[telemetry]`).
+    #[serde(default)]
+    pub telemetry: TenantTelemetryFile,
+}
+
+/// `[telemetry]` in a tenant file.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantTelemetryFile {
+    /// Whether this tenant's prompt and completion text go into its
+    /// request spans (`gen_ai.input.messages`, `gen_ai.output.messages`)
+    /// when traces are exported. Default false: never.
+    pub record_content: Option<bool>,
 }
 
 /// `[prompts]` in a tenant file.

@@ -300,6 +300,9 @@ pub struct TenantPolicy {
     /// `[prompts] parse_special`: control tokens spelled in a raw prompt
     /// are control tokens (default: text).
     pub parse_special: bool,
+    /// `[telemetry] record_content`: its prompt and completion text go
+    /// into its exported request spans (default: never).
+    pub record_content: bool,
     /// The tenant file, for error locations.
     pub source: Arc<SourceFile>,
 }

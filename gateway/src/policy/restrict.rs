@@ -8,8 +8,9 @@
 //! unchanged (or removed); no tenant is added; and for every tenant kept,
 //! its models are a subset of the old, each limit is at most the old
 //! (`per_sub` unchanged), its plugins and `[gpu]` are unchanged, and
-//! `parse_special` is not turned on. Its token verification must narrow
-//! too ([`crate::auth::Verifiers::narrows`]), which the caller checks.
+//! neither `parse_special` nor `[telemetry] record_content` is turned on.
+//! Its token verification must narrow too
+//! ([`crate::auth::Verifiers::narrows`]), which the caller checks.
 
 use std::path::Path;
 
@@ -54,6 +55,9 @@ fn tenant_restricts(old: &TenantPolicy, new: &TenantPolicy) -> Result<(), String
     }
     if new.parse_special && !old.parse_special {
         return Err("`parse_special` was turned on".to_string());
+    }
+    if new.record_content && !old.record_content {
+        return Err("`[telemetry] record_content` was turned on".to_string());
     }
     Ok(())
 }

@@ -261,6 +261,7 @@ fn check_tenants(
                 plugins,
                 gpu: gpu.unwrap_or_default(),
                 parse_special: doc.prompts.parse_special.unwrap_or(false),
+                record_content: doc.telemetry.record_content.unwrap_or(false),
                 source,
             },
         );

@@ -206,6 +206,7 @@ fn tenant(id: &str, toml_text: &str) -> TenantPolicy {
         plugins: Default::default(),
         gpu: Default::default(),
         parse_special: false,
+        record_content: false,
         source: Arc::new(SourceFile::new(format!("tenants/{id}.toml"), toml_text)),
     }
 }

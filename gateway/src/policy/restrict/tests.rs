@@ -73,6 +73,14 @@ fn anything_that_grants_is_named() {
         ),
         (
             "tenants/acme.toml",
+            tenant(
+                "acme",
+                &format!("{LIMITS}\n[telemetry]\nrecord_content = true\n"),
+            ),
+            "tenant `acme`: `[telemetry] record_content` was turned on",
+        ),
+        (
+            "tenants/acme.toml",
             tenant("acme", &format!("{LIMITS}\n[gpu]\nweight = 3\n")),
             "tenant `acme`: its `[gpu]` changed",
         ),

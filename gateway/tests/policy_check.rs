@@ -74,7 +74,7 @@ fn every_error_is_printed_with_a_path_editors_can_open() {
         format!(
             "{dir}/gateway.toml:1:10: `nowhere` is not a listen address: expected IP:PORT, e.g. 127.0.0.1:8080\n\
              {dir}/tenants/acme.toml:2:9: class `gold` does not exist; there are no classes/*.toml files\n\
-             {dir}/tenants/beta.toml:2:1: unknown field `rps`, expected one of `id`, `class`, `models`, `jwt`, `limits`, `plugins`, `gpu`, `prompts`\n\
+             {dir}/tenants/beta.toml:2:1: unknown field `rps`, expected one of `id`, `class`, `models`, `jwt`, `limits`, `plugins`, `gpu`, `prompts`, `telemetry`\n\
              {dir}/ is invalid: 3 errors\n"
         )
     );

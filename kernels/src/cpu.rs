@@ -153,6 +153,14 @@ impl CpuKernels {
         PackedMatrix::pack(m)
     }
 
+    /// Bytes of the form [`CpuKernels::pack`] would make of `m`, or `None`
+    /// where it makes none: to pack into memory of the caller's
+    /// ([`PackedMatrix::pack_into`]).
+    pub fn packed_len(&self, m: &QuantMatrix<'_>) -> Option<usize> {
+        self.vnni?;
+        PackedMatrix::packed_len(m)
+    }
+
     /// Threads that run each op, the caller included.
     pub fn threads(&self) -> usize {
         self.team.threads()

@@ -33,7 +33,7 @@ pub use ops::{
     Activation, RopeFreqs, RopeStyle, Yarn, add, gated, rms_norm, rope, rope_ext, rope_rotate,
     scale, silu_mul, softmax,
 };
-pub use packed::{PACK_ROWS, PackedMatrix};
+pub use packed::{PACK_ROWS, PackedMatrix, Region};
 pub use quantize::{
     BlockQ8_0, BlockQ8_0U, BlockQ8_1, BlockQ8K, quantize_row_q8_0, quantize_row_q8_1,
     quantize_row_q8_k,

@@ -28,12 +28,56 @@ pub const PACK_ROWS: usize = 8;
 /// (`K` = 8, 128 bytes: the low nibbles of vector `j` are `W[2j]`, the high
 /// ones `W[2j + 1]`), Q5_0 as Q4_0's nibbles (`K` = 16) then a vector whose
 /// byte `4r + m` holds in bit `k` the fifth bit of `W[k]`'s byte.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct PackedMatrix {
     ty: GgmlType,
     rows: usize,
     cols: usize,
-    data: Vec<u8>,
+    data: Bytes,
+}
+
+/// Memory that holds the packed forms of several matrices, each in its own
+/// range ([`PackedMatrix::in_region`]): one mapping the loader can back
+/// with huge pages, which matrices of a few MiB each cannot fill alone.
+pub type Region = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// Where a packed matrix's bytes are.
+#[derive(Clone)]
+enum Bytes {
+    Own(Vec<u8>),
+    In(Region, std::ops::Range<usize>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Own(bytes) => bytes,
+            Bytes::In(region, range) => &(**region).as_ref()[range.clone()],
+        }
+    }
+}
+
+impl PartialEq for PackedMatrix {
+    fn eq(&self, other: &PackedMatrix) -> bool {
+        (self.ty, self.rows, self.cols) == (other.ty, other.rows, other.cols)
+            && *self.data == *other.data
+    }
+}
+
+impl Eq for PackedMatrix {}
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedMatrix")
+            .field("ty", &self.ty)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .field("bytes", &self.data.len())
+            .field("in_region", &matches!(self.data, Bytes::In(..)))
+            .finish()
+    }
 }
 
 impl PackedMatrix {
@@ -47,14 +91,36 @@ impl PackedMatrix {
 
     /// `m` repacked, or `None` for a type without a packed form.
     pub fn pack(m: &QuantMatrix<'_>) -> Option<PackedMatrix> {
+        let mut data = vec![0u8; Self::packed_len(m)?];
+        Self::pack_into(m, &mut data);
+        Some(PackedMatrix {
+            ty: m.ty,
+            rows: m.rows,
+            cols: m.cols,
+            data: Bytes::Own(data),
+        })
+    }
+
+    /// Bytes of `m`'s packed form, or `None` for a type without one.
+    pub fn packed_len(m: &QuantMatrix<'_>) -> Option<usize> {
         if !Self::packs(m.ty) {
             return None;
         }
         let blocks = m.cols / m.ty.block_elements();
-        let groups = m.rows.div_ceil(PACK_ROWS);
+        Some(m.rows.div_ceil(PACK_ROWS) * blocks * group_block_bytes(m.ty))
+    }
+
+    /// Writes `m`'s packed form to `out`, [`PackedMatrix::packed_len`]
+    /// bytes (padding rows included, so `out` need not be zero).
+    ///
+    /// # Panics
+    /// If `m`'s type has no packed form or `out` is not its length.
+    pub fn pack_into(m: &QuantMatrix<'_>, out: &mut [u8]) {
+        assert_eq!(Some(out.len()), Self::packed_len(m), "packed length");
+        out.fill(0);
+        let blocks = m.cols / m.ty.block_elements();
         let group_block = group_block_bytes(m.ty);
-        let mut data = vec![0u8; groups * blocks * group_block];
-        for (g, group) in data.chunks_exact_mut(blocks * group_block).enumerate() {
+        for (g, group) in out.chunks_exact_mut(blocks * group_block).enumerate() {
             for (b, out) in group.chunks_exact_mut(group_block).enumerate() {
                 for r in 0..PACK_ROWS.min(m.rows - g * PACK_ROWS) {
                     let row = m.row(g * PACK_ROWS + r);
@@ -66,12 +132,29 @@ impl PackedMatrix {
                 }
             }
         }
-        Some(PackedMatrix {
+    }
+
+    /// The packed form of `m` that [`PackedMatrix::pack_into`] wrote to
+    /// `range` of `region`.
+    ///
+    /// # Panics
+    /// If `range` is not `m`'s packed length or lies outside `region`.
+    pub fn in_region(
+        m: &QuantMatrix<'_>,
+        region: Region,
+        range: std::ops::Range<usize>,
+    ) -> PackedMatrix {
+        assert_eq!(Some(range.len()), Self::packed_len(m), "packed length");
+        assert!(
+            range.end <= (*region).as_ref().len(),
+            "range inside the region"
+        );
+        PackedMatrix {
             ty: m.ty,
             rows: m.rows,
             cols: m.cols,
-            data,
-        })
+            data: Bytes::In(region, range),
+        }
     }
 
     pub fn ty(&self) -> GgmlType {
@@ -100,6 +183,13 @@ impl PackedMatrix {
     pub fn group(&self, g: usize) -> &[u8] {
         let n = self.blocks() * self.group_block_bytes();
         &self.data[g * n..(g + 1) * n]
+    }
+
+    /// The groups from `g` on, each as [`PackedMatrix::group`] gives it:
+    /// for a run of groups, the bytes looked up once.
+    pub fn groups_from(&self, g: usize) -> std::slice::ChunksExact<'_, u8> {
+        let n = self.blocks() * self.group_block_bytes();
+        self.data[g * n..].chunks_exact(n)
     }
 
     /// Bytes held.
@@ -317,6 +407,33 @@ mod tests {
         assert!(PackedMatrix::packs(GgmlType::Q4K) && PackedMatrix::packs(GgmlType::Q6K));
         for ty in [GgmlType::F16, GgmlType::Q4_1, GgmlType::Q5K] {
             assert!(!PackedMatrix::packs(ty), "{ty}");
+        }
+    }
+
+    #[test]
+    fn a_form_packed_into_a_shared_region_equals_one_packed_alone() {
+        for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+            let (rows, cols) = (11, 64);
+            let data: Vec<u8> = (0..rows * cols / 32 * ty.block_bytes())
+                .map(|i| (i * 5 + i / 7) as u8)
+                .collect();
+            let m = QuantMatrix::new(ty, &data, rows, cols).unwrap();
+            let alone = PackedMatrix::pack(&m).unwrap();
+            let n = PackedMatrix::packed_len(&m).unwrap();
+            assert_eq!(n, alone.bytes());
+            // Dirty memory around and under the range: padding rows must
+            // still come out zero.
+            let mut region = vec![0xA5u8; n + 100];
+            PackedMatrix::pack_into(&m, &mut region[40..40 + n]);
+            assert_eq!(region[..40], [0xA5; 40]);
+            assert_eq!(region[40 + n..], [0xA5; 60]);
+            let region: Region = std::sync::Arc::new(region);
+            let shared = PackedMatrix::in_region(&m, region, 40..40 + n);
+            assert_eq!(shared, alone, "{ty}");
+            assert_eq!(shared.as_bytes(), alone.as_bytes());
+            assert_eq!(shared.group(1), alone.group(1));
+            let groups: Vec<&[u8]> = shared.groups_from(0).collect();
+            assert_eq!(groups, [alone.group(0), alone.group(1)]);
         }
     }
 }

@@ -2,8 +2,8 @@
 //! when the processor has them, scalar otherwise, on host memory.
 
 use bulkhead_kernels::{
-    Activation, AttentionShape, CpuKernels, Isa, KernelError, PackedMatrix, PagedSeq, PagedShape,
-    QuantMatrix, TokenGrouping,
+    Activation, AttentionShape, CpuKernels, Isa, KernelError, PagedSeq, PagedShape, QuantMatrix,
+    TokenGrouping,
 };
 
 use super::{Backend, OpResult, RopeAngles, RopeParams};
@@ -70,8 +70,8 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn pack(&self, m: &QuantMatrix<'_>) -> Option<PackedMatrix> {
-        self.kernels.pack(m)
+    fn packed_len(&self, m: &QuantMatrix<'_>) -> Option<usize> {
+        self.kernels.packed_len(m)
     }
 
     fn embedding(&self, table: &QuantMatrix<'_>, token: u32, out: &mut [f32]) -> OpResult {

@@ -41,8 +41,7 @@ pub use select::{
 
 pub use bulkhead_kernels::hip::{DeviceError, DeviceErrorKind};
 use bulkhead_kernels::{
-    Activation, AttentionShape, PackedMatrix, PagedSeq, PagedShape, QuantMatrix, RopeFreqs,
-    RopeStyle, Yarn,
+    Activation, AttentionShape, PagedSeq, PagedShape, QuantMatrix, RopeFreqs, RopeStyle, Yarn,
 };
 
 /// RoPE parameters of a layer: the same for every row it rotates.
@@ -209,11 +208,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn resident(&self) -> Option<&HipBackend> {
         None
     }
-    /// `m` repacked into the form this backend's matmuls read fastest
-    /// (`QuantMatrix::with_packed`), or `None` where it has none: done once
-    /// per weight, at load. The CPU backend packs Q4_0 and Q8_0 on AVX-512
-    /// VNNI.
-    fn pack(&self, m: &QuantMatrix<'_>) -> Option<PackedMatrix> {
+    /// Bytes of `m` repacked into the form this backend's matmuls read
+    /// fastest ([`bulkhead_kernels::PackedMatrix::pack_into`], then
+    /// `QuantMatrix::with_packed`), or `None` where it has none: asked
+    /// once per weight, at load. The CPU backend packs Q4_0, Q5_0, Q8_0,
+    /// Q4_K and Q6_K on AVX-512 VNNI.
+    fn packed_len(&self, m: &QuantMatrix<'_>) -> Option<usize> {
         let _ = m;
         None
     }

@@ -10,7 +10,7 @@ use bulkhead_kernels::{ScoreMask, scalar};
 use super::config::{ConfigError, ModelConfig};
 use super::host_pass::{ContiguousStore, HostPass, KvStore};
 use super::weights::{Ffn, Weights};
-use super::zeroed::ZeroedFloats;
+use super::zeroed::{HugePageBytes, ZeroedFloats};
 use crate::backend::{
     Act, Backend, DeviceError, DeviceKv, ForwardPass, Heads, KvLayout, PassShape, RopeParams,
     Segment, StepRows, WeightRef,
@@ -150,12 +150,14 @@ impl Model {
     }
 
     /// Repacks every matrix `backend` has a faster form for
-    /// ([`Backend::pack`]; the matrices in parallel) and calls `unused`
-    /// with each file range nothing reads any more, as soon as its matrix
-    /// is packed (so memory never holds both forms of every matrix): those
-    /// of the packed matrices, less an output matrix tied to the embedding
-    /// table (its rows are still looked up). Matrices packed already are
-    /// left as they are. Returns how many it packed.
+    /// ([`Backend::packed_len`]; the matrices in parallel) into one region
+    /// of huge pages ([`HugePageBytes`]), and calls `unused` with each file
+    /// range nothing reads any more, as soon as its matrix is packed (so
+    /// memory never holds both forms of every matrix): those of the packed
+    /// matrices, less an output matrix tied to the embedding table (its
+    /// rows are still looked up). Matrices packed already are left as they
+    /// are. Returns how many it packed: none when the region cannot be
+    /// mapped (the passes then read the file's form).
     pub fn pack(
         &self,
         backend: &dyn Backend,
@@ -165,16 +167,49 @@ impl Model {
         let g = &self.gguf;
         let w = &self.weights;
         let tied = w.output.file_range() == w.token_embd.file_range();
-        self.matrices()
-            .par_iter()
-            .filter(|m| {
-                let packed = backend.pack(&m.view(g)).is_some_and(|p| m.set_packed(p));
-                if packed && !(tied && std::ptr::eq(**m, &w.output)) {
-                    unused(m.file_range());
-                }
-                packed
+        // Each matrix's range in the region, a cache line apart.
+        let mut end = 0;
+        let plan: Vec<(&super::weights::MatrixRef, std::ops::Range<usize>)> = self
+            .matrices()
+            .into_iter()
+            .filter(|m| m.packed().is_none())
+            .filter_map(|m| {
+                let len = backend.packed_len(&m.view(g))?;
+                let range = end..end + len;
+                end = range.end.next_multiple_of(64);
+                Some((m, range))
             })
-            .count()
+            .collect();
+        if plan.is_empty() {
+            return 0;
+        }
+        let Ok(mut region) = HugePageBytes::new(end) else {
+            return 0;
+        };
+        let mut outs = Vec::with_capacity(plan.len());
+        let mut rest = region.as_mut();
+        let mut at = 0;
+        for (m, range) in &plan {
+            let (out, tail) = rest[range.start - at..].split_at_mut(range.len());
+            outs.push((*m, out));
+            (rest, at) = (tail, range.end);
+        }
+        outs.into_par_iter().for_each(|(m, out)| {
+            bulkhead_kernels::PackedMatrix::pack_into(&m.view(g), out);
+            if !(tied && std::ptr::eq(m, &w.output)) {
+                unused(m.file_range());
+            }
+        });
+        let region: bulkhead_kernels::Region = std::sync::Arc::new(region);
+        for (m, range) in &plan {
+            let packed = bulkhead_kernels::PackedMatrix::in_region(
+                &m.view(g),
+                region.clone(),
+                range.clone(),
+            );
+            m.set_packed(packed);
+        }
+        plan.len()
     }
 
     /// The matrices a backend may repack, in a fixed order: the output

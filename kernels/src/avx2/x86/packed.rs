@@ -345,8 +345,7 @@ pub(super) fn matvec(
     let blocks = p.blocks();
     macro_rules! each_group {
         ($group:ident => $kernel:expr) => {
-            for (i, o) in out.chunks_mut(PACK_ROWS).enumerate() {
-                let $group = p.group(g0 + i);
+            for ($group, o) in p.groups_from(g0).zip(out.chunks_mut(PACK_ROWS)) {
                 let r = $kernel;
                 o.copy_from_slice(&r[0][..o.len()]);
             }

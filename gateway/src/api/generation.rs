@@ -54,7 +54,7 @@ pub struct GenerationSpans {
     /// The request's server span (usage, finish reason).
     pub request: tracing::Span,
     /// The upstream call, held open until the stream ends.
-    pub _upstream: super::trace::Upstream,
+    pub _upstream: tracing::Span,
     /// The completion text, for a tenant that records content.
     pub output_text: Option<super::trace::OutputText>,
 }

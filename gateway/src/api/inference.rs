@@ -22,9 +22,8 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response, Sse};
-use opentelemetry::KeyValue;
-use opentelemetry::trace::FutureExt as _;
-use tracing::Span;
+use tracing::field::Empty;
+use tracing::{Instrument, Span};
 
 use super::deadline::BodyDeadline;
 use super::error::{ApiError, header_map};
@@ -214,25 +213,24 @@ async fn admit<'a>(
     sub: Option<&str>,
     call: &Call<'_>,
 ) -> Result<Admitted<'a>, ApiError> {
-    let stage = trace::Stage::start();
-    let admitted = admit_in(validated, snapshot, sub, call).await;
-    stage.end("admission", || {
-        let store = if call.app.shared_limits.is_some() {
-            "shared"
-        } else {
-            "local"
-        };
-        let mut attributes = vec![KeyValue::new("bulkhead.admission.store", store)];
-        match &admitted {
-            Ok(_) => attributes.push(KeyValue::new("bulkhead.admission.outcome", "admitted")),
-            Err(error) => {
-                attributes.push(KeyValue::new("bulkhead.admission.outcome", "refused"));
-                // The limit that decided (`rate_limit_requests`, ...).
-                attributes.push(KeyValue::new("bulkhead.admission.limit", error.code));
-            }
+    let span = tracing::info_span!(
+        target: trace::TARGET,
+        "admission",
+        bulkhead.admission.outcome = Empty,
+        bulkhead.admission.limit = Empty,
+        bulkhead.admission.store = if call.app.shared_limits.is_some() { "shared" } else { "local" },
+    );
+    let admitted = admit_in(validated, snapshot, sub, call)
+        .instrument(span.clone())
+        .await;
+    match &admitted {
+        Ok(_) => span.record("bulkhead.admission.outcome", "admitted"),
+        Err(error) => {
+            span.record("bulkhead.admission.outcome", "refused");
+            // The limit that decided (`rate_limit_requests`, ...).
+            span.record("bulkhead.admission.limit", error.code)
         }
-        attributes
-    });
+    };
     admitted
 }
 
@@ -421,17 +419,15 @@ async fn run(processed: Processed<'_>, call: &Call<'_>) -> Result<Response, ApiE
         trace::OutputText::default()
     });
     // The gpu-host's spans are children of this one (`Upstream::generate`
-    // sends the current context); it lasts until the stream ends.
-    let upstream_span = trace::Upstream::start();
+    // sends its context); it lasts until the stream ends.
+    let upstream_span =
+        tracing::info_span!(target: trace::TARGET, "upstream", otel.kind = "client");
     // Wait for Started before answering: a host that fails before
     // generating still gets an honest HTTP status.
-    let generate = app.hosts.generate(upstream_request, deadline);
-    let generate = async {
-        match upstream_span.context() {
-            Some(cx) => generate.with_context(cx.clone()).await,
-            None => generate.await,
-        }
-    };
+    let generate = app
+        .hosts
+        .generate(upstream_request, deadline)
+        .instrument(upstream_span.clone());
     let (started, events) = tokio::time::timeout_at(deadline, generate)
         .await
         .map_err(|_| {

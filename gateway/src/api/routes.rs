@@ -24,8 +24,8 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
-use opentelemetry::KeyValue;
 use tracing::Span;
+use tracing::field::Empty;
 
 use super::identity::{OperatorCall, TenantCall, operator_identity, tenant_identity};
 use super::{App, trace};
@@ -217,12 +217,11 @@ async fn authorize(State(guard): State<Guard>, mut request: Request, next: Next)
         Access::Tenant(scope) => {
             let snapshot = app.snapshot.load_full();
             let request_span = Span::current();
-            let stage = trace::Stage::start();
-            let verified = tenant_identity(&snapshot, request.headers(), scope);
-            let outcome = verified.as_ref().map_or_else(|(_, e)| e.code, |_| "ok");
-            stage.end("auth", || vec![KeyValue::new("outcome", outcome)]);
+            let span = tracing::info_span!(target: trace::TARGET, "auth", outcome = Empty);
+            let verified = span.in_scope(|| tenant_identity(&snapshot, request.headers(), scope));
             match verified {
                 Ok(identity) => {
+                    span.record("outcome", "ok");
                     // The verified tenant only: a refused token's claim
                     // never reaches a span.
                     request_span.record("bulkhead.tenant", identity.tenant.as_str());
@@ -231,6 +230,7 @@ async fn authorize(State(guard): State<Guard>, mut request: Request, next: Next)
                         .insert(TenantCall { identity, snapshot });
                 }
                 Err((tenant, error)) => {
+                    span.record("outcome", error.code);
                     trace::record_error(&request_span, error.code);
                     app.metrics.reject(&tenant, error.code);
                     return error.into_response();
@@ -239,15 +239,14 @@ async fn authorize(State(guard): State<Guard>, mut request: Request, next: Next)
         }
         Access::Operator(scope) => {
             let snapshot = app.snapshot.load();
-            let stage = trace::Stage::start();
-            let verified = operator_identity(&snapshot, request.headers(), scope);
-            let outcome = verified.as_ref().map_or_else(|e| e.code, |_| "ok");
-            stage.end("auth", || vec![KeyValue::new("outcome", outcome)]);
-            match verified {
+            let span = tracing::info_span!(target: trace::TARGET, "auth", outcome = Empty);
+            match span.in_scope(|| operator_identity(&snapshot, request.headers(), scope)) {
                 Ok(identity) => {
+                    span.record("outcome", "ok");
                     request.extensions_mut().insert(OperatorCall { identity });
                 }
                 Err(error) => {
+                    span.record("outcome", error.code);
                     trace::record_error(&Span::current(), error.code);
                     app.metrics
                         .admin_refusals

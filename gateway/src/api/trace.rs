@@ -12,16 +12,6 @@
 //!   └─ upstream       the gRPC Generate → gpu-host's spans below it
 //! ```
 //!
-//! The server span is a `tracing` span (log lines carry its ids). The
-//! stages under it are not: each is timed on the request path (two clock
-//! reads) and made into a span through the OpenTelemetry API on the export
-//! thread ([`Stage`], [`bulkhead_telemetry::defer`]); the upstream span is
-//! started on the request path, since its id goes to the gpu-host, and
-//! ended when the stream ends ([`Upstream`]). A `tracing` span per stage
-//! cost the request path its registry, layer and filter bookkeeping even
-//! for a trace not sampled. A request whose trace is not sampled times
-//! nothing.
-//!
 //! Prompt and completion text are recorded only for a tenant whose policy
 //! opts in (`[telemetry] record_content = true`, [`record_input`] and
 //! [`OutputText`]), and the tenant is the verified one, never a claim.
@@ -29,9 +19,7 @@
 //! `tracing` spans that no layer turns into OpenTelemetry spans.
 
 use std::pin::Pin;
-use std::sync::OnceLock;
-use std::task::Poll;
-use std::time::SystemTime;
+use std::task::{Context, Poll};
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -39,9 +27,7 @@ use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
 use http_body::Frame;
-use opentelemetry::global::BoxedTracer;
-use opentelemetry::trace::{FutureExt as _, Span as _, SpanKind, TraceContextExt, Tracer};
-use opentelemetry::{Context, KeyValue, StringValue, Value, global};
+use opentelemetry::{StringValue, Value};
 use tracing::Span;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -82,18 +68,10 @@ pub fn server_span(
     span
 }
 
-/// Runs the request inside `span`, with the span's OpenTelemetry context
-/// current for the stages under it ([`Stage::start`], [`Upstream::start`]),
-/// and keeps the span open until the response body (an SSE stream, say)
-/// has been sent or dropped.
+/// Runs the request inside `span` and keeps the span open until the
+/// response body (an SSE stream, say) has been sent or dropped.
 pub async fn in_server_span(span: Span, request: Request, next: Next) -> Response {
-    let cx = span.context();
-    let run = tracing::Instrument::instrument(next.run(request), span.clone());
-    let response = if cx.span().span_context().is_valid() {
-        run.with_context(cx).await
-    } else {
-        run.await
-    };
+    let response = tracing::Instrument::instrument(next.run(request), span.clone()).await;
     let status = response.status();
     span.record("http.response.status_code", i64::from(status.as_u16()));
     if status.is_server_error() {
@@ -114,7 +92,7 @@ impl http_body::Body for SpanBody {
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
+        cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         Pin::new(&mut self.body).poll_frame(cx)
     }
@@ -125,88 +103,6 @@ impl http_body::Body for SpanBody {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.body.size_hint()
-    }
-}
-
-/// The tracer of the spans made through the OpenTelemetry API, under the
-/// same name as the `tracing` layer's (made once: one per span cost a
-/// scope and its allocations).
-fn tracer() -> &'static BoxedTracer {
-    static TRACER: OnceLock<BoxedTracer> = OnceLock::new();
-    TRACER.get_or_init(|| global::tracer("bulkhead"))
-}
-
-/// One stage of a request (auth, admission, a plugin call): its start
-/// time on the request path, its span made on the export thread when it
-/// ends, as a child of the context it started under. Empty when that
-/// context's trace is not sampled (or nothing exports).
-#[derive(Debug)]
-pub struct Stage(Option<(Context, SystemTime)>);
-
-impl Stage {
-    /// A stage under the current context: the request's server span.
-    pub fn start() -> Stage {
-        Stage::under(&Context::current())
-    }
-
-    /// A stage under `parent`.
-    pub fn under(parent: &Context) -> Stage {
-        let sampled = parent.span().span_context().is_sampled();
-        Stage(sampled.then(|| (parent.clone(), SystemTime::now())))
-    }
-
-    /// Ends the stage now as span `name` with `attributes` (not called for
-    /// a stage that records nothing).
-    pub fn end(self, name: &'static str, attributes: impl FnOnce() -> Vec<KeyValue>) {
-        let Some((parent, start)) = self.0 else {
-            return;
-        };
-        let end = SystemTime::now();
-        let attributes = attributes();
-        bulkhead_telemetry::defer(1, move || {
-            let tracer = tracer();
-            tracer
-                .span_builder(name)
-                .with_start_time(start)
-                .with_attributes(attributes)
-                .start_with_context(tracer, &parent)
-                .end_with_timestamp(end);
-        });
-    }
-}
-
-/// The upstream call's client span: started on the request path under the
-/// current context, since the gpu-host continues it from the gRPC
-/// metadata ([`Upstream::context`]), and ended when this drops (the stream
-/// ended). Empty without a trace.
-#[derive(Debug)]
-pub struct Upstream(Option<Context>);
-
-impl Upstream {
-    pub fn start() -> Upstream {
-        let parent = Context::current();
-        if !parent.span().span_context().is_valid() {
-            return Upstream(None);
-        }
-        let tracer = tracer();
-        let span = tracer
-            .span_builder("upstream")
-            .with_kind(SpanKind::Client)
-            .start_with_context(tracer, &parent);
-        Upstream(Some(parent.with_span(span)))
-    }
-
-    /// The context to send upstream; `None` without a trace.
-    pub fn context(&self) -> Option<&Context> {
-        self.0.as_ref()
-    }
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        if let Some(cx) = self.0.take() {
-            cx.span().end();
-        }
     }
 }
 

@@ -18,8 +18,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use opentelemetry::KeyValue;
-
 use crate::metrics::{HookLabels, Metrics, PluginCallLabels, TenantLabels};
 use crate::plugins::{
     self, CallContext, CompiledPlugin, Hook, HookGate, PluginCall, PluginError, Rejection,
@@ -41,10 +39,10 @@ pub struct Hooks {
     metrics: Arc<Metrics>,
     /// Every hook run waits for a slot here first.
     gate: Arc<HookGate>,
-    /// The context plugin calls are children of: the request's server
-    /// span (current when the hooks were resolved; they run on the gate's
-    /// threads, and the stream's hooks after the handler returned).
-    parent: opentelemetry::Context,
+    /// The span plugin calls are children of: the request's (current when
+    /// the hooks were resolved; they run on the gate's threads, and the
+    /// stream's hooks after the handler returned).
+    parent: tracing::Span,
 }
 
 impl std::fmt::Debug for Hooks {
@@ -143,7 +141,7 @@ impl Hooks {
             on_response,
             metrics: Arc::clone(metrics),
             gate: Arc::clone(gate),
-            parent: opentelemetry::Context::current(),
+            parent: tracing::Span::current(),
         }))
     }
 
@@ -321,25 +319,27 @@ impl Hooks {
         let started = Instant::now();
         let slot = &mut self.slots[i];
         let hook_name = hook_label(hook);
-        let stage = crate::api::trace::Stage::under(&self.parent);
-        let outcome = slot.instance(&self.tenant).and_then(f);
+        let span = tracing::info_span!(
+            target: crate::metrics::TRACE_TARGET,
+            parent: &self.parent,
+            "plugin",
+            bulkhead.plugin.name = &*slot.name,
+            bulkhead.plugin.digest = %slot.plugin.digest(),
+            bulkhead.plugin.hook = hook_name,
+            bulkhead.plugin.outcome = tracing::field::Empty,
+            bulkhead.plugin.duration_ms = tracing::field::Empty,
+        );
+        let outcome = span.in_scope(|| slot.instance(&self.tenant).and_then(f));
         let result = match &outcome {
             Ok(Ok(_)) => "ok",
             Ok(Err(_)) => "rejected",
             Err(e) => e.code(),
         };
-        stage.end("plugin", || {
-            vec![
-                KeyValue::new("bulkhead.plugin.name", slot.name.to_string()),
-                KeyValue::new("bulkhead.plugin.digest", slot.plugin.digest().to_string()),
-                KeyValue::new("bulkhead.plugin.hook", hook_name),
-                KeyValue::new("bulkhead.plugin.outcome", result),
-                KeyValue::new(
-                    "bulkhead.plugin.duration_ms",
-                    started.elapsed().as_secs_f64() * 1e3,
-                ),
-            ]
-        });
+        span.record("bulkhead.plugin.outcome", result);
+        span.record(
+            "bulkhead.plugin.duration_ms",
+            started.elapsed().as_secs_f64() * 1e3,
+        );
         self.metrics
             .plugin_duration
             .get_or_create(&HookLabels {

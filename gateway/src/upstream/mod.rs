@@ -322,9 +322,9 @@ impl Upstream {
     ) -> Result<(Started, Events), UpstreamError> {
         let mut client = self.client.clone();
         let mut request = tonic::Request::new(request);
-        // The current trace context (the request's `upstream` span), so
-        // the gpu-host's spans continue the client's trace.
-        let cx = opentelemetry::Context::current();
+        // The current span's trace context (the request's `upstream` span),
+        // so the gpu-host's spans continue the client's trace.
+        let cx = tracing_opentelemetry::OpenTelemetrySpanExt::context(&tracing::Span::current());
         bulkhead_telemetry::propagation::inject(&cx, request.metadata_mut().as_mut());
         let mut events = client.generate(request).await?.into_inner();
         match events.message().await? {

@@ -183,8 +183,17 @@ impl Model {
         if plan.is_empty() {
             return 0;
         }
-        let Ok(mut region) = HugePageBytes::new(end) else {
-            return 0;
+        let mut region = match HugePageBytes::new(end) {
+            Ok(region) => region,
+            Err(e) => {
+                // Slower, not wrong: say so rather than leave a slow host
+                // unexplained.
+                tracing::warn!(
+                    bytes = end,
+                    "weights not repacked: the {end}-byte region for them could not be mapped                      ({e}); passes read the file's form"
+                );
+                return 0;
+            }
         };
         let mut outs = Vec::with_capacity(plan.len());
         let mut rest = region.as_mut();

@@ -8,9 +8,10 @@
 //! `d_y`) and the FMA serve all eight rows. Even and odd `k` go to two
 //! accumulators so the `vpdpbusd` chain is half as long.
 //!
-//! Each block asks for the bytes [`prefetch_ahead`] bytes further on: on
-//! Intel cores the hardware prefetchers alone left decode's stream of
-//! packed weights well short of the memory's bandwidth (see the function).
+//! Each block asks for the bytes [`prefetch_ahead`] bytes further on: the
+//! hardware prefetchers alone left decode's stream of packed weights well
+//! short of the memory's bandwidth on Intel and AMD cores (see the
+//! function).
 //!
 //! A row's result depends only on its own quants and the token's: integer
 //! sums are exact and each lane's float steps run in block order, so a row

@@ -116,14 +116,22 @@ pub(super) fn hsum_epi32(v: __m256i) -> i32 {
 }
 
 /// How many bytes ahead of what it reads a decode kernel (the packed
-/// matvecs, the F16 row dot) asks the CPU to fetch, or 0 for none. Decode
-/// streams each matrix once, in order. On an Intel Xeon (2 vCPUs, AVX-512
-/// VNNI, no AMX) asking 4 KiB ahead raised 110m decode, medians of 3–5
-/// alternated runs: Q4_0 by about 25% at one and at two threads (76.6 to
-/// 95.6 tokens/s, 125.9 to 157.0), Q4_K_M by about 20%, Q8_0 by 7–9%, and
-/// F16 by 25% and 38% (32.4 to 40.5, 49.0 to 67.7); 2 and 8 KiB did no
-/// better. On an AMD Zen 5 a 1 KiB prefetch made decode slower (384 to 355
-/// tokens/s), so other vendors' CPUs keep to the hardware's prefetchers.
+/// matvecs, the F16 row dot) asks the CPU to fetch. Decode streams each
+/// matrix once, in order, and one core's hardware prefetchers alone keep
+/// too few lines in flight to reach the memory's bandwidth.
+///
+/// - Intel Xeon (2 vCPUs, AVX-512 VNNI, no AMX), weights on 4 KiB pages:
+///   4 KiB ahead raised 110m decode, medians of 3–5 alternated runs, Q4_0
+///   by about 25% at one and at two threads (76.6 to 95.6 tokens/s, 125.9
+///   to 157.0), Q4_K_M by about 20%, Q8_0 by 7–9% and F16 by 25% and 38%;
+///   2 and 8 KiB did no better.
+/// - AMD EPYC (Zen 5, 2 vCPUs), weights on huge pages: 16 KiB ahead raised
+///   one-thread 110m decode, three alternated runs each, Q4_0 from 386 to
+///   482–510 tokens/s, Q4_K_M from 344–356 to 384–411, F16 from 118–125
+///   to 133, Q8_0 from 245–256 to 257–268; at two threads Q4_0 from
+///   512–580 to 566–611, F16 from 170–178 to 185–197. 1 KiB made it slower
+///   (386 to 368), as it had on a Zen 5 with 4 KiB pages; 8 to 64 KiB
+///   were alike.
 pub(super) fn prefetch_ahead() -> usize {
     static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *AHEAD.get_or_init(|| {
@@ -132,7 +140,11 @@ pub(super) fn prefetch_ahead() -> usize {
         for (at, word) in [leaf.ebx, leaf.edx, leaf.ecx].into_iter().enumerate() {
             vendor[4 * at..4 * at + 4].copy_from_slice(&word.to_le_bytes());
         }
-        if &vendor == b"GenuineIntel" { 4096 } else { 0 }
+        if &vendor == b"GenuineIntel" {
+            4096
+        } else {
+            16384
+        }
     })
 }
 
@@ -140,9 +152,6 @@ pub(super) fn prefetch_ahead() -> usize {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn prefetch(block: &[u8], ahead: usize) {
-    if ahead == 0 {
-        return;
-    }
     for at in (0..block.len()).step_by(64) {
         // A prefetch never faults, also past the end of the matrix.
         _mm_prefetch::<_MM_HINT_T0>(block.as_ptr().wrapping_add(ahead + at).cast());

@@ -177,7 +177,18 @@ impl Settings {
         let Some(endpoint) = signal("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "traces")? else {
             return Ok(None);
         };
-        let metrics_endpoint = signal("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "metrics")?;
+        // `OTEL_METRICS_EXPORTER=none` keeps the metrics at home (and
+        // `/metrics`) while the traces go out.
+        let metrics_endpoint = match var("OTEL_METRICS_EXPORTER").as_deref().map(str::trim) {
+            None | Some("otlp") => signal("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "metrics")?,
+            Some("none") => None,
+            Some(other) => {
+                return Err(Error::Setting {
+                    from: "OTEL_METRICS_EXPORTER".into(),
+                    why: format!("exporter `{other}` is not supported; use `otlp` or `none`"),
+                });
+            }
+        };
         let service_name = var("OTEL_SERVICE_NAME")
             .or_else(|| file.service_name.clone())
             .unwrap_or_else(|| default_service.to_string());
@@ -458,6 +469,23 @@ mod tests {
     }
 
     #[test]
+    fn the_metrics_exporter_variable_turns_metrics_off_alone() {
+        let base = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317");
+        let metrics = |exporter: Option<&'static str>| {
+            let mut vars = vec![base];
+            vars.extend(exporter.map(|e| ("OTEL_METRICS_EXPORTER", e)));
+            let s = Settings::resolve(&TelemetryFile::default(), "svc", env(&vars))
+                .unwrap()
+                .unwrap();
+            assert_eq!(s.endpoint, "http://c:4317", "traces still go out");
+            s.metrics_endpoint
+        };
+        assert_eq!(metrics(None).as_deref(), Some("http://c:4317"));
+        assert_eq!(metrics(Some("otlp")).as_deref(), Some("http://c:4317"));
+        assert_eq!(metrics(Some("none")), None);
+    }
+
+    #[test]
     fn bad_values_name_where_they_came_from() {
         type Case = (
             TelemetryFile,
@@ -494,6 +522,11 @@ mod tests {
                 file("http://c:1"),
                 vec![("OTEL_METRIC_EXPORT_INTERVAL", "5")],
                 "OTEL_METRIC_EXPORT_INTERVAL",
+            ),
+            (
+                file("http://c:1"),
+                vec![("OTEL_METRICS_EXPORTER", "prometheus")],
+                "OTEL_METRICS_EXPORTER",
             ),
             (
                 TelemetryFile {

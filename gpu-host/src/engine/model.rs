@@ -190,7 +190,8 @@ impl Model {
                 // unexplained.
                 tracing::warn!(
                     bytes = end,
-                    "weights not repacked: the {end}-byte region for them could not be mapped                      ({e}); passes read the file's form"
+                    "weights not repacked: the {end}-byte region for them could not be mapped \
+                     ({e}); passes read the file's form"
                 );
                 return 0;
             }

@@ -221,6 +221,8 @@ impl AuditLog {
         let dir = &settings.dir;
         make_dir(dir)?;
         let lock_file = take_lock(dir)?;
+        bulkhead_durable::remove_temp_files(dir)
+            .map_err(|(action, path, source)| AuditError::io(action, &path)(source))?;
         let loaded = key::load_or_create(dir, settings.key.as_deref(), &settings.origin)?;
         let mut state = State::default();
         let (store, torn_tail) = FileStore::open(dir, lock_file, &mut |stored| {

@@ -107,6 +107,35 @@ fn a_new_log_has_its_key_entry_a_checkpoint_and_private_files() {
 }
 
 #[test]
+fn temp_files_left_by_a_killed_writer_are_cleared_at_open() {
+    let scratch = Scratch::new();
+    let dir = scratch.log();
+    drop(open(&dir));
+    // What a writer killed inside `write_atomic` leaves; the next start may
+    // have the same PID (a container's gateway is always PID 1).
+    let stale = [
+        format!(
+            "{}{}-0-{PUBLIC_KEY_FILE}",
+            bulkhead_durable::TEMP_PREFIX,
+            std::process::id()
+        ),
+        format!(
+            "{}{}-1-{CHECKPOINT_FILE}",
+            bulkhead_durable::TEMP_PREFIX,
+            std::process::id()
+        ),
+    ];
+    for name in &stale {
+        fs::write(dir.join(name), b"half").unwrap();
+    }
+    let (log, _) = open(&dir);
+    assert_eq!(log.size(), 1);
+    for name in &stale {
+        assert!(!dir.join(name).exists(), "{name} was left");
+    }
+}
+
+#[test]
 fn concurrent_appends_get_consecutive_indexes_and_survive_a_reopen() {
     let scratch = Scratch::new();
     let dir = scratch.log();

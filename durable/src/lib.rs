@@ -25,22 +25,63 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     ));
-    let written = (|| {
-        let mut file = OpenOptions::new()
+    write_via(&temp, path, bytes)?;
+    sync_dir(dir)
+}
+
+/// [`write_atomic`]'s steps through the temp file `temp`.
+fn write_via(temp: &Path, path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let create = || {
+        OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
-            .open(&temp)?;
+            .open(temp)
+    };
+    let written = (|| {
+        let mut file = match create() {
+            // Left by a process killed mid-write that had this PID: PIDs
+            // are reused, and in a container every start is PID 1. No live
+            // writer can hold the name (it is ours in this process), so
+            // the file is stale.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                fs::remove_file(temp)?;
+                create()?
+            }
+            opened => opened?,
+        };
         file.write_all(bytes)?;
         file.sync_all()?;
         drop(file);
-        fs::rename(&temp, path)
+        fs::rename(temp, path)
     })();
     if let Err(e) = written {
-        let _ = fs::remove_file(&temp);
+        let _ = fs::remove_file(temp);
         return Err(e);
     }
-    sync_dir(dir)
+    Ok(())
+}
+
+/// Removes the temp files an interrupted [`write_atomic`] left in `dir`
+/// (call it with the folder's lock held) and says how many it removed.
+/// `Err` names the step that failed (`reading`, `removing`, `syncing`) and
+/// the path.
+pub fn remove_temp_files(dir: &Path) -> Result<usize, (&'static str, PathBuf, io::Error)> {
+    let mut removed = 0;
+    let entries = fs::read_dir(dir).map_err(|e| ("reading", dir.to_path_buf(), e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| ("reading", dir.to_path_buf(), e))?;
+        if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
+            let path = entry.path();
+            fs::remove_file(&path).map_err(|e| ("removing", path.clone(), e))?;
+            tracing::info!(path = %path.display(), "removed a temp file left by an interrupted write");
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        sync_dir(dir).map_err(|e| ("syncing", dir.to_path_buf(), e))?;
+    }
+    Ok(removed)
 }
 
 /// Fsyncs a folder, so a file created, renamed or removed in it survives a
@@ -187,8 +228,34 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, ["record.json"]);
+        // A temp file of the very name this write picks, left by a dead
+        // process that had this PID: replaced, not an error.
+        let temp = dir.join(format!("{TEMP_PREFIX}{}-7-record.json", std::process::id()));
+        fs::write(&temp, b"half-writ").unwrap();
+        write_via(&temp, &path, b"three").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"three");
+        assert!(!temp.exists());
         // A folder that does not exist: an error, nothing created.
         assert!(write_atomic(&dir.join("missing/x"), b"x").is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn temp_files_left_by_a_crash_are_removed_and_nothing_else() {
+        let dir = scratch("temps");
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join(format!("{TEMP_PREFIX}1-0-checkpoint")), b"x").unwrap();
+        fs::write(dir.join(format!("{TEMP_PREFIX}1-1-audit.pub")), b"x").unwrap();
+        fs::write(dir.join("checkpoint"), b"kept").unwrap();
+        assert_eq!(remove_temp_files(&dir).unwrap(), 2);
+        let names: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["checkpoint"]);
+        assert_eq!(remove_temp_files(&dir).unwrap(), 0);
+        let missing = remove_temp_files(&dir.join("missing")).unwrap_err();
+        assert_eq!(missing.0, "reading");
         fs::remove_dir_all(&dir).unwrap();
     }
 }

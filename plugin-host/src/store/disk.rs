@@ -16,7 +16,7 @@ use super::name::{PluginName, is_valid_tenant};
 use super::shared::VersionFloor;
 use super::{EntryMeta, LoadFailure, StoreError};
 use crate::{MAX_COMPONENT_BYTES, PluginDigest};
-use bulkhead_durable::{DirLock, LockError, TEMP_PREFIX, sync_dir, write_atomic};
+use bulkhead_durable::{DirLock, LockError, sync_dir, write_atomic};
 
 /// Prefix of temp files; no stored name starts with a dot.
 /// Largest entry file read: an entry is a few hundred bytes.
@@ -561,19 +561,11 @@ fn list_dir(dir: &Path) -> Result<Vec<String>, StoreError> {
 }
 
 fn remove_temp_files(dir: &Path) -> Result<usize, StoreError> {
-    let mut removed = 0;
-    for name in list_dir(dir)? {
-        if name.starts_with(TEMP_PREFIX) {
-            let path = dir.join(&name);
-            fs::remove_file(&path).map_err(io_error("removing", &path))?;
-            tracing::info!(path = %path.display(), "removed a temp file left by an interrupted write");
-            removed += 1;
-        }
-    }
-    if removed > 0 {
-        sync_dir(dir).map_err(io_error("syncing", dir))?;
-    }
-    Ok(removed)
+    bulkhead_durable::remove_temp_files(dir).map_err(|(action, path, source)| StoreError::Io {
+        action,
+        path,
+        source,
+    })
 }
 
 /// A regular file's bytes if it exists, refusing one over `max` bytes.

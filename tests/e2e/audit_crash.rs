@@ -23,6 +23,19 @@ const TRIALS: u64 = 200;
 const TRIALS_PER_FOLDER: u64 = 25;
 const THREADS: &str = "3";
 
+/// Held while this process holds a log folder's lock, and by the other
+/// test around each process start. A child being started holds a copy of
+/// every descriptor, the lock's included, until it execs; on a loaded
+/// machine that can outlast a reopen here, and the next writer would then
+/// find its folder locked and exit.
+static LOCK_OR_SPAWN: Mutex<()> = Mutex::new(());
+
+fn lock_or_spawn() -> std::sync::MutexGuard<'static, ()> {
+    LOCK_OR_SPAWN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// xorshift64*: enough randomness for kill points, reproducible by seed.
 struct Rng(u64);
 
@@ -177,6 +190,7 @@ fn run_trial(dir: &Path, rng: &mut Rng, tally: &mut Tally) -> Result<(), String>
         .then(|| verify_log(dir, &VerifyOptions::default()));
 
     // Reopen as the gateway would: a torn tail is cut and reported.
+    let held = lock_or_spawn();
     let (log, report) =
         AuditLog::open(&AuditSettings::new(dir)).map_err(|e| format!("reopening: {e}"))?;
     let size = log.size();
@@ -216,6 +230,7 @@ fn run_trial(dir: &Path, rng: &mut Rng, tally: &mut Tally) -> Result<(), String>
         }
     }
     drop(log);
+    drop(held);
     // The cut file passes the full offline check.
     verify_log(dir, &VerifyOptions::default()).map_err(|e| format!("verify: {e}"))?;
     Ok(())
@@ -267,6 +282,7 @@ fn no_acknowledged_entry_is_lost_when_a_replica_writing_to_postgres_is_killed() 
     drop(AuditLog::open(&AuditSettings::new(&scratch)).expect("a key"));
     let key = scratch.join(bulkhead_gateway::audit::KEY_FILE);
     let writer = |threads: &str| {
+        let spawning = lock_or_spawn();
         let mut child = Command::new(env!("CARGO_BIN_EXE_audit-crash-writer"))
             .args(["--postgres", &settings.url, &settings.schema])
             .arg(&key)
@@ -275,6 +291,7 @@ fn no_acknowledged_entry_is_lost_when_a_replica_writing_to_postgres_is_killed() 
             .stderr(Stdio::inherit())
             .spawn()
             .expect("the writer starts");
+        drop(spawning);
         let lines = Arc::new(Lines::default());
         let stdout = child.stdout.take().unwrap();
         let reader = {
@@ -321,6 +338,7 @@ fn no_acknowledged_entry_is_lost_when_a_replica_writing_to_postgres_is_killed() 
     let size = check_acked(&settings, &key, &acked).unwrap_or_else(|e| panic!("at the end: {e}"));
 
     let public = scratch.join(bulkhead_gateway::audit::PUBLIC_KEY_FILE);
+    let spawning = lock_or_spawn();
     let out = Command::new(bulkhead_tests::bin("bulkhead"))
         .args([
             "audit",
@@ -334,6 +352,7 @@ fn no_acknowledged_entry_is_lost_when_a_replica_writing_to_postgres_is_killed() 
         .arg(&public)
         .output()
         .expect("bulkhead runs");
+    drop(spawning);
     assert!(
         out.status.success() && String::from_utf8_lossy(&out.stdout).starts_with("ok: "),
         "bulkhead audit verify --state failed:\n{}{}",

@@ -400,6 +400,7 @@ mod tests {
             max_queue_spans,
             export_timeout: Duration::from_secs(5),
             metric_interval: Duration::from_secs(60),
+            headers: Default::default(),
         }
     }
 

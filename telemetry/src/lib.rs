@@ -12,6 +12,7 @@
 mod export;
 mod logs;
 mod metrics;
+mod otlp;
 pub mod propagation;
 mod settings;
 mod setup;

@@ -124,6 +124,22 @@ pub struct Settings {
     pub max_queue_spans: usize,
     pub export_timeout: Duration,
     pub metric_interval: Duration,
+    /// Sent with every span export (`OTEL_EXPORTER_OTLP_HEADERS`, a
+    /// collector's API key, say).
+    pub headers: Headers,
+}
+
+/// Export request headers, validated; `Debug` shows their names only
+/// (their values are credentials).
+#[derive(Clone, Default, PartialEq)]
+pub struct Headers(pub Vec<(http::HeaderName, http::HeaderValue)>);
+
+impl std::fmt::Debug for Headers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(name, _)| name))
+            .finish()
+    }
 }
 
 /// Most spans an export carries.
@@ -237,6 +253,18 @@ impl Settings {
                 None => DEFAULT_METRIC_INTERVAL,
             },
         };
+        let mut headers = Headers::default();
+        for name in [
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+        ] {
+            if let Some(list) = var(name) {
+                for (key, value) in export_headers(&list, name)? {
+                    headers.0.retain(|(k, _)| *k != key);
+                    headers.0.push((key, value));
+                }
+            }
+        }
         Ok(Some(Settings {
             endpoint,
             metrics_endpoint,
@@ -247,6 +275,7 @@ impl Settings {
             max_queue_spans,
             export_timeout,
             metric_interval,
+            headers,
         }))
     }
 
@@ -340,6 +369,38 @@ fn resource_attributes(list: &str) -> Result<Vec<(String, String)>, Error> {
     Ok(out)
 }
 
+/// `key=value,...` (values percent-encoded) from the variable `from`. An
+/// error names the variable and the key, never a value.
+fn export_headers(
+    list: &str,
+    from: &str,
+) -> Result<Vec<(http::HeaderName, http::HeaderValue)>, Error> {
+    let bad = |why: String| Error::Setting {
+        from: from.into(),
+        why,
+    };
+    let mut out = Vec::new();
+    for (n, pair) in list
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .enumerate()
+    {
+        let Some((key, value)) = pair.split_once('=') else {
+            return Err(bad(format!("entry {} is not KEY=VALUE", n + 1)));
+        };
+        let key = key.trim();
+        let name = http::HeaderName::from_bytes(key.to_ascii_lowercase().as_bytes())
+            .map_err(|_| bad(format!("`{key}` is not a header name")))?;
+        let value = percent_decode(value.trim())
+            .ok()
+            .and_then(|v| http::HeaderValue::from_str(&v).ok())
+            .ok_or_else(|| bad(format!("the value of `{key}` is not a valid header value")))?;
+        out.push((name, value));
+    }
+    Ok(out)
+}
+
 fn percent_decode(s: &str) -> Result<String, String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -402,6 +463,57 @@ mod tests {
         )
         .unwrap();
         assert_eq!(disabled, None);
+    }
+
+    #[test]
+    fn export_headers_merge_the_signal_over_the_base_and_never_show_a_value() {
+        let s = Settings::resolve(
+            &file("http://c:4317"),
+            "svc",
+            env(&[
+                ("OTEL_EXPORTER_OTLP_HEADERS", "X-Api-Key=base, tenant=a%2Cb"),
+                ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-api-key=s3cr%3Dt"),
+            ]),
+        )
+        .unwrap()
+        .unwrap();
+        let got: Vec<(&str, &str)> = s
+            .headers
+            .0
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.to_str().unwrap()))
+            .collect();
+        assert_eq!(got, [("tenant", "a,b"), ("x-api-key", "s3cr=t")]);
+        let shown = format!("{s:?}");
+        assert!(
+            shown.contains("x-api-key") && !shown.contains("s3cr"),
+            "{shown}"
+        );
+        assert!(!shown.contains("a,b"), "{shown}");
+
+        for (list, named) in [
+            ("novalue", "entry 1 is not KEY=VALUE"),
+            ("bad key=1", "`bad key` is not a header name"),
+            (
+                "k=sec%0Aret",
+                "the value of `k` is not a valid header value",
+            ),
+            (
+                "k=sec%zzret",
+                "the value of `k` is not a valid header value",
+            ),
+        ] {
+            let e = Settings::resolve(
+                &file("http://c:4317"),
+                "svc",
+                env(&[("OTEL_EXPORTER_OTLP_HEADERS", list)]),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(e.starts_with("OTEL_EXPORTER_OTLP_HEADERS: "), "{e}");
+            assert!(e.contains(named), "{e}");
+            assert!(!e.contains("sec"), "a value was shown: {e}");
+        }
     }
 
     #[test]

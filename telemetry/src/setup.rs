@@ -5,9 +5,7 @@ use std::time::Duration;
 
 use opentelemetry::KeyValue;
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::{
-    MetricExporter, SpanExporter, WithExportConfig, WithHttpConfig, WithTonicConfig,
-};
+use opentelemetry_otlp::{MetricExporter, WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -171,35 +169,16 @@ pub fn init(
 }
 
 fn processor(s: &Settings, runtime: &Handle) -> Result<QueueProcessor, Error> {
-    let (endpoint, timeout) = (s.endpoint.clone(), s.export_timeout);
-    let built = |e: opentelemetry_otlp::ExporterBuildError| {
-        Error::Start(format!("the OTLP exporter for traces: {e}"))
-    };
+    let start = |e: String| Error::Start(format!("the OTLP exporter for traces: {e}"));
+    let (endpoint, timeout) = (s.endpoint.as_str(), s.export_timeout);
     match s.protocol {
         Protocol::Grpc => QueueProcessor::start(runtime, s, resource(s), || {
-            let mut builder = SpanExporter::builder()
-                .with_tonic()
-                .with_endpoint(endpoint.clone())
-                .with_timeout(timeout);
-            if endpoint.starts_with("https://") {
-                builder = builder
-                    .with_tls_config(tonic::transport::ClientTlsConfig::new().with_native_roots());
-            }
-            builder.build().map_err(built)
+            crate::otlp::SpanExporter::grpc(endpoint, timeout, &s.headers).map_err(start)
         }),
         Protocol::HttpProtobuf => {
-            https_refused(&endpoint)?;
+            https_refused(endpoint)?;
             QueueProcessor::start(runtime, s, resource(s), || {
-                let client =
-                    opentelemetry_http::hyper::HyperClient::with_default_connector(timeout, None);
-                SpanExporter::builder()
-                    .with_http()
-                    .with_http_client(client)
-                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                    .with_endpoint(endpoint.clone())
-                    .with_timeout(timeout)
-                    .build()
-                    .map_err(built)
+                crate::otlp::SpanExporter::http(endpoint, timeout, &s.headers).map_err(start)
             })
         }
     }

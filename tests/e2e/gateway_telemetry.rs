@@ -67,13 +67,21 @@ const CHAT_SPAN: &str = "POST /v1/chat/completions";
 #[test]
 fn one_trace_runs_from_the_clients_traceparent_through_plugins_to_the_gpu_host() {
     let receiver = Receiver::grpc();
+    // A collector's API key: spans arrive only if both processes send it.
+    receiver.require_header("x-api-key", "k=1,2");
     let policies = policies(
         "otel-grpc",
         &format!("[telemetry]\nendpoint = \"{}\"\n", receiver.endpoint()),
         "[plugins]\non_request = [\"pii-redact\"]\n",
     );
     // Metrics every half second, so the test sees them soon.
-    let gateway = Gateway::start_with_env(&policies, &[("OTEL_METRIC_EXPORT_INTERVAL", "500")]);
+    let gateway = Gateway::start_with_env(
+        &policies,
+        &[
+            ("OTEL_METRIC_EXPORT_INTERVAL", "500"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "X-Api-Key=k%3D1%2C2"),
+        ],
+    );
     let token = policies.token("demo", &[]);
     let uploader = policies.token("demo", &["--scope", "plugins:write"]);
     let plugin = example("pii-redact");
@@ -311,6 +319,7 @@ fn one_trace_runs_from_the_clients_traceparent_through_plugins_to_the_gpu_host()
 #[test]
 fn the_standard_variables_win_and_export_over_http_from_both_processes() {
     let receiver = Receiver::http();
+    receiver.require_header("authorization", "Bearer collector-key");
     // The file names a collector nobody runs; the variables win. This
     // tenant opts in to recording its prompt and completion text.
     let policies = policies(
@@ -325,6 +334,10 @@ fn the_standard_variables_win_and_export_over_http_from_both_processes() {
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
             ("OTEL_SERVICE_NAME", "gateway-under-test"),
             ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=e2e"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+                "authorization=Bearer%20collector-key",
+            ),
         ],
     );
     let token = policies.token("demo", &[]);

@@ -62,6 +62,18 @@ struct Kept {
     points: Mutex<Vec<ReceivedPoint>>,
     count_only: bool,
     count: std::sync::atomic::AtomicU64,
+    /// A header every span export must carry, else it is refused.
+    required: Mutex<Option<(String, String)>>,
+}
+
+impl Kept {
+    /// Whether an export with `get`'s headers may pass.
+    fn admits(&self, get: impl Fn(&str) -> Option<String>) -> bool {
+        match &*self.required.lock().unwrap() {
+            None => true,
+            Some((name, value)) => get(name).as_deref() == Some(value.as_str()),
+        }
+    }
 }
 
 type Spans = Arc<Kept>;
@@ -115,28 +127,43 @@ impl Receiver {
             Box::pin(async move {
                 let app = axum::Router::new().route(
                     "/v1/traces",
-                    axum::routing::post(move |body: axum::body::Bytes| {
-                        let spans = Arc::clone(&spans);
-                        async move {
-                            match ExportTraceServiceRequest::decode(body) {
-                                Ok(request) => {
-                                    keep(&spans, request);
-                                    let reply =
-                                        ExportTraceServiceResponse::default().encode_to_vec();
-                                    (
-                                        axum::http::StatusCode::OK,
-                                        [("content-type", "application/x-protobuf")],
-                                        reply,
-                                    )
+                    axum::routing::post(
+                        move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                            let spans = Arc::clone(&spans);
+                            async move {
+                                let header = |name: &str| {
+                                    headers
+                                        .get(name)
+                                        .and_then(|v| v.to_str().ok())
+                                        .map(String::from)
+                                };
+                                if !spans.admits(header) {
+                                    return (
+                                        axum::http::StatusCode::UNAUTHORIZED,
+                                        [("content-type", "text/plain")],
+                                        b"the required header is missing".to_vec(),
+                                    );
                                 }
-                                Err(_) => (
-                                    axum::http::StatusCode::BAD_REQUEST,
-                                    [("content-type", "text/plain")],
-                                    b"not an ExportTraceServiceRequest".to_vec(),
-                                ),
+                                match ExportTraceServiceRequest::decode(body) {
+                                    Ok(request) => {
+                                        keep(&spans, request);
+                                        let reply =
+                                            ExportTraceServiceResponse::default().encode_to_vec();
+                                        (
+                                            axum::http::StatusCode::OK,
+                                            [("content-type", "application/x-protobuf")],
+                                            reply,
+                                        )
+                                    }
+                                    Err(_) => (
+                                        axum::http::StatusCode::BAD_REQUEST,
+                                        [("content-type", "text/plain")],
+                                        b"not an ExportTraceServiceRequest".to_vec(),
+                                    ),
+                                }
                             }
-                        }
-                    }),
+                        },
+                    ),
                 );
                 let _ = axum::serve(listener, app)
                     .with_graceful_shutdown(async {
@@ -203,6 +230,12 @@ impl Receiver {
         self.spans.points.lock().unwrap().clone()
     }
 
+    /// Refuses from now on every span export without header `name` set
+    /// to `value` (a collector's API key).
+    pub fn require_header(&self, name: &str, value: &str) {
+        *self.spans.required.lock().unwrap() = Some((name.into(), value.into()));
+    }
+
     /// How many spans arrived.
     pub fn count(&self) -> u64 {
         self.spans.count.load(std::sync::atomic::Ordering::Relaxed)
@@ -258,6 +291,18 @@ impl TraceService for Collector {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let metadata = request.metadata();
+        let header = |name: &str| {
+            metadata
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(String::from)
+        };
+        if !self.0.admits(header) {
+            return Err(tonic::Status::unauthenticated(
+                "the required header is missing",
+            ));
+        }
         keep(&self.0, request.into_inner());
         Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
     }

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::verify::MAX_REGISTRATION_BUNDLE_BYTES;
 use super::{RegistrationError, valid_model_name};
-use bulkhead_durable::{DirLock, LOCK_FILE, LockError, TEMP_PREFIX, sync_dir, write_atomic};
+use bulkhead_durable::{DirLock, LOCK_FILE, LockError, sync_dir, write_atomic};
 
 /// Most models registered through the API: each is loaded at every restart.
 pub const MAX_API_REGISTRATIONS: usize = 256;
@@ -97,6 +97,8 @@ impl RegistryDir {
             root: root.to_path_buf(),
             _lock: lock,
         };
+        bulkhead_durable::remove_temp_files(root)
+            .map_err(|(action, path, source)| RegistrationError::store(action, &path)(source))?;
         let mut records = Vec::new();
         let mut names: Vec<String> = Vec::new();
         for entry in fs::read_dir(root).map_err(RegistrationError::store("listing", root))? {
@@ -109,11 +111,6 @@ impl RegistryDir {
         names.sort();
         for name in names {
             let path = root.join(&name);
-            if name.starts_with(TEMP_PREFIX) {
-                fs::remove_file(&path).map_err(RegistrationError::store("removing", &path))?;
-                tracing::info!(path = %path.display(), "removed a temp file left by an interrupted write");
-                continue;
-            }
             let Some(stem) = name.strip_suffix(SUFFIX) else {
                 continue;
             };

@@ -18,7 +18,6 @@ use super::{EntryMeta, LoadFailure, StoreError};
 use crate::{MAX_COMPONENT_BYTES, PluginDigest};
 use bulkhead_durable::{DirLock, LockError, sync_dir, write_atomic};
 
-/// Prefix of temp files; no stored name starts with a dot.
 /// Largest entry file read: an entry is a few hundred bytes.
 const MAX_ENTRY_FILE_BYTES: u64 = 64 << 10;
 /// Largest artifact file read. Cranelift's code for a component is a small

@@ -1,7 +1,7 @@
 //! Finished spans to the collector, off the request path.
 //!
-//! A span that ends is pushed onto a bounded queue (a short lock, no
-//! wake-up): when the queue is full the span is dropped and counted, so a
+//! A span that ends ([`crate::spans`]) is pushed onto a bounded queue (a
+//! short lock, no wake-up): when the queue is full the span is dropped and counted, so a
 //! slow or dead collector never makes a request wait. A task on the export
 //! runtime (a thread of its own, `otel-export`) takes the queue every
 //! [`EXPORT_INTERVAL`], or as soon as [`MAX_EXPORT_BATCH`] spans wait (the
@@ -19,13 +19,15 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use opentelemetry::Context;
+use opentelemetry::trace::SpanKind;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
-use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
+use opentelemetry_sdk::trace::{Sampler, SpanData, SpanExporter};
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::settings::{MAX_EXPORT_BATCH, Settings};
+use crate::spans::{Sink, SpanIds};
 
 /// How long finished spans wait at most before an export.
 pub const EXPORT_INTERVAL: Duration = Duration::from_millis(500);
@@ -93,6 +95,8 @@ impl Pending {
 struct Waiting {
     pending: Mutex<Pending>,
     capacity: usize,
+    /// The process's, for [`start_span`].
+    sampler: Sampler,
     counts: Arc<SpanCounts>,
     /// A batch is ready.
     batch: Notify,
@@ -121,6 +125,14 @@ impl Waiting {
         std::mem::take(&mut pending.jobs)
     }
 
+    /// Queues one finished span (see [`Waiting::admit`]).
+    fn push(&self, span: SpanData) -> bool {
+        let mut span = Some(span);
+        self.admit(1, |pending| {
+            pending.spans.push(span.take().expect("pushed once"));
+        })
+    }
+
     /// Queues `n` spans' worth with `push`, or counts them dropped when the
     /// queue is full; wakes the export task when a batch is ready.
     fn admit(&self, n: usize, push: impl FnOnce(&mut Pending)) -> bool {
@@ -141,20 +153,42 @@ impl Waiting {
     }
 }
 
-/// The running export's queue, for [`defer`].
+/// The running export's queue, for [`defer`], [`emit`] and
+/// [`start_span`].
 static ACTIVE: RwLock<Option<Weak<Waiting>>> = RwLock::new(None);
+
+fn active() -> Option<Arc<Waiting>> {
+    ACTIVE
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+        .and_then(Weak::upgrade)
+}
+
+/// The ids of a new span under `parent` (a new trace when it holds none),
+/// when spans are exported and the sampler keeps this one; `None`
+/// otherwise, and then nothing about it need be noted.
+pub fn start_span(parent: &Context, name: &str, kind: &SpanKind) -> Option<SpanIds> {
+    let ids = SpanIds::start(&active()?.sampler, parent, name, kind);
+    ids.sampled.then_some(ids)
+}
+
+/// Queues a finished span for export (from a [`defer`] job, or any
+/// thread); `false` when no export is running or the queue is full (it is
+/// counted as dropped).
+pub fn emit(span: SpanData) -> bool {
+    match active() {
+        Some(waiting) => waiting.push(span),
+        None => false,
+    }
+}
 
 /// Runs `job`, which makes and ends `spans` spans, on the export thread
 /// just before its next export, so the calling thread spends nothing on
 /// them. `false` (and `job` dropped) when no export is running or its
 /// queue is full (the spans are counted as dropped).
 pub fn defer(spans: usize, job: impl FnOnce() + Send + 'static) -> bool {
-    let waiting = ACTIVE
-        .read()
-        .unwrap_or_else(PoisonError::into_inner)
-        .as_ref()
-        .and_then(Weak::upgrade);
-    let Some(waiting) = waiting else {
+    let Some(waiting) = active() else {
         return false;
     };
     let mut job = Some(job);
@@ -166,7 +200,7 @@ pub fn defer(spans: usize, job: impl FnOnce() + Send + 'static) -> bool {
     })
 }
 
-/// The span processor: a bounded queue in front of the export thread.
+/// A bounded queue in front of the export thread.
 #[derive(Debug)]
 pub struct QueueProcessor {
     waiting: Arc<Waiting>,
@@ -182,6 +216,7 @@ impl QueueProcessor {
     pub fn start<E, F>(
         runtime: &Handle,
         settings: &Settings,
+        sampler: Sampler,
         resource: Resource,
         make: F,
     ) -> Result<QueueProcessor, crate::Error>
@@ -193,6 +228,7 @@ impl QueueProcessor {
         let waiting = Arc::new(Waiting {
             pending: Mutex::new(Pending::default()),
             capacity: settings.max_queue_spans,
+            sampler,
             counts: Arc::clone(&counts),
             batch: Notify::new(),
         });
@@ -224,6 +260,14 @@ impl QueueProcessor {
         Arc::clone(&self.counts)
     }
 
+    /// Where finished spans go: this queue.
+    pub(crate) fn sink(&self) -> Sink {
+        let waiting = Arc::clone(&self.waiting);
+        Arc::new(move |span| {
+            waiting.push(span);
+        })
+    }
+
     /// Sends `message` and waits up to `limit` for its answer. Blocking:
     /// called at shutdown or from a test, never on the request path.
     fn ask(&self, message: fn(oneshot::Sender<()>) -> Control, limit: Duration) -> OTelSdkResult {
@@ -245,21 +289,14 @@ impl QueueProcessor {
     }
 }
 
-impl SpanProcessor for QueueProcessor {
-    fn on_start(&self, _span: &mut Span, _cx: &Context) {}
-
-    fn on_end(&self, span: SpanData) {
-        let mut span = Some(span);
-        self.waiting.admit(1, |pending| {
-            pending.spans.push(span.take().expect("pushed once"));
-        });
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
+impl QueueProcessor {
+    /// Exports every queued span now (tests, and before exit).
+    pub fn force_flush(&self) -> OTelSdkResult {
         self.ask(Control::Flush, Duration::from_secs(10))
     }
 
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+    /// Exports what is queued and stops, waiting at most `timeout`.
+    pub fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
         let stopped = self.ask(Control::Stop, timeout);
         if stopped.is_err()
             && let Some(task) = self.task.lock().ok().and_then(|mut t| t.take())
@@ -363,9 +400,6 @@ impl<E: SpanExporter> Queue<E> {
 mod tests {
     use std::collections::BTreeMap;
 
-    use opentelemetry::trace::{Span as _, Tracer as _, TracerProvider as _};
-    use opentelemetry_sdk::trace::SdkTracerProvider;
-
     use super::*;
     use crate::settings::{Protocol, SamplerChoice};
 
@@ -404,6 +438,26 @@ mod tests {
         }
     }
 
+    fn span(name: &'static str) -> SpanData {
+        let ids = SpanIds::start(
+            &Sampler::AlwaysOn,
+            &Context::new(),
+            name,
+            &SpanKind::Internal,
+        );
+        let now = std::time::SystemTime::now();
+        ids.span(
+            &opentelemetry::InstrumentationScope::builder("t").build(),
+            name,
+            SpanKind::Internal,
+            now,
+            now,
+            Vec::new(),
+            Vec::new(),
+            opentelemetry::trace::Status::Unset,
+        )
+    }
+
     #[test]
     fn deferred_spans_are_made_on_the_export_thread_and_a_full_queue_drops_them() {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -417,30 +471,29 @@ mod tests {
         let processor = QueueProcessor::start(
             runtime.handle(),
             &settings(8),
+            Sampler::AlwaysOn,
             Resource::builder_empty().build(),
             || Ok(exporter),
         )
         .unwrap();
         let counts = processor.counts();
-        let provider = SdkTracerProvider::builder()
-            .with_span_processor(processor)
-            .build();
-        let tracer = provider.tracer("t");
 
         let made_on = Arc::new(Mutex::new(None));
-        let (t, seen) = (tracer.clone(), Arc::clone(&made_on));
+        let seen = Arc::clone(&made_on);
         let here = std::thread::current().id();
         assert!(defer(2, move || {
             *seen.lock().unwrap() = Some(std::thread::current().id());
-            t.start("one").end();
-            t.start("two").end();
+            assert!(emit(span("one")));
+            assert!(emit(span("two")));
         }));
         // 2 promised + 7 more is past the queue's 8: refused and counted.
         assert!(!defer(7, || panic!("a refused job never runs")));
         assert_eq!(counts.dropped(), 7);
-        tracer.start("direct").end();
+        (processor.sink())(span("direct"));
+        let started = start_span(&Context::new(), "root", &SpanKind::Server).expect("sampled");
+        assert_ne!(started.trace_id, opentelemetry::trace::TraceId::INVALID);
 
-        provider.force_flush().unwrap();
+        processor.force_flush().unwrap();
         let mut names: Vec<String> = kept.0.lock().unwrap().iter().map(|k| k.0.clone()).collect();
         names.sort();
         assert_eq!(names, ["direct", "one", "two"]);
@@ -454,6 +507,13 @@ mod tests {
                 .all(|k| k.1.as_deref() == Some("otel-export"))
         );
         assert_eq!(counts.exported(), 3);
-        drop(provider);
+        processor
+            .shutdown_with_timeout(Duration::from_secs(5))
+            .unwrap();
+        drop(processor);
+        assert!(
+            !emit(span("late")),
+            "no export runs after the queue is gone"
+        );
     }
 }

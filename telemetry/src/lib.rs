@@ -3,9 +3,9 @@
 //! traces exported over OTLP (gRPC or HTTP/protobuf) when configured.
 //!
 //! [`init`] installs both once per process. Spans come from `tracing`
-//! (through `tracing-opentelemetry`) or from the OpenTelemetry API where
-//! their times are known only afterwards (the gpu-host's scheduler); only
-//! spans whose target starts with `bulkhead` are exported, never a
+//! (through our own layer, [`spans`]) or, where their times are known only
+//! afterwards (the gpu-host's scheduler), from [`start_span`] and [`emit`];
+//! only spans whose target starts with `bulkhead` are exported, never a
 //! library's, and no log line becomes a span event. [`propagation`] carries
 //! W3C `traceparent`/`tracestate` across HTTP and gRPC.
 
@@ -16,8 +16,9 @@ mod otlp;
 pub mod propagation;
 mod settings;
 mod setup;
+pub mod spans;
 
-pub use export::{EXPORT_INTERVAL, QueueProcessor, SpanCounts, defer};
+pub use export::{EXPORT_INTERVAL, QueueProcessor, SpanCounts, defer, emit, start_span};
 pub use logs::LogFormat;
 pub use settings::{MAX_EXPORT_BATCH, Protocol, SamplerChoice, Settings, TelemetryFile};
 pub use setup::{Telemetry, init};

@@ -3,11 +3,8 @@
 //! logs to traces.
 
 use std::fmt;
-use std::sync::OnceLock;
 
-use opentelemetry::trace::TraceContextExt;
 use serde_json::{Map, Value};
-use tracing::dispatcher::WeakDispatch;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
@@ -44,10 +41,6 @@ impl LogFormat {
     }
 }
 
-/// The process's dispatcher, to read a span's OpenTelemetry context while
-/// formatting (set once by `init`).
-pub(crate) static DISPATCH: OnceLock<WeakDispatch> = OnceLock::new();
-
 /// Formats an event as one JSON object.
 #[derive(Debug, Default)]
 pub(crate) struct JsonLines;
@@ -74,7 +67,8 @@ where
         event.record(&mut fields);
         if let Some(span) = ctx.lookup_current() {
             line.insert("span".into(), Value::String(span.name().to_string()));
-            if let Some((trace_id, span_id)) = trace_ids(span.scope().map(|s| s.id())) {
+            // The ids of the nearest exported span (none without export).
+            if let Some((trace_id, span_id)) = crate::spans::log_ids(span) {
                 line.insert("trace_id".into(), Value::String(trace_id));
                 line.insert("span_id".into(), Value::String(span_id));
             }
@@ -82,22 +76,6 @@ where
         let text = serde_json::to_string(&Value::Object(line)).map_err(|_| fmt::Error)?;
         writeln!(writer, "{text}")
     }
-}
-
-/// The trace and span ids of the innermost span (of `scope`, leaf first)
-/// that has an exported OpenTelemetry span.
-fn trace_ids(scope: impl Iterator<Item = tracing::span::Id>) -> Option<(String, String)> {
-    let dispatch = DISPATCH.get()?.upgrade()?;
-    for id in scope {
-        if let Some(cx) = tracing_opentelemetry::get_otel_context(&id, &dispatch) {
-            let span = cx.span();
-            let sc = span.span_context();
-            if sc.is_valid() {
-                return Some((sc.trace_id().to_string(), sc.span_id().to_string()));
-            }
-        }
-    }
-    None
 }
 
 struct Fields<'a>(&'a mut Map<String, Value>);

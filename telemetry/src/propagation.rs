@@ -5,6 +5,7 @@ use http::HeaderMap;
 use http::header::{HeaderName, HeaderValue};
 use opentelemetry::Context;
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::trace::SpanContext;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 
 /// The trace context `headers` carry; an empty context (a new trace
@@ -17,6 +18,33 @@ pub fn extract(headers: &HeaderMap) -> Context {
 /// valid span).
 pub fn inject(cx: &Context, headers: &mut HeaderMap) {
     TraceContextPropagator::new().inject_context(cx, &mut HeadersMut(headers));
+}
+
+/// Writes the trace context of `span` (a `tracing` span) into `headers`:
+/// nothing when the span is not exported.
+pub fn inject_span(span: &tracing::Span, headers: &mut HeaderMap) {
+    if let Some(sc) = crate::spans::span_context(span) {
+        inject_span_context(&sc, headers);
+    }
+}
+
+/// Writes `sc` as `traceparent` (and `tracestate` when it has entries).
+pub fn inject_span_context(sc: &SpanContext, headers: &mut HeaderMap) {
+    let parent = format!(
+        "00-{}-{}-{:02x}",
+        sc.trace_id(),
+        sc.span_id(),
+        sc.trace_flags().to_u8()
+    );
+    if let Ok(value) = HeaderValue::from_str(&parent) {
+        headers.insert(HeaderName::from_static("traceparent"), value);
+    }
+    let state = sc.trace_state().header();
+    if !state.is_empty()
+        && let Ok(value) = HeaderValue::from_str(&state)
+    {
+        headers.insert(HeaderName::from_static("tracestate"), value);
+    }
 }
 
 struct Headers<'a>(&'a HeaderMap);
@@ -70,6 +98,10 @@ mod tests {
         inject(&cx, &mut out);
         assert_eq!(out["traceparent"], headers["traceparent"]);
         assert_eq!(out["tracestate"], "vendor=x");
+        // Our own writer says the same as the SDK's propagator.
+        let mut ours = HeaderMap::new();
+        inject_span_context(&span, &mut ours);
+        assert_eq!(ours, out);
 
         for bad in [
             "garbage",

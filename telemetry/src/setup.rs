@@ -3,21 +3,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use opentelemetry::KeyValue;
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_otlp::{MetricExporter, WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
-use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+use opentelemetry_sdk::trace::Sampler;
 use tokio::runtime::Handle;
-use tracing_subscriber::filter::{EnvFilter, filter_fn};
+use tracing_subscriber::filter::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::{Layer, Registry};
 
 use crate::Error;
 use crate::export::{QueueProcessor, SpanCounts};
-use crate::logs::{DISPATCH, JsonLines, LogFormat};
+use crate::logs::{JsonLines, LogFormat};
 use crate::metrics::OnRuntime;
 use crate::settings::{Protocol, SamplerChoice, Settings};
 
@@ -25,7 +23,7 @@ use crate::settings::{Protocol, SamplerChoice, Settings};
 /// most [`SHUTDOWN_WAIT`]).
 #[derive(Debug)]
 pub struct Telemetry {
-    provider: Option<SdkTracerProvider>,
+    spans: Option<QueueProcessor>,
     meters: Option<SdkMeterProvider>,
     /// Runs the exporters (`otel-export`); dropped last.
     runtime: Option<tokio::runtime::Runtime>,
@@ -55,8 +53,8 @@ impl Telemetry {
 
     /// Exports every finished span now (tests, and before exit).
     pub fn flush(&self) {
-        if let Some(provider) = &self.provider {
-            let _ = provider.force_flush();
+        if let Some(spans) = &self.spans {
+            let _ = spans.force_flush();
         }
         if let Some(meters) = &self.meters {
             let _ = meters.force_flush();
@@ -66,8 +64,8 @@ impl Telemetry {
 
 impl Drop for Telemetry {
     fn drop(&mut self) {
-        if let Some(provider) = self.provider.take() {
-            let _ = provider.shutdown_with_timeout(SHUTDOWN_WAIT);
+        if let Some(spans) = self.spans.take() {
+            let _ = spans.shutdown_with_timeout(SHUTDOWN_WAIT);
         }
         if let Some(meters) = self.meters.take() {
             let _ = meters.shutdown_with_timeout(SHUTDOWN_WAIT);
@@ -124,42 +122,23 @@ pub fn init(
         },
         _ => None,
     };
-    let (provider, counts, spans) = match (&settings, &runtime) {
+    let (processor, counts, layer) = match (&settings, &runtime) {
         (Some(s), Some(rt)) => {
             let processor = processor(s, rt.handle())?;
             let counts = processor.counts();
-            let provider = SdkTracerProvider::builder()
-                .with_span_processor(processor)
-                .with_sampler(sampler(s.sampler))
-                .with_resource(resource(s))
+            let scope = InstrumentationScope::builder("bulkhead")
+                .with_version(env!("CARGO_PKG_VERSION"))
                 .build();
-            let tracer = provider.tracer("bulkhead");
-            // Our spans only: no library's, and no log line as a span event.
-            let ours = filter_fn(|meta| meta.is_span() && meta.target().starts_with("bulkhead"));
-            let layer = tracing_opentelemetry::layer()
-                .with_tracer(tracer)
-                .with_threads(false)
-                .with_location(false)
-                .with_target(false)
-                .with_tracked_inactivity(false)
-                // Nothing reads the thread's current OpenTelemetry context
-                // (spans go by the `tracing` tree): no attach per poll.
-                .with_context_activation(false)
-                .with_filter(ours);
-            opentelemetry::global::set_tracer_provider(provider.clone());
-            opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-            (Some(provider), Some(counts), Some(layer))
+            let layer = crate::spans::layer(sampler(s.sampler), scope, processor.sink());
+            (Some(processor), Some(counts), Some(layer))
         }
         _ => (None, None, None),
     };
-    let subscriber = Registry::default().with(logs).with(spans);
+    let subscriber = Registry::default().with(logs).with(layer);
     tracing::subscriber::set_global_default(subscriber)
         .map_err(|e| Error::Start(format!("logging was set up twice: {e}")))?;
-    tracing::dispatcher::get_default(|d| {
-        let _ = DISPATCH.set(d.downgrade());
-    });
     Ok(Telemetry {
-        provider,
+        spans: processor,
         meters,
         runtime,
         counts,
@@ -172,12 +151,14 @@ fn processor(s: &Settings, runtime: &Handle) -> Result<QueueProcessor, Error> {
     let start = |e: String| Error::Start(format!("the OTLP exporter for traces: {e}"));
     let (endpoint, timeout) = (s.endpoint.as_str(), s.export_timeout);
     match s.protocol {
-        Protocol::Grpc => QueueProcessor::start(runtime, s, resource(s), || {
-            crate::otlp::SpanExporter::grpc(endpoint, timeout, &s.headers).map_err(start)
-        }),
+        Protocol::Grpc => {
+            QueueProcessor::start(runtime, s, sampler(s.sampler), resource(s), || {
+                crate::otlp::SpanExporter::grpc(endpoint, timeout, &s.headers).map_err(start)
+            })
+        }
         Protocol::HttpProtobuf => {
             https_refused(endpoint)?;
-            QueueProcessor::start(runtime, s, resource(s), || {
+            QueueProcessor::start(runtime, s, sampler(s.sampler), resource(s), || {
                 crate::otlp::SpanExporter::http(endpoint, timeout, &s.headers).map_err(start)
             })
         }

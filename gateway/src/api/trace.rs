@@ -26,11 +26,11 @@ use axum::extract::Request;
 use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
+use bulkhead_telemetry::spans::set_attribute;
 use http_body::Frame;
 use opentelemetry::{StringValue, Value};
 use tracing::Span;
 use tracing::field::Empty;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::upstream::Prompt;
 
@@ -64,7 +64,10 @@ pub fn server_span(
         error.type = Empty,
     );
     // A malformed or absent traceparent gives an empty context: a new trace.
-    let _ = span.set_parent(bulkhead_telemetry::propagation::extract(headers));
+    bulkhead_telemetry::spans::set_parent(
+        &span,
+        &bulkhead_telemetry::propagation::extract(headers),
+    );
     span
 }
 
@@ -115,7 +118,8 @@ pub fn record_error(span: &Span, code: &str) {
 pub fn record_finish(span: &Span, finish_reason: &str, input_tokens: u32, output_tokens: u32) {
     span.record("gen_ai.usage.input_tokens", i64::from(input_tokens));
     span.record("gen_ai.usage.output_tokens", i64::from(output_tokens));
-    span.set_attribute(
+    set_attribute(
+        span,
         "gen_ai.response.finish_reasons",
         Value::Array(vec![StringValue::from(finish_reason.to_string())].into()),
     );
@@ -140,12 +144,13 @@ pub fn record_input(span: &Span, prompt: &Prompt) {
         Prompt::Text(text) => vec![text_message("user", budget.take(text), None)],
         Prompt::Tokens(_) => return,
     };
-    span.set_attribute(
+    set_attribute(
+        span,
         "gen_ai.input.messages",
         serde_json::Value::Array(messages).to_string(),
     );
     if budget.truncated {
-        span.set_attribute("bulkhead.content.truncated", true);
+        set_attribute(span, "bulkhead.content.truncated", true);
     }
 }
 
@@ -166,12 +171,13 @@ impl OutputText {
     /// Records it as `gen_ai.output.messages`.
     pub fn record(self, span: &Span, finish_reason: &str) {
         let message = text_message("assistant", &self.text, Some(finish_reason));
-        span.set_attribute(
+        set_attribute(
+            span,
             "gen_ai.output.messages",
             serde_json::Value::Array(vec![message]).to_string(),
         );
         if self.budget.truncated {
-            span.set_attribute("bulkhead.content.truncated", true);
+            set_attribute(span, "bulkhead.content.truncated", true);
         }
     }
 }

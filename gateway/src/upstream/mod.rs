@@ -324,8 +324,10 @@ impl Upstream {
         let mut request = tonic::Request::new(request);
         // The current span's trace context (the request's `upstream` span),
         // so the gpu-host's spans continue the client's trace.
-        let cx = tracing_opentelemetry::OpenTelemetrySpanExt::context(&tracing::Span::current());
-        bulkhead_telemetry::propagation::inject(&cx, request.metadata_mut().as_mut());
+        bulkhead_telemetry::propagation::inject_span(
+            &tracing::Span::current(),
+            request.metadata_mut().as_mut(),
+        );
         let mut events = client.generate(request).await?.into_inner();
         match events.message().await? {
             Some(GenerateEvent {

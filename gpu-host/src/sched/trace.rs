@@ -11,18 +11,19 @@
 //!
 //! The scheduler runs many sequences per step on one thread, and that
 //! thread's time is the product: it only notes when things happened (a
-//! clock read each), and the spans are made afterwards, with those times,
-//! through the OpenTelemetry API on the export thread
-//! ([`bulkhead_telemetry::defer`]). When the caller's trace is not
-//! sampled, or export is off, nothing is noted and a [`SeqTrace`] is an
-//! empty `Option`.
+//! clock read each), and the spans are written afterwards, with those
+//! times, on the export thread ([`bulkhead_telemetry::defer`]), straight
+//! into the export queue ([`bulkhead_telemetry::emit`]): no SDK span is
+//! made. When the caller's trace is not sampled, or export is off, nothing
+//! is noted and a [`SeqTrace`] is an empty `Option`.
 
 use std::sync::OnceLock;
 use std::time::SystemTime;
 
-use opentelemetry::global::BoxedTracer;
-use opentelemetry::trace::{Span, SpanKind, TraceContextExt, Tracer};
-use opentelemetry::{Context, KeyValue, global};
+use bulkhead_telemetry::emit;
+use bulkhead_telemetry::spans::SpanIds;
+use opentelemetry::trace::{Event, SpanKind, Status};
+use opentelemetry::{Context, InstrumentationScope, KeyValue};
 
 use super::sequence::StepRun;
 
@@ -32,8 +33,10 @@ pub(crate) struct SeqTrace(Option<Box<Recording>>);
 
 #[derive(Debug)]
 struct Recording {
-    /// Holds the `gpu_host.generate` span.
-    cx: Context,
+    /// The `gpu_host.generate` span's.
+    ids: SpanIds,
+    /// Its attributes known at the start.
+    attributes: Vec<KeyValue>,
     queued_at: SystemTime,
     joined_at: Option<SystemTime>,
     /// Each prompt chunk run: (tokens, first position, start, end).
@@ -45,15 +48,17 @@ struct Recording {
     prompt_tokens: usize,
 }
 
-/// The tracer's name on exported spans.
-const TRACER: &str = "bulkhead-gpu-host";
-
-/// The process's tracer, made once (telemetry is set up before any
-/// request; making one per span cost a scope and its allocations).
-fn tracer() -> &'static BoxedTracer {
-    static TRACER_ONCE: OnceLock<BoxedTracer> = OnceLock::new();
-    TRACER_ONCE.get_or_init(|| global::tracer(TRACER))
+/// The instrumentation scope of the spans written here.
+fn scope() -> &'static InstrumentationScope {
+    static SCOPE: OnceLock<InstrumentationScope> = OnceLock::new();
+    SCOPE.get_or_init(|| {
+        InstrumentationScope::builder("bulkhead-gpu-host")
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .build()
+    })
 }
+
+const GENERATE: &str = "gpu_host.generate";
 
 impl SeqTrace {
     /// Starts the server span of a generation under `parent` (the caller's
@@ -65,21 +70,16 @@ impl SeqTrace {
         max_tokens: u32,
         prompt_tokens: usize,
     ) -> SeqTrace {
-        let tracer = tracer();
-        let span = tracer
-            .span_builder("gpu_host.generate")
-            .with_kind(SpanKind::Server)
-            .with_attributes([
+        let Some(ids) = bulkhead_telemetry::start_span(parent, GENERATE, &SpanKind::Server) else {
+            return SeqTrace(None);
+        };
+        SeqTrace(Some(Box::new(Recording {
+            ids,
+            attributes: vec![
                 KeyValue::new("bulkhead.tenant", tenant.to_string()),
                 KeyValue::new("gen_ai.request.model", model.to_string()),
                 KeyValue::new("gen_ai.request.max_tokens", i64::from(max_tokens)),
-            ])
-            .start_with_context(tracer, parent);
-        if !span.is_recording() {
-            return SeqTrace(None);
-        }
-        SeqTrace(Some(Box::new(Recording {
-            cx: parent.with_span(span),
+            ],
             queued_at: SystemTime::now(),
             joined_at: None,
             prefills: Vec::new(),
@@ -140,12 +140,12 @@ impl SeqTrace {
             failed,
             completion_tokens: completion_tokens.unwrap_or(r.tokens as usize),
         };
-        let children = usize::from(r.joined_at.is_some())
+        let spans = 1
+            + usize::from(r.joined_at.is_some())
             + r.prefills.len()
             + usize::from(r.first_token_at.is_some());
-        // Off this thread; without an export running, nothing is recorded
-        // and dropping the recording ends its span.
-        bulkhead_telemetry::defer(children, move || r.write(end));
+        // Off this thread; without an export running, nothing is recorded.
+        bulkhead_telemetry::defer(spans, move || r.write(end));
     }
 }
 
@@ -166,9 +166,9 @@ struct Ended {
 }
 
 impl Recording {
-    /// Makes the child spans and ends the generation's (on the export
+    /// Writes the child spans and the generation's (on the export
     /// thread).
-    fn write(self, end: Ended) {
+    fn write(mut self, end: Ended) {
         if let Some(joined) = self.joined_at {
             self.child("queue", self.queued_at, joined, Vec::new());
         }
@@ -194,30 +194,40 @@ impl Recording {
             }
             self.child("decode", first, end.at, attributes);
         }
-        let span = self.cx.span();
-        for &at in &self.preempted_at {
-            span.add_event_with_timestamp("preempted", at, Vec::new());
-        }
-        span.set_attribute(KeyValue::new(
+        let events = (self.preempted_at.iter())
+            .map(|&at| Event::new("preempted", at, Vec::new(), 0))
+            .collect();
+        let mut attributes = std::mem::take(&mut self.attributes);
+        attributes.push(KeyValue::new(
             "gen_ai.usage.input_tokens",
             self.prompt_tokens as i64,
         ));
-        span.set_attribute(KeyValue::new(
+        attributes.push(KeyValue::new(
             "gen_ai.usage.output_tokens",
             end.completion_tokens as i64,
         ));
-        if end.failed {
-            span.set_attribute(KeyValue::new("error.type", end.outcome));
-            span.set_status(opentelemetry::trace::Status::error(end.outcome));
+        let status = if end.failed {
+            attributes.push(KeyValue::new("error.type", end.outcome));
+            Status::error(end.outcome)
         } else {
-            span.set_attribute(KeyValue::new(
+            attributes.push(KeyValue::new(
                 "gen_ai.response.finish_reasons",
                 opentelemetry::Value::Array(
                     vec![opentelemetry::StringValue::from(end.outcome)].into(),
                 ),
             ));
-        }
-        span.end_with_timestamp(end.at);
+            Status::Unset
+        };
+        emit(self.ids.span(
+            scope(),
+            GENERATE,
+            SpanKind::Server,
+            self.queued_at,
+            end.at,
+            attributes,
+            events,
+            status,
+        ));
     }
 
     fn child(
@@ -227,12 +237,15 @@ impl Recording {
         end: SystemTime,
         attributes: Vec<KeyValue>,
     ) {
-        let tracer = tracer();
-        let mut span = tracer
-            .span_builder(name)
-            .with_start_time(start)
-            .with_attributes(attributes)
-            .start_with_context(tracer, &self.cx);
-        span.end_with_timestamp(end);
+        emit(self.ids.child().span(
+            scope(),
+            name,
+            SpanKind::Internal,
+            start,
+            end,
+            attributes,
+            Vec::new(),
+            Status::Unset,
+        ));
     }
 }

@@ -511,6 +511,9 @@ mod tests {
             .shutdown_with_timeout(Duration::from_secs(5))
             .unwrap();
         drop(processor);
+        // The task that held the queue is dropped with its runtime (it
+        // answers the stop before it is dropped).
+        runtime.shutdown_timeout(Duration::from_secs(5));
         assert!(
             !emit(span("late")),
             "no export runs after the queue is gone"

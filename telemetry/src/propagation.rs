@@ -4,7 +4,7 @@
 use http::HeaderMap;
 use http::header::{HeaderName, HeaderValue};
 use opentelemetry::Context;
-use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::SpanContext;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 
@@ -12,12 +12,6 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 /// starts) when they carry none or a malformed one.
 pub fn extract(headers: &HeaderMap) -> Context {
     TraceContextPropagator::new().extract(&Headers(headers))
-}
-
-/// Writes `cx`'s trace context into `headers` (nothing when `cx` has no
-/// valid span).
-pub fn inject(cx: &Context, headers: &mut HeaderMap) {
-    TraceContextPropagator::new().inject_context(cx, &mut HeadersMut(headers));
 }
 
 /// Writes the trace context of `span` (a `tracing` span) into `headers`:
@@ -29,14 +23,16 @@ pub fn inject_span(span: &tracing::Span, headers: &mut HeaderMap) {
 }
 
 /// Writes `sc` as `traceparent` (and `tracestate` when it has entries).
+///
+/// `traceparent` goes out marked sensitive, which HTTP/2 encodes as "never
+/// indexed": its value is new on every request, so an HPACK encoder that
+/// indexed it would search a growing chain of dead entries for a match,
+/// insert the value, and evict the connection's useful entries to make room
+/// (measured: the largest part of what tracing added to the gateway's
+/// upstream header encoding). It is no secret.
 pub fn inject_span_context(sc: &SpanContext, headers: &mut HeaderMap) {
-    let parent = format!(
-        "00-{}-{}-{:02x}",
-        sc.trace_id(),
-        sc.span_id(),
-        sc.trace_flags().to_u8()
-    );
-    if let Ok(value) = HeaderValue::from_str(&parent) {
+    if let Ok(mut value) = HeaderValue::from_bytes(&traceparent(sc)) {
+        value.set_sensitive(true);
         headers.insert(HeaderName::from_static("traceparent"), value);
     }
     let state = sc.trace_state().header();
@@ -45,6 +41,22 @@ pub fn inject_span_context(sc: &SpanContext, headers: &mut HeaderMap) {
     {
         headers.insert(HeaderName::from_static("tracestate"), value);
     }
+}
+
+/// `00-{trace id}-{span id}-{flags}` in lower-case hex.
+fn traceparent(sc: &SpanContext) -> [u8; 55] {
+    fn hex(out: &mut [u8], bytes: &[u8]) {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+            pair[0] = DIGITS[usize::from(b >> 4)];
+            pair[1] = DIGITS[usize::from(b & 0xf)];
+        }
+    }
+    let mut out = *b"00-00000000000000000000000000000000-0000000000000000-00";
+    hex(&mut out[3..35], &sc.trace_id().to_bytes());
+    hex(&mut out[36..52], &sc.span_id().to_bytes());
+    hex(&mut out[53..55], &[sc.trace_flags().to_u8()]);
+    out
 }
 
 struct Headers<'a>(&'a HeaderMap);
@@ -59,23 +71,30 @@ impl Extractor for Headers<'_> {
     }
 }
 
-struct HeadersMut<'a>(&'a mut HeaderMap);
-
-impl Injector for HeadersMut<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(key.as_bytes()),
-            HeaderValue::from_str(&value),
-        ) {
-            self.0.insert(name, value);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use opentelemetry::trace::TraceContextExt;
+    use opentelemetry::propagation::Injector;
+    use opentelemetry::trace::{SpanId, TraceContextExt, TraceFlags, TraceId};
+
+    /// The SDK's propagator writes here: the reference our writer is
+    /// checked against.
+    fn inject(cx: &Context, headers: &mut HeaderMap) {
+        TraceContextPropagator::new().inject_context(cx, &mut HeadersMut(headers));
+    }
+
+    struct HeadersMut<'a>(&'a mut HeaderMap);
+
+    impl Injector for HeadersMut<'_> {
+        fn set(&mut self, key: &str, value: String) {
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(key.as_bytes()),
+                HeaderValue::from_str(&value),
+            ) {
+                self.0.insert(name, value);
+            }
+        }
+    }
 
     #[test]
     fn a_traceparent_goes_through_and_garbage_starts_a_new_trace() {
@@ -102,6 +121,27 @@ mod tests {
         let mut ours = HeaderMap::new();
         inject_span_context(&span, &mut ours);
         assert_eq!(ours, out);
+        // Never indexed by HTTP/2: a value new on every request.
+        assert!(ours["traceparent"].is_sensitive());
+        for (trace, span, flags) in [
+            (u128::MAX, u64::MAX, TraceFlags::NOT_SAMPLED),
+            (1, 0xa0b1_c2d3_e4f5_0617, TraceFlags::SAMPLED),
+        ] {
+            let sc = SpanContext::new(
+                TraceId::from(trace),
+                SpanId::from(span),
+                flags,
+                true,
+                Default::default(),
+            );
+            let cx = Context::new().with_remote_span_context(sc.clone());
+            let (mut theirs, mut ours) = (HeaderMap::new(), HeaderMap::new());
+            inject(&cx, &mut theirs);
+            inject_span_context(&sc, &mut ours);
+            assert_eq!(ours["traceparent"], theirs["traceparent"]);
+            // The SDK writes an empty `tracestate`; W3C lets us omit it.
+            assert!(!ours.contains_key("tracestate"));
+        }
 
         for bad in [
             "garbage",

@@ -2,8 +2,9 @@
 //! from the SDK's `SpanData` into one reused buffer: no intermediate
 //! protobuf structs, no string copies, one pass.
 //!
-//! Each nested message reserves five bytes for its length, is written, and
-//! then slides back over the bytes its length did not need.
+//! Each nested message reserves one byte for its length and is written; the
+//! rare one of 128 bytes or more then moves forward to make room for a
+//! longer length.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -24,7 +25,7 @@ const FIXED64: u32 = 1;
 const LEN: u32 = 2;
 const FIXED32: u32 = 5;
 
-/// Room kept for a nested message's length (a `u32` varint).
+/// The longest length of a nested message (a `u32` varint).
 const LEN_ROOM: usize = 5;
 
 /// A protobuf writer over a growing buffer.
@@ -95,9 +96,15 @@ impl Writer {
     fn message(&mut self, field: u32, body: impl FnOnce(&mut Writer)) {
         self.key(field, LEN);
         let at = self.buf.len();
-        self.buf.extend_from_slice(&[0; LEN_ROOM]);
+        self.buf.push(0);
         body(self);
-        let len = self.buf.len() - at - LEN_ROOM;
+        let len = self.buf.len() - at - 1;
+        if len < 0x80 {
+            // Most messages (an attribute, its value, a status): one byte,
+            // nothing moves.
+            self.buf[at] = len as u8;
+            return;
+        }
         let mut prefix = [0u8; LEN_ROOM];
         let mut n = 0;
         let mut v = len as u64;
@@ -108,11 +115,11 @@ impl Writer {
         }
         prefix[n] = v as u8;
         n += 1;
+        // Open room for the length's extra bytes behind the body.
+        let end = self.buf.len();
+        self.buf.resize(end + n - 1, 0);
+        self.buf.copy_within(at + 1..end, at + n);
         self.buf[at..at + n].copy_from_slice(&prefix[..n]);
-        if n < LEN_ROOM {
-            self.buf.copy_within(at + LEN_ROOM.., at + n);
-            self.buf.truncate(self.buf.len() - (LEN_ROOM - n));
-        }
     }
 
     fn key_values(&mut self, field: u32, attributes: &[KeyValue]) {
@@ -261,14 +268,20 @@ pub(crate) fn encode_request(resource: &Resource, spans: &[SpanData], w: &mut Wr
         });
         let mut scopes: Vec<&InstrumentationScope> = Vec::new();
         for span in spans {
-            if !scopes.contains(&&span.instrumentation_scope) {
+            if !scopes
+                .iter()
+                .any(|s| same_scope(s, &span.instrumentation_scope))
+            {
                 scopes.push(&span.instrumentation_scope);
             }
         }
         for scope in scopes {
             w.message(2, |w| {
                 w.message(1, |w| w.scope(scope));
-                for span in spans.iter().filter(|s| &s.instrumentation_scope == scope) {
+                for span in spans
+                    .iter()
+                    .filter(|s| same_scope(&s.instrumentation_scope, scope))
+                {
                     w.message(2, |w| w.span(span));
                 }
                 w.text(3, scope.schema_url().unwrap_or_default().as_bytes());
@@ -276,6 +289,18 @@ pub(crate) fn encode_request(resource: &Resource, spans: &[SpanData], w: &mut Wr
         }
         w.text(3, resource.schema_url().unwrap_or_default().as_bytes());
     });
+}
+
+/// Whether two spans' scopes are written as one. `InstrumentationScope`'s
+/// own `==` sorts copies of both attribute lists on every call; every span
+/// of a process shares one scope, so comparing in order is exact for them
+/// (two equal scopes whose attributes differ in order would only get a
+/// `ScopeSpans` each).
+fn same_scope(a: &InstrumentationScope, b: &InstrumentationScope) -> bool {
+    a.name() == b.name()
+        && a.version() == b.version()
+        && a.schema_url() == b.schema_url()
+        && a.attributes().eq(b.attributes())
 }
 
 /// OTLP span export (gRPC `TraceService.Export` or an HTTP/protobuf POST)
@@ -579,6 +604,31 @@ mod tests {
         encode_request(&resource, &spans[..1], &mut w);
         let one = ExportTraceServiceRequest::decode(w.bytes()).unwrap();
         assert_eq!(one.resource_spans[0].scope_spans[0].spans.len(), 1);
+    }
+
+    /// Every nested message's length crosses 127/128 and 16383/16384
+    /// bytes somewhere in these: where the one byte kept for it no longer
+    /// fits.
+    #[test]
+    fn lengths_around_the_varint_boundaries_decode_and_stay_canonical() {
+        let scope = InstrumentationScope::builder("bulkhead").build();
+        let resource = Resource::builder_empty().build();
+        let mut w = Writer::default();
+        for n in (100..140).chain(16_340..16_400) {
+            let mut one = span(0, &scope, Status::Unset, false);
+            one.attributes = vec![KeyValue::new("k", "x".repeat(n))];
+            w.clear();
+            encode_request(&resource, std::slice::from_ref(&one), &mut w);
+            let expected = ExportTraceServiceRequest {
+                resource_spans: group_spans_by_resource_and_scope(
+                    vec![one],
+                    &ResourceAttributesWithSchema::from(&resource),
+                ),
+            };
+            let decoded = ExportTraceServiceRequest::decode(w.bytes()).expect("valid");
+            assert_eq!(decoded, expected, "{n}");
+            assert_eq!(w.bytes().len(), expected.encoded_len(), "{n}");
+        }
     }
 
     #[test]

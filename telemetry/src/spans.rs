@@ -31,7 +31,7 @@ use opentelemetry_sdk::trace::{
 };
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record as Values};
-use tracing::{Dispatch, Subscriber};
+use tracing::{Dispatch, Metadata, Subscriber};
 use tracing_subscriber::Registry;
 use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::layer::{Context as LayerContext, Layer};
@@ -153,19 +153,75 @@ impl SpanIds {
 #[derive(Debug)]
 struct Record {
     ids: SpanIds,
+    meta: &'static Metadata<'static>,
     name: Cow<'static, str>,
     kind: SpanKind,
     start: SystemTime,
     attributes: Vec<KeyValue>,
+    /// Where each of the span's own fields is in `attributes` (by the
+    /// field's index in its callsite; [`UNSET`] until it has a value):
+    /// recording one is a store, with no key to compare.
+    slots: [u8; MAX_FIELDS],
     status: Status,
 }
 
+/// The most fields a `tracing` callsite has.
+const MAX_FIELDS: usize = 32;
+const UNSET: u8 = u8::MAX;
+
 impl Record {
+    fn new(meta: &'static Metadata<'static>) -> Record {
+        Record {
+            ids: SpanIds {
+                trace_id: TraceId::INVALID,
+                span_id: SpanId::INVALID,
+                parent_id: SpanId::INVALID,
+                parent_remote: false,
+                sampled: false,
+                trace_state: TraceState::NONE,
+            },
+            meta,
+            name: Cow::Borrowed(meta.name()),
+            kind: SpanKind::Internal,
+            start: SystemTime::now(),
+            attributes: Vec::with_capacity(meta.fields().len()),
+            slots: [UNSET; MAX_FIELDS],
+            status: Status::Unset,
+        }
+    }
+
+    fn field(&mut self, field: &Field, value: Value) {
+        let Some(slot) = self.slots.get_mut(field.index()) else {
+            return;
+        };
+        if *slot != UNSET {
+            // Attributes are only ever added: the slot still points at it.
+            self.attributes[usize::from(*slot)].value = value;
+        } else if let Ok(at) = u8::try_from(self.attributes.len())
+            && at != UNSET
+        {
+            *slot = at;
+            let key = Key::from_static_str(field.name());
+            self.attributes.push(KeyValue::new(key, value));
+        } else {
+            // Past 254 attributes, a field is found by its key.
+            self.set_by_key(field.name(), value);
+        }
+    }
+
     fn set(&mut self, key: &'static str, value: Value) {
-        let key = Key::from_static_str(key);
-        match self.attributes.iter_mut().find(|kv| kv.key == key) {
+        match self.meta.fields().field(key) {
+            Some(field) => self.field(&field, value),
+            None => self.set_by_key(key, value),
+        }
+    }
+
+    fn set_by_key(&mut self, key: &'static str, value: Value) {
+        match self.attributes.iter_mut().find(|kv| kv.key.as_str() == key) {
             Some(kv) => kv.value = value,
-            None => self.attributes.push(KeyValue::new(key, value)),
+            None => self
+                .attributes
+                .push(KeyValue::new(Key::from_static_str(key), value)),
         }
     }
 }
@@ -217,21 +273,7 @@ where
         } else {
             None
         };
-        let mut record = Record {
-            ids: SpanIds {
-                trace_id: TraceId::INVALID,
-                span_id: SpanId::INVALID,
-                parent_id: SpanId::INVALID,
-                parent_remote: false,
-                sampled: false,
-                trace_state: TraceState::NONE,
-            },
-            name: Cow::Borrowed(meta.name()),
-            kind: SpanKind::Internal,
-            start: SystemTime::now(),
-            attributes: Vec::with_capacity(meta.fields().len()),
-            status: Status::Unset,
-        };
+        let mut record = Record::new(meta);
         // The fields set at creation are kept even when unsampled: a
         // parent set later may make the trace sampled.
         attrs.record(&mut Fields(&mut record));
@@ -284,7 +326,7 @@ struct Fields<'a>(&'a mut Record);
 
 impl Fields<'_> {
     fn value(&mut self, field: &Field, value: Value) {
-        self.0.set(field.name(), value);
+        self.0.field(field, value);
     }
 }
 
@@ -378,7 +420,8 @@ pub fn span_context(span: &tracing::Span) -> Option<SpanContext> {
 }
 
 /// The trace and span ids of the nearest span in `scope` (leaf first)
-/// that is exported, as lower-case hex (for log lines).
+/// that has a record, sampled or not (an unsampled span's ids are real and
+/// propagated), as lower-case hex (for log lines).
 pub(crate) fn log_ids<'a, R: LookupSpan<'a>>(span: SpanRef<'a, R>) -> Option<(String, String)> {
     nearest(Some(span)).map(|ids| (ids.trace_id.to_string(), ids.span_id.to_string()))
 }

@@ -79,7 +79,10 @@ fn a_request_s_spans_continue_the_client_s_trace_with_their_fields() {
         });
         server.record("bulkhead.tenant", "demo");
         server.record("gen_ai.usage.output_tokens", 3_u64);
+        // By key or as a field, the last value wins.
+        set_attribute(&server, "gen_ai.usage.output_tokens", 2_i64);
         server.record("gen_ai.usage.output_tokens", 4_u64);
+        set_attribute(&server, "bulkhead.tenant", "demo");
         server.record("otel.status_code", "ERROR");
         set_attribute(
             &server,

@@ -10,6 +10,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+mod gen_ai;
+
+pub use gen_ai::{GenAiCall, GenAiMetrics};
+
 /// The target of every span the gateway exports (`bulkhead_telemetry`
 /// exports the spans whose target starts with `bulkhead`).
 pub const TRACE_TARGET: &str = "bulkhead::trace";
@@ -619,107 +623,5 @@ mod tests {
         drop((b, c));
         assert_eq!(open_streams(&metrics, "acme"), Some(0));
         assert_eq!(open_streams(&metrics, "globex"), Some(0));
-    }
-}
-
-/// The OpenTelemetry GenAI metrics, with the operation, model and tenant
-/// as attributes, exported over OTLP when `[telemetry]` configures it (the
-/// instruments are no-ops otherwise). Created after telemetry is set up.
-#[derive(Debug)]
-pub struct GenAiMetrics {
-    token_usage: opentelemetry::metrics::Histogram<u64>,
-    request_duration: opentelemetry::metrics::Histogram<f64>,
-    time_to_first_token: opentelemetry::metrics::Histogram<f64>,
-    time_per_output_token: opentelemetry::metrics::Histogram<f64>,
-}
-
-/// One generation as the GenAI metrics describe it.
-#[derive(Clone, Copy, Debug)]
-pub struct GenAiCall<'a> {
-    /// `chat` or `text_completion`.
-    pub operation: &'static str,
-    pub model: &'a str,
-    pub tenant: &'a str,
-}
-
-impl GenAiCall<'_> {
-    fn attributes(&self) -> [opentelemetry::KeyValue; 3] {
-        use opentelemetry::KeyValue;
-        [
-            KeyValue::new("gen_ai.operation.name", self.operation),
-            KeyValue::new("gen_ai.request.model", self.model.to_string()),
-            KeyValue::new("bulkhead.tenant", self.tenant.to_string()),
-        ]
-    }
-}
-
-impl GenAiMetrics {
-    fn new() -> GenAiMetrics {
-        let meter = opentelemetry::global::meter("bulkhead");
-        // The buckets the GenAI semantic conventions advise.
-        let seconds = |name: &'static str, about: &'static str, bounds: &[f64]| {
-            meter
-                .f64_histogram(name)
-                .with_unit("s")
-                .with_description(about)
-                .with_boundaries(bounds.to_vec())
-                .build()
-        };
-        GenAiMetrics {
-            token_usage: meter
-                .u64_histogram("gen_ai.client.token.usage")
-                .with_unit("{token}")
-                .with_description("Input and output tokens per generation")
-                .with_boundaries((0..14).map(|i| 4f64.powi(i)).collect())
-                .build(),
-            request_duration: seconds(
-                "gen_ai.server.request.duration",
-                "Time from the request's arrival to its last token",
-                &[
-                    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
-                    40.96, 81.92,
-                ],
-            ),
-            time_to_first_token: seconds(
-                "gen_ai.server.time_to_first_token",
-                "Time from the request's arrival to its first text",
-                &[
-                    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                    5.0, 7.5, 10.0,
-                ],
-            ),
-            time_per_output_token: seconds(
-                "gen_ai.server.time_per_output_token",
-                "Time per output token after the first",
-                &[
-                    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
-                ],
-            ),
-        }
-    }
-
-    pub fn first_token(&self, call: GenAiCall<'_>, seconds: f64) {
-        self.time_to_first_token.record(seconds, &call.attributes());
-    }
-
-    /// A generation that finished: its tokens, its whole time, and the time
-    /// per output token after the first (when there were two or more).
-    pub fn finished(
-        &self,
-        call: GenAiCall<'_>,
-        tokens: (u32, u32),
-        seconds: f64,
-        per_output_token: Option<f64>,
-    ) {
-        let attributes = call.attributes();
-        self.request_duration.record(seconds, &attributes);
-        if let Some(per) = per_output_token {
-            self.time_per_output_token.record(per, &attributes);
-        }
-        for (kind, n) in [("input", tokens.0), ("output", tokens.1)] {
-            let mut with_type = attributes.to_vec();
-            with_type.push(opentelemetry::KeyValue::new("gen_ai.token.type", kind));
-            self.token_usage.record(u64::from(n), &with_type);
-        }
     }
 }

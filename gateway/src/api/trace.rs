@@ -116,8 +116,11 @@ pub fn record_error(span: &Span, code: &str) {
 
 /// Records the end of a generation on its server span.
 pub fn record_finish(span: &Span, finish_reason: &str, input_tokens: u32, output_tokens: u32) {
-    span.record("gen_ai.usage.input_tokens", i64::from(input_tokens));
-    span.record("gen_ai.usage.output_tokens", i64::from(output_tokens));
+    tracing::record_all!(
+        span,
+        gen_ai.usage.input_tokens = i64::from(input_tokens),
+        gen_ai.usage.output_tokens = i64::from(output_tokens),
+    );
     set_attribute(
         span,
         "gen_ai.response.finish_reasons",

@@ -165,7 +165,7 @@ struct Record {
     status: Status,
 }
 
-/// The most fields a `tracing` callsite has.
+/// The most fields a `tracing` macro gives a callsite.
 const MAX_FIELDS: usize = 32;
 const UNSET: u8 = u8::MAX;
 
@@ -192,7 +192,8 @@ impl Record {
 
     fn field(&mut self, field: &Field, value: Value) {
         let Some(slot) = self.slots.get_mut(field.index()) else {
-            return;
+            // (A callsite made by hand may have more fields than macros.)
+            return self.set_by_key(field.name(), value);
         };
         if *slot != UNSET {
             // Attributes are only ever added: the slot still points at it.
